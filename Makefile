@@ -1,0 +1,63 @@
+# moe-cdk: `make synth` and `make test` do all set-up on a fresh machine.
+# Everything is installed inside the checkout: .venv (Python packages and the CDK CLI)
+# and .cache (pip, npm and jsii caches), so a second run installs nothing.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+CONFIG ?= config/default.yaml
+VENV := .venv
+PY := $(VENV)/bin/python
+# ^2.1148: 3.0.0 is a deprecated build that refuses aws-cdk-lib 2.27x.
+CDK_CLI_VERSION := 2.1148.1
+CDK := $(VENV)/cdk-cli/node_modules/.bin/cdk
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
+export npm_config_cache := $(CURDIR)/.cache/npm
+export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help setup synth test docs validate deploy clean
+
+help:
+	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
+	@echo "make test                          set up, then run the whole test suite"
+	@echo "make validate [CONFIG=...]         check a configuration file"
+	@echo "make docs                          regenerate docs/configuration.md"
+	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
+
+setup: $(STAMP) $(CDK)
+
+$(STAMP): pyproject.toml
+	@echo "$$(date '+%H:%M:%S') setting up $(VENV)"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
+	$(PY) -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(CDK):
+	@echo "$$(date '+%H:%M:%S') installing the CDK CLI $(CDK_CLI_VERSION)"
+	npm install --prefix $(VENV)/cdk-cli --no-audit --no-fund --no-save --loglevel=error aws-cdk@$(CDK_CLI_VERSION)
+
+synth: setup
+	$(CDK) synth --quiet -c config=$(CONFIG)
+
+validate: setup
+	$(VENV)/bin/moe-cdk validate --config $(CONFIG)
+
+deploy: setup
+	$(CDK) deploy --all -c config=$(CONFIG)
+
+test: setup
+	$(PY) -m pytest
+
+docs: setup
+	$(VENV)/bin/moe-cdk config-docs > docs/configuration.md
+
+clean:
+	rm -rf cdk.out .pytest_cache

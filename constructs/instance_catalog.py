@@ -1,0 +1,134 @@
+"""The accelerator and head-node instance types moe-cdk knows, with the figures every construct validates against.
+
+Each entry is looked up by its EC2 name (``p5en.48xlarge``) or its SageMaker name
+(``ml.p5en.48xlarge``). This module is plain data: it imports nothing from CDK, so the
+configuration loader, the planner and the trainer can all use it.
+
+Sources (checked 2026-11-30):
+
+- [EC2-ACC] Amazon EC2 "Accelerated computing instance specifications" and
+  DescribeInstanceTypes ``NetworkInfo.EfaInfo.MaximumEfaInterfaces``.
+- [EC2-EFA] Amazon EC2 User Guide, "Maximize network bandwidth on accelerated
+  instances" (efa-acc-inst-types): P5 has 32 EFA devices and one ENA device.
+- [NEURON] AWS Neuron documentation, "Amazon EC2 Trn2 Architecture": trn2.48xlarge has
+  16 Trainium2 chips, 192 vCPUs, 2,048 GiB host memory and 1,536 GiB device memory.
+- [SM-API] SageMaker API reference, ``ClusterInstanceGroupDetails.InstanceType`` valid
+  values (ml.p4de.24xlarge, ml.p5.48xlarge, ml.p5en.48xlarge, ml.trn2.48xlarge, ml.m5.*).
+- [EC2-GP] Amazon EC2 "General purpose instance specifications" (m5 family).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class AcceleratorKind(enum.Enum):
+    """What does the heavy arithmetic on an instance."""
+
+    NVIDIA_GPU = "nvidia-gpu"
+    TRAINIUM = "trainium"
+    NONE = "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceSpec:
+    """Figures for one instance type. Memory is in GiB as AWS publishes it."""
+
+    ec2_name: str
+    """The EC2 name, e.g. ``p5en.48xlarge``."""
+    accelerator_kind: AcceleratorKind
+    """GPU, Trainium or none."""
+    accelerator_model: str
+    """Marketing name of the accelerator, e.g. ``H200``; empty for CPU-only types."""
+    accelerator_count: int
+    """Accelerators (GPUs or Trainium chips) per instance."""
+    accelerator_memory_gib: int
+    """Memory per accelerator, in GiB."""
+    efa_interfaces: int
+    """Maximum EFA interfaces per instance; 0 when the type has no EFA."""
+    vcpus: int
+    """vCPUs per instance."""
+    memory_gib: int
+    """Host memory per instance, in GiB."""
+    network_gbps: int
+    """Aggregate network bandwidth, in Gbit/s."""
+
+    @property
+    def sagemaker_name(self) -> str:
+        """The SageMaker (HyperPod, Training Jobs) name, e.g. ``ml.p5en.48xlarge``."""
+        return f"ml.{self.ec2_name}"
+
+    @property
+    def supports_efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+    @property
+    def is_accelerated(self) -> bool:
+        return self.accelerator_kind is not AcceleratorKind.NONE
+
+
+def _gpu(name: str, model: str, count: int, mem: int, efa: int, vcpus: int, host: int, gbps: int) -> InstanceSpec:
+    return InstanceSpec(
+        ec2_name=name, accelerator_kind=AcceleratorKind.NVIDIA_GPU, accelerator_model=model,
+        accelerator_count=count, accelerator_memory_gib=mem, efa_interfaces=efa,
+        vcpus=vcpus, memory_gib=host, network_gbps=gbps,
+    )
+
+
+def _cpu(name: str, vcpus: int, host: int, gbps: int) -> InstanceSpec:
+    return InstanceSpec(
+        ec2_name=name, accelerator_kind=AcceleratorKind.NONE, accelerator_model="",
+        accelerator_count=0, accelerator_memory_gib=0, efa_interfaces=0,
+        vcpus=vcpus, memory_gib=host, network_gbps=gbps,
+    )
+
+
+_SPECS: tuple[InstanceSpec, ...] = (
+    # [EC2-ACC]: 8x H200 with 141 GB HBM3e each (131 GiB usable as reported by
+    # nvidia-smi; we keep AWS's published 141), 192 vCPUs, 2,048 GiB, 3,200 Gbps EFAv3
+    # over 16 network cards, one EFA interface each.
+    _gpu("p5en.48xlarge", "H200", 8, 141, 16, 192, 2048, 3200),
+    # [EC2-ACC], [EC2-EFA]: 8x H100 80 GB, 192 vCPUs, 2,048 GiB, 3,200 Gbps over 32 EFA devices.
+    _gpu("p5.48xlarge", "H100", 8, 80, 32, 192, 2048, 3200),
+    # [EC2-ACC]: 8x A100 80 GB, 96 vCPUs, 1,152 GiB, 400 Gbps over 4 EFA interfaces.
+    _gpu("p4de.24xlarge", "A100", 8, 80, 4, 96, 1152, 400),
+    # [NEURON]: 16 Trainium2 chips, 1,536 GiB device memory (96 GiB each), 192 vCPUs,
+    # 2,048 GiB host memory; [EC2-ACC]: 3.2 Tbps EFAv3 over 16 EFA interfaces.
+    InstanceSpec(
+        ec2_name="trn2.48xlarge", accelerator_kind=AcceleratorKind.TRAINIUM, accelerator_model="Trainium2",
+        accelerator_count=16, accelerator_memory_gib=96, efa_interfaces=16,
+        vcpus=192, memory_gib=2048, network_gbps=3200,
+    ),
+    # [EC2-GP]: head and login nodes. Bandwidth is the "up to" figure for the smaller sizes.
+    _cpu("m5.xlarge", 4, 16, 10),
+    _cpu("m5.2xlarge", 8, 32, 10),
+    _cpu("m5.4xlarge", 16, 64, 10),
+    _cpu("m5.8xlarge", 32, 128, 10),
+    _cpu("m5.12xlarge", 48, 192, 12),
+    _cpu("m5.16xlarge", 64, 256, 20),
+    _cpu("m5.24xlarge", 96, 384, 25),
+)
+
+_BY_NAME: dict[str, InstanceSpec] = {
+    **{spec.ec2_name: spec for spec in _SPECS},
+    **{spec.sagemaker_name: spec for spec in _SPECS},
+}
+
+
+def lookup(instance_type: str) -> InstanceSpec | None:
+    """The spec for an EC2 or ``ml.`` name, or None when the catalog does not know it."""
+    return _BY_NAME.get(instance_type)
+
+
+def known_instance_types() -> list[str]:
+    """Every name the catalog accepts, sorted: EC2 names and ``ml.`` names."""
+    return sorted(_BY_NAME)
+
+
+def unknown_instance_type_message(instance_type: str) -> str:
+    """The one wording used wherever an instance type is not in the catalog."""
+    return (
+        f"unknown instance type (got {instance_type!r}; "
+        f"allowed {', '.join(spec.sagemaker_name for spec in _SPECS)} or their EC2 names)"
+    )

@@ -1,0 +1,352 @@
+"""The typed moe-cdk configuration: one frozen dataclass per YAML section.
+
+``load_config(path)`` returns a ``Config`` or raises ``ConfigError`` carrying every
+problem, one ``path.to.key: what (got X; allowed Y)`` line each. Rules that a construct
+also enforces are imported from the construct's module, so both word them the same way.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from moe_cdk.constructs import instance_catalog
+from moe_cdk.constructs.data_repository import (
+    ALL_EVENTS,
+    DataRepositoryAssociation,
+    S3EventType,
+    association_problems,
+)
+from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
+from moe_cdk.constructs.training_network import availability_zone_problem, cidr_problems, retention_problem
+from moe_cdk.constructs.validation import problem
+from moe_cdk.stacks.schema import ConfigError, build, render_docs
+
+Problems = Iterator[tuple[str, str]]
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,31}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+# SageMaker API reference, ClusterInstanceGroupSpecification.InstanceGroupName.
+_GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
+_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")
+
+
+class Orchestrator(enum.Enum):
+    """Who schedules the training."""
+
+    SLURM = "slurm"
+    EKS = "eks"
+    TRAINING_JOB = "training-job"
+
+
+class NodeRole(enum.Enum):
+    """What an instance group does in the cluster."""
+
+    CONTROLLER = "controller"
+    LOGIN = "login"
+    COMPUTE = "compute"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceGroupConfig:
+    """One group of identical nodes."""
+
+    name: str
+    """Group name, as HyperPod shows it: letters, digits and inner hyphens, at most 63 characters."""
+    role: NodeRole
+    """controller (the Slurm head node), login, or compute."""
+    instance_type: str
+    """An instance type from the catalog, by its `ml.` or EC2 name, e.g. `ml.p5en.48xlarge`."""
+    instance_count: int
+    """Number of nodes in the group, at least 1."""
+    partition: str | None = None
+    """Slurm partition of a compute group. Default: the group name."""
+
+    @property
+    def spec(self) -> instance_catalog.InstanceSpec | None:
+        return instance_catalog.lookup(self.instance_type)
+
+    def problems(self) -> Problems:
+        if not _GROUP_NAME.match(self.name):
+            yield "name", problem("not a valid instance group name", got=self.name,
+                                  allowed="letters, digits and inner hyphens, 1 to 63 characters")
+        if self.spec is None:
+            yield "instance_type", instance_catalog.unknown_instance_type_message(self.instance_type)
+        if self.instance_count < 1:
+            yield "instance_count", problem("must be at least 1", got=self.instance_count, allowed="1 or more")
+        if self.partition is not None and self.role is not NodeRole.COMPUTE:
+            yield "partition", problem("only compute groups have a partition", got=self.partition, allowed="null")
+        if self.partition is not None and not _GROUP_NAME.match(self.partition):
+            yield "partition", problem("not a valid partition name", got=self.partition,
+                                       allowed="letters, digits and inner hyphens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """The training capacity and who orchestrates it."""
+
+    orchestrator: Orchestrator = Orchestrator.SLURM
+    """slurm (HyperPod Slurm), eks (HyperPod EKS) or training-job (SageMaker Training Jobs)."""
+    availability_zone: str
+    """The zone the capacity is in, e.g. `us-east-2a`. Subnets and the file system follow it."""
+    require_efa: bool = True
+    """Reject compute groups whose instance type has no EFA."""
+    instance_groups: tuple[InstanceGroupConfig, ...]
+    """The node groups. Slurm needs exactly one controller group of one node and at least one compute group."""
+
+    def problems(self) -> Problems:
+        names = [g.name for g in self.instance_groups]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                yield f"instance_groups[{i}].name", problem("duplicate group name", got=name, allowed="unique names")
+        roles = [g.role for g in self.instance_groups]
+        if NodeRole.COMPUTE not in roles:
+            yield "instance_groups", problem("needs at least one compute group", got=[r.value for r in roles],
+                                             allowed="one or more groups with role: compute")
+        if self.orchestrator is Orchestrator.SLURM:
+            controllers = [g for g in self.instance_groups if g.role is NodeRole.CONTROLLER]
+            if len(controllers) != 1 or controllers[0].instance_count != 1:
+                yield "instance_groups", problem(
+                    "Slurm needs exactly one controller group with instance_count 1",
+                    got=[(g.name, g.instance_count) for g in controllers], allowed="one controller node",
+                )
+            if roles.count(NodeRole.LOGIN) > 1:
+                yield "instance_groups", problem("at most one login group", got=roles.count(NodeRole.LOGIN), allowed="0 or 1")
+        for i, group in enumerate(self.instance_groups):
+            spec = group.spec
+            if self.require_efa and group.role is NodeRole.COMPUTE and spec is not None and not spec.supports_efa:
+                yield f"instance_groups[{i}].instance_type", problem(
+                    "has no EFA, and cluster.require_efa is true", got=group.instance_type,
+                    allowed=", ".join(s for s in instance_catalog.known_instance_types()
+                                      if s.startswith("ml.") and instance_catalog.lookup(s).supports_efa),
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExistingSubnetConfig:
+    """A private subnet of an adopted VPC."""
+
+    subnet_id: str
+    """Subnet ID, e.g. `subnet-0123456789abcdef0`."""
+    availability_zone: str
+    """The subnet's zone."""
+    route_table_id: str | None = None
+    """The subnet's route table ID, for constructs that add routes. Default: not given."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExistingVpcConfig:
+    """A VPC to adopt instead of creating one. moe-cdk adds no endpoints or flow logs to it."""
+
+    vpc_id: str
+    """VPC ID, e.g. `vpc-0123456789abcdef0`."""
+    vpc_cidr_block: str
+    """The VPC's primary IPv4 range, e.g. `10.0.0.0/16`."""
+    private_subnets: tuple[ExistingSubnetConfig, ...]
+    """Private subnets with NAT egress, one or more per zone the cluster and file system use."""
+
+    def problems(self) -> Problems:
+        if not _VPC_ID.match(self.vpc_id):
+            yield "vpc_id", problem("not a VPC ID", got=self.vpc_id, allowed="vpc- followed by 8 or 17 hex digits")
+        if not self.private_subnets:
+            yield "private_subnets", problem("needs at least one subnet", got=[], allowed="one or more subnets")
+        for i, subnet in enumerate(self.private_subnets):
+            if not _SUBNET_ID.match(subnet.subnet_id):
+                yield f"private_subnets[{i}].subnet_id", problem(
+                    "not a subnet ID", got=subnet.subnet_id, allowed="subnet- followed by 8 or 17 hex digits")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkConfig:
+    """The VPC. Subnets are created in the cluster's zone and the file system's zone."""
+
+    vpc_cidr: str = "10.0.0.0/16"
+    """IPv4 range of the new VPC."""
+    private_subnet_cidr_mask: int = 18
+    """Prefix length of each private subnet. Every EFA interface takes an address: a p5en node uses 17."""
+    public_subnet_cidr_mask: int = 24
+    """Prefix length of each public subnet, which holds only the NAT gateway."""
+    interface_endpoints: bool = True
+    """Create ECR, STS, CloudWatch Logs, SageMaker API and SSM interface endpoints (new VPC only)."""
+    flow_log_retention_days: int = 365
+    """Days to keep VPC flow logs, a CloudWatch Logs retention value."""
+    existing_vpc: ExistingVpcConfig | None = None
+    """Adopt this VPC instead of creating one. Default: create a VPC."""
+
+    def problems(self) -> Problems:
+        if (p := retention_problem(self.flow_log_retention_days)):
+            yield "flow_log_retention_days", p
+
+
+@dataclass(frozen=True, kw_only=True)
+class LustreConfig:
+    """The FSx for Lustre PERSISTENT_2 file system."""
+
+    storage_capacity_gib: int = 4800
+    """Capacity in GiB: 1200 or a multiple of 2400; with EFA, a multiple of 38400/19200/9600/4800 at 125/250/500/1000 MB/s/TiB."""
+    per_unit_storage_throughput_mb_s_tib: int = 250
+    """Throughput tier in MB/s per TiB: 125, 250, 500 or 1000."""
+    efa_enabled: bool = False
+    """Serve the clients over EFA. The file system must then be in the cluster's zone."""
+    availability_zone: str | None = None
+    """Zone of the file system. Default: `cluster.availability_zone`."""
+
+    def problems(self) -> Problems:
+        if (p := throughput_problem(self.per_unit_storage_throughput_mb_s_tib)):
+            yield "per_unit_storage_throughput_mb_s_tib", p
+        if (p := capacity_problem(self.storage_capacity_gib,
+                                  per_unit_storage_throughput_mb_s_tib=self.per_unit_storage_throughput_mb_s_tib,
+                                  efa_enabled=self.efa_enabled)):
+            yield "storage_capacity_gib", p
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssociationConfig:
+    """One data repository association: a file-system directory linked to an S3 prefix."""
+
+    file_system_path: str
+    """Directory on the file system, e.g. `/datasets`."""
+    s3_prefix: str
+    """Prefix in the data bucket, without slashes at either end, e.g. `datasets`."""
+    auto_import_events: tuple[S3EventType, ...] = ALL_EVENTS
+    """S3 changes mirrored onto the file system: any of NEW, CHANGED, DELETED."""
+    auto_export_events: tuple[S3EventType, ...] = ()
+    """File-system changes written back to S3: any of NEW, CHANGED, DELETED."""
+    batch_import_metadata_on_create: bool = True
+    """Import the S3 listing when the association is created; contents load on first read."""
+    imported_file_chunk_size_mib: int = 1024
+    """Stripe size for imported files, in MiB (1 to 512000)."""
+
+    def to_props(self) -> DataRepositoryAssociation:
+        return DataRepositoryAssociation(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataRepositoryConfig:
+    """The S3 bucket behind the file system."""
+
+    bucket_name: str | None = None
+    """Bucket name. Default: generated by CloudFormation."""
+    associations: tuple[AssociationConfig, ...] = (
+        AssociationConfig(file_system_path="/datasets", s3_prefix="datasets"),
+        AssociationConfig(file_system_path="/checkpoints", s3_prefix="checkpoints", auto_export_events=ALL_EVENTS),
+    )
+    """At most 8 associations. Default: `/datasets` (import) and `/checkpoints` (import and export)."""
+
+    def problems(self) -> Problems:
+        # Amazon S3 User Guide, "General purpose bucket naming rules".
+        if self.bucket_name is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", self.bucket_name):
+            yield "bucket_name", problem("not a valid S3 bucket name", got=self.bucket_name,
+                                         allowed="3 to 63 lowercase letters, digits, '.' and '-'")
+        for index, key, message in association_problems([a.to_props() for a in self.associations]):
+            yield (f"associations[{index}].{key}" if index is not None else "associations"), message
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageConfig:
+    """Shared storage: the Lustre file system and its S3 data repository."""
+
+    lustre: LustreConfig = LustreConfig()
+    """The file system."""
+    data_repository: DataRepositoryConfig = DataRepositoryConfig()
+    """The bucket and its associations."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """A whole deployment."""
+
+    name: str = "moe"
+    """Prefix of every stack name: letters, digits and hyphens, starting with a letter, at most 32 characters."""
+    region: str
+    """AWS Region to deploy to, e.g. `us-east-2`."""
+    cluster: ClusterConfig
+    """The training capacity."""
+    network: NetworkConfig = NetworkConfig()
+    """The VPC."""
+    storage: StorageConfig = StorageConfig()
+    """Shared storage."""
+
+    @property
+    def lustre_availability_zone(self) -> str:
+        return self.storage.lustre.availability_zone or self.cluster.availability_zone
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The zones the network needs subnets in: the cluster's, then the file system's if different."""
+        return list(dict.fromkeys([self.cluster.availability_zone, self.lustre_availability_zone]))
+
+    def problems(self) -> Problems:
+        if not _NAME.match(self.name):
+            yield "name", problem("not a valid name", got=self.name,
+                                  allowed="a letter, then up to 31 letters, digits or hyphens")
+        if not _REGION.match(self.region):
+            yield "region", problem("not a Region name", got=self.region, allowed="e.g. us-east-2")
+            return
+        if (p := availability_zone_problem(self.cluster.availability_zone, self.region)):
+            yield "cluster.availability_zone", p
+        lustre_zone = self.storage.lustre.availability_zone
+        if lustre_zone is not None:
+            if (p := availability_zone_problem(lustre_zone, self.region)):
+                yield "storage.lustre.availability_zone", p
+            elif self.storage.lustre.efa_enabled and lustre_zone != self.cluster.availability_zone:
+                # EFA traffic does not cross availability zones.
+                yield "storage.lustre.availability_zone", problem(
+                    "an EFA-enabled file system must be in the cluster's zone",
+                    got=lustre_zone, allowed=self.cluster.availability_zone)
+        existing = self.network.existing_vpc
+        if existing is None:
+            for key, message in cidr_problems(
+                self.network.vpc_cidr, public_mask=self.network.public_subnet_cidr_mask,
+                private_mask=self.network.private_subnet_cidr_mask, zones=len(self.availability_zones),
+            ):
+                yield f"network.{key}", message
+        else:
+            covered = {s.availability_zone for s in existing.private_subnets}
+            for zone in self.availability_zones:
+                if zone not in covered:
+                    yield "network.existing_vpc.private_subnets", problem(
+                        "no subnet in a zone the deployment uses", got=sorted(covered), allowed=f"a subnet in {zone}")
+
+
+def parse_config(data: object) -> Config:
+    """A ``Config`` from already-parsed YAML; raises ``ConfigError`` with every problem."""
+    errors: list[str] = []
+    config = build(Config, data, "", errors)
+    if errors or config is None:
+        raise ConfigError(errors)
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and check a YAML configuration file; raises ``ConfigError`` with every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError([f"{path}: {problem('cannot read the file', got=error.strerror, allowed='a readable YAML file')}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "unknown line"
+        raise ConfigError([f"{path}: {problem('not valid YAML', got=where, allowed='a YAML mapping')}"]) from None
+    return parse_config(data)
+
+
+def reference_docs() -> str:
+    """docs/configuration.md, generated from the dataclasses above."""
+    return render_docs(
+        Config, "Configuration reference",
+        "Generated from `stacks/config.py` by `moe-cdk config-docs`; a test fails when the two differ.\n\n"
+        "A configuration is one YAML file under `config/`. Select it with `make synth CONFIG=config/x.yaml` "
+        "or `cdk synth -c config=config/x.yaml`, and check it with `moe-cdk validate --config config/x.yaml`. "
+        "Unknown keys are errors. Every problem is reported at once, one line each: "
+        "`path.to.key: what is wrong (got X; allowed Y)`.",
+    ) + "\n"

@@ -1,0 +1,67 @@
+"""Builds the CDK app for one configuration: the stacks, cdk-nag, and a one-line summary per stack."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from moe_cdk.stacks.config import Config
+from moe_cdk.stacks.network_stack import NetworkStack
+from moe_cdk.stacks.storage_stack import StorageStack
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = "config/default.yaml"
+
+
+def cdk_json_context(cdk_json: Path = REPO_ROOT / "cdk.json") -> dict:
+    """The context the CDK CLI would pass for cdk.json, which ``python app.py`` would otherwise ignore:
+    its ``context`` block, path and asset metadata on (the CLI's defaults), and version reporting as
+    cdk.json sets it. With it, ``python app.py`` and ``cdk synth`` write the same templates.
+    """
+    settings = json.loads(cdk_json.read_text())
+    return {
+        "aws:cdk:enable-path-metadata": True,
+        "aws:cdk:enable-asset-metadata": True,
+        "aws:cdk:version-reporting": settings.get("versionReporting", True),
+        **settings.get("context", {}),
+    }
+
+
+def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
+    """Every stack of a deployment, keyed by role; stack names start with ``config.name``."""
+    env = cdk.Environment(region=config.region)
+    network = NetworkStack(app, f"{config.name}-network", config=config, env=env,
+                           description="moe-cdk: VPC, endpoints and the EFA security group")
+    storage = StorageStack(app, f"{config.name}-storage", config=config, env=env,
+                           network=network.network, node_security_group=network.node_security_group,
+                           description="moe-cdk: FSx for Lustre and its S3 data repository")
+    stacks = {"network": network, "storage": storage}
+    for stack in stacks.values():
+        cdk.Tags.of(stack).add("moe-cdk:deployment", config.name)
+    return stacks
+
+
+def add_nag_checks(app: cdk.App) -> None:
+    """Have cdk-nag's AwsSolutions pack check every stack at synth; an unacknowledged finding fails the synth."""
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+
+
+def build_app(config: Config, *, outdir: str | None = None, cloudformation_validation: bool = True) -> cdk.App:
+    """A ready App for ``config`` with cdk.json's context, as ``make synth`` builds it."""
+    app = cdk.App(outdir=outdir, context=cdk_json_context(),
+                  builtin_cloud_formation_validation=cloudformation_validation)
+    add_stacks(app, config)
+    add_nag_checks(app)
+    return app
+
+
+def summary_lines(assembly: cdk.cx_api.CloudAssembly) -> list[str]:
+    """One line per synthesized stack: name, resource count, template path."""
+    lines = []
+    for stack in assembly.stacks:
+        resources = stack.template.get("Resources", {})
+        lines.append(f"{stack.stack_name}: {len(resources)} resources -> {Path(assembly.directory).name}/{stack.template_file}")
+    return lines

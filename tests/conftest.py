@@ -1,0 +1,53 @@
+"""Shared fixtures: the repository paths, the default configuration, and one synthesized app per run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import aws_cdk as cdk  # noqa: E402
+
+from moe_cdk.stacks.config import Config, load_config  # noqa: E402
+from moe_cdk.stacks.deployment import build_app  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+SHIPPED_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("*.yaml"))
+
+
+@pytest.fixture(scope="session")
+def default_config() -> Config:
+    return load_config(ROOT / "config/default.yaml")
+
+
+def synth(config: Config, outdir: Path) -> dict[str, dict]:
+    """Synthesize ``config`` the way ``make synth`` does (cdk-nag included) and return the templates by stack name."""
+    assembly = build_app(config, outdir=str(outdir), cloudformation_validation=False).synth()
+    return {stack.stack_name: stack.template for stack in assembly.stacks}
+
+
+@pytest.fixture(scope="session")
+def default_synth(default_config, tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """The default configuration synthesized once for the whole run: (cdk.out folder, templates)."""
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    return outdir, synth(default_config, outdir)
+
+
+def stack_for_test(**env) -> cdk.Stack:
+    """A fresh stack in a fresh app, for single-construct tests."""
+    app = cdk.App()
+    return cdk.Stack(app, "Test", env=cdk.Environment(region=env.get("region", "us-east-2")))
+
+
+def resources_of_type(template: dict, type_: str) -> dict[str, dict]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
