@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 
-from moe_cdk.constructs.validation import problem, raise_if_any
+from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
 
 AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 
@@ -181,7 +181,7 @@ class TrainingNetwork(Construct):
         if not zones:
             found.append("availability_zones: " + problem("needs at least one zone", got=zones, allowed="e.g. ['us-east-2a']"))
         for zone in zones:
-            if not AVAILABILITY_ZONE.match(zone):
+            if not is_unresolved(zone) and not AVAILABILITY_ZONE.match(zone):
                 found.append("availability_zones: " + problem("not an availability-zone name", got=zone, allowed="e.g. us-east-2a"))
         if len(set(zones)) != len(zones):
             found.append("availability_zones: " + problem("lists a zone twice", got=zones, allowed="distinct zones"))
