@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 	@echo "$$(date '+%H:%M:%S') setting up $(VENV)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[train,test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

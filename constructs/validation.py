@@ -12,10 +12,9 @@ from collections.abc import Iterable
 
 from aws_cdk import Token
 
+from moe_cdk.training.schema import problem
 
-def problem(what: str, *, got: object, allowed: str) -> str:
-    """Word one problem without its key: ``what (got X; allowed Y)``."""
-    return f"{what} (got {got!r}; allowed {allowed})"
+__all__ = ["PropsError", "is_unresolved", "problem", "raise_if_any"]
 
 
 def is_unresolved(value: object) -> bool:

@@ -22,7 +22,7 @@ from jsii.errors import JSIIError  # noqa: E402
 from moe_cdk.constructs.validation import PropsError  # noqa: E402
 from moe_cdk.stacks.config import Config, load_config, reference_docs  # noqa: E402
 from moe_cdk.stacks.deployment import DEFAULT_CONFIG, add_nag_checks, add_stacks, cdk_json_context, summary_lines  # noqa: E402
-from moe_cdk.stacks.schema import ConfigError  # noqa: E402
+from moe_cdk.training.schema import ConfigError  # noqa: E402
 
 EXIT_CHECK_FAILED = 1
 EXIT_INVALID = 2

@@ -25,7 +25,7 @@ from moe_cdk.constructs.data_repository import (
 from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
 from moe_cdk.constructs.training_network import availability_zone_problem, cidr_problems, retention_problem
 from moe_cdk.constructs.validation import problem
-from moe_cdk.stacks.schema import ConfigError, build, render_docs
+from moe_cdk.training.schema import ConfigError, build, render_docs
 
 Problems = Iterator[tuple[str, str]]
 

@@ -12,7 +12,7 @@ import yaml
 from conftest import ROOT, SHIPPED_CONFIGS
 from moe_cdk.stacks import config as config_module
 from moe_cdk.stacks.config import Config, ConfigError, NodeRole, Orchestrator, load_config, parse_config, reference_docs
-from moe_cdk.stacks.schema import attribute_docs
+from moe_cdk.training.schema import attribute_docs
 
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.\[\]]*: .+ \(got .+; allowed .+\)$", re.DOTALL)
 DEFAULT = yaml.safe_load((ROOT / "config/default.yaml").read_text())

@@ -1,5 +1,11 @@
 """Loads YAML into frozen dataclasses, collecting every problem with its dotted key path.
 
+Shared by the infrastructure configuration (stacks/config.py) and the trainer's
+configuration, so both report problems the same way. Standard library only: the training
+container imports it without CDK.
+
+Every problem reads ``<key>: <what is wrong> (got <value>; allowed <what is allowed>)``.
+
 The loader knows the handful of field types the configuration uses: str, int, float,
 bool, enums, nested dataclasses, ``X | None`` and ``tuple[X, ...]``. Unknown keys are
 errors. Attribute docstrings double as the reference documentation (``render_docs``).
@@ -17,7 +23,11 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from moe_cdk.constructs.validation import problem
+
+
+def problem(what: str, *, got: object, allowed: str) -> str:
+    """Word one problem without its key: ``what (got X; allowed Y)``."""
+    return f"{what} (got {got!r}; allowed {allowed})"
 
 
 class ConfigError(Exception):

@@ -1,0 +1,166 @@
+"""The trainer end to end on CPU: real megatron-core, gloo, real checkpoints and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from conftest import ROOT
+from moe_cdk.training.checkpoint import MARKER, CheckpointManager
+
+TINY = ROOT / "training/configs/tiny.yaml"
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def data_prefix(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
+
+
+def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:
+    launcher = [sys.executable, "-m", "moe_cdk.training.train_cli"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        f"--master_port={29600 + random.randint(0, 300)}", "-m", "moe_cdk.training.train_cli"]
+    return [*launcher, "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
+            "--metrics-file", str(run_dir / "metrics.jsonl"), "--set", f"data.prefixes=[{data_prefix}]",
+            "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]", *extra]
+
+
+def run_training(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(run_dir, data_prefix, *extra, nproc=nproc), cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_parameters(checkpoint: Path, out: Path) -> dict[str, torch.Tensor]:
+    dcp_to_torch_save(str(checkpoint), str(out))
+    state = torch.load(out, weights_only=False)
+    return {k: v for k, v in state.items()
+            if k.startswith(("decoder.", "embedding.", "output_layer.")) and isinstance(v, torch.Tensor)}
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory, data_prefix) -> Path:
+    """20 uninterrupted steps on one process, checkpointing every 4."""
+    run_dir = tmp_path_factory.mktemp("single")
+    result = run_training(run_dir, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_single_process_loss_falls(single_run):
+    losses = [r["loss"] for r in records(single_run)]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
+
+
+def test_every_record_has_step_and_loss(single_run):
+    assert [r["step"] for r in records(single_run)] == list(range(1, 21))
+
+
+def test_metrics_hold_tokens_per_expert_for_every_layer(single_run):
+    record = records(single_run)[-1]
+    # 8 samples x 64 tokens x top-2 routing, per layer, 2 layers of 4 experts.
+    assert [sum(layer) for layer in record["tokens_per_expert"]] == [8 * 64 * 2] * 2
+    assert all(len(layer) == 4 for layer in record["tokens_per_expert"])
+
+
+def test_metrics_hold_router_entropy_and_imbalance(single_run):
+    record = records(single_run)[-1]
+    assert len(record["router_entropy"]) == 2
+    assert all(0 < e <= record["router_entropy_max"] for e in record["router_entropy"])
+    assert all(1.0 <= i <= 4.0 for i in record["expert_imbalance"])
+
+
+def test_metrics_hold_aux_losses_and_throughput(single_run):
+    record = records(single_run)[-1]
+    assert len(record["load_balancing_loss"]) == 2 and len(record["z_loss"]) == 2
+    assert record["tokens_per_s"] > 0 and record["dispatch_time_s"] > 0 and record["peak_memory_gib"] > 0
+
+
+def test_only_the_last_two_complete_checkpoints_are_kept(single_run):
+    assert sorted(p.name for p in (single_run / "ckpt").glob("step-*")) == ["step-16", "step-20"]
+    assert (single_run / "ckpt/step-20" / MARKER).is_file()
+
+
+def test_two_processes_with_expert_parallel_2_train(tmp_path, data_prefix, single_run):
+    result = run_training(tmp_path, data_prefix, "--max-steps", "10", "--save-interval", "10",
+                          "--set", "parallel.expert=2", "--set", "data.num_workers=1", nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [r["loss"] for r in records(tmp_path)]
+    assert len(losses) == 10 and losses[-1] < losses[0] - 0.5
+
+
+def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_run):
+    kill_after = random.Random().randint(6, 17)
+    command = train_command(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    metrics = tmp_path / "metrics.jsonl"
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, f"the run ended before the kill at step {kill_after}"
+
+    resumed = run_training(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    assert records(tmp_path)[-1]["loss"] == records(single_run)[-1]["loss"]
+    reference = final_parameters(single_run / "ckpt/step-20", tmp_path / "reference.pt")
+    interrupted = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "interrupted.pt")
+    assert reference.keys() == interrupted.keys() and reference
+    assert all(torch.equal(reference[k], interrupted[k]) for k in reference)
+
+
+def test_truncated_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, data_prefix, single_run):
+    run_dir = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(single_run), str(run_dir)], check=True)
+    shard = max((run_dir / "ckpt/step-20").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    result = run_training(run_dir, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"skipping checkpoint {run_dir / 'ckpt/step-20'}: {shard.name} has" in result.stderr
+    assert f"resumed from {run_dir / 'ckpt/step-16'}" in result.stderr
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_retryable(tmp_path, data_prefix, single_run):
+    command = train_command(tmp_path, data_prefix, "--max-steps", "1000", "--save-interval", "1000")
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 143, stderr[-3000:]
+    last_step = records(tmp_path)[-1]["step"]
+    assert CheckpointManager.problem_with(tmp_path / f"ckpt/step-{last_step}") is None
+
+
+def test_configuration_error_exits_2_with_keyed_lines(tmp_path, data_prefix):
+    result = run_training(tmp_path, data_prefix, "--set", "moe.top_k=9", "--set", "model.hidden_size=63")
+    assert result.returncode == 2
+    assert "  moe.top_k: out of range (got 9; allowed 1 to num_experts (4))" in result.stderr
+    assert "  model.num_attention_heads: must divide hidden_size (got 4; allowed a divisor of 63)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_layout_that_does_not_fit_the_world_size_exits_2(tmp_path, data_prefix):
+    result = run_training(tmp_path, data_prefix, "--set", "optim.global_batch_size=6")
+    assert result.returncode == 2
+    assert "optim.global_batch_size: must be a multiple of micro_batch_size x data-parallel size" in result.stderr

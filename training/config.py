@@ -1,0 +1,335 @@
+"""The trainer's typed configuration: one frozen dataclass per YAML section.
+
+``load_train_config(path, overrides)`` returns a ``TrainConfig`` or raises ``ConfigError``
+with every problem, one ``section.key: what (got X; allowed Y)`` line each, the same
+format as the infrastructure configuration. Checks that need the world size
+(``check_layout``) run once the launch environment is known, before anything is built.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from moe_cdk.training.schema import ConfigError, build, problem
+
+Problems = Iterator[tuple[str, str]]
+
+
+class Dispatcher(enum.Enum):
+    """How tokens reach their experts."""
+
+    ALLTOALL = "alltoall"
+    ALLGATHER = "allgather"
+
+
+class Precision(enum.Enum):
+    """Parameter and compute precision."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The GPT backbone."""
+
+    num_layers: int = 2
+    """Transformer layers."""
+    hidden_size: int = 64
+    """Model width."""
+    num_attention_heads: int = 4
+    """Attention heads; must divide hidden_size."""
+    num_query_groups: int | None = None
+    """Key/value heads for grouped-query attention. Default: num_attention_heads."""
+    ffn_hidden_size: int = 128
+    """Hidden size of each expert's MLP."""
+    seq_length: int = 64
+    """Tokens per sample."""
+    init_method_std: float = 0.02
+    """Standard deviation of the initial weights."""
+    dropout: float = 0.0
+    """Hidden and attention dropout."""
+    rotary_base: int = 10000
+    """RoPE base."""
+
+    def problems(self) -> Problems:
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
+            if getattr(self, key) < 1:
+                yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+        if self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads:
+            yield "num_attention_heads", problem("must divide hidden_size", got=self.num_attention_heads,
+                                                 allowed=f"a divisor of {self.hidden_size}")
+        groups = self.num_query_groups
+        if groups is not None and (groups < 1 or self.num_attention_heads % groups):
+            yield "num_query_groups", problem("must divide num_attention_heads", got=groups,
+                                              allowed=f"a divisor of {self.num_attention_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            yield "dropout", problem("out of range", got=self.dropout, allowed="0 <= dropout < 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """The mixture-of-experts layers."""
+
+    num_experts: int = 4
+    """Experts per MoE layer."""
+    top_k: int = 2
+    """Experts each token is routed to."""
+    aux_loss_coeff: float = 0.01
+    """Load-balancing auxiliary loss coefficient; 0 turns it off."""
+    z_loss_coeff: float = 0.001
+    """Router z-loss coefficient; 0 turns it off."""
+    capacity_factor: float | None = None
+    """Expert capacity as a multiple of the balanced load; tokens over it are dropped. Default: dropless."""
+    token_dispatcher: Dispatcher = Dispatcher.ALLTOALL
+    """alltoall or allgather."""
+
+    def problems(self) -> Problems:
+        if self.num_experts < 2:
+            yield "num_experts", problem("an MoE needs at least 2 experts", got=self.num_experts, allowed="2 or more")
+        if not 1 <= self.top_k <= max(self.num_experts, 1):
+            yield "top_k", problem("out of range", got=self.top_k, allowed=f"1 to num_experts ({self.num_experts})")
+        for key in ("aux_loss_coeff", "z_loss_coeff"):
+            if getattr(self, key) < 0:
+                yield key, problem("must not be negative", got=getattr(self, key), allowed="0 or more")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            yield "capacity_factor", problem("must be positive", got=self.capacity_factor, allowed="> 0, or null for dropless")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """How the model is split across processes. The data-parallel size is what is left: world / (tensor x pipeline)."""
+
+    tensor: int = 1
+    """Tensor-parallel size."""
+    pipeline: int = 1
+    """Pipeline-parallel size. moe-train runs one pipeline stage (1) for now."""
+    expert: int = 1
+    """Expert-parallel size: the experts of a layer are spread over this many ranks."""
+
+    def problems(self) -> Problems:
+        for key in ("tensor", "pipeline", "expert"):
+            if getattr(self, key) < 1:
+                yield key, problem("must be at least 1", got=getattr(self, key), allowed="1 or more")
+        if self.pipeline > 1:
+            yield "pipeline", problem("pipeline parallelism is not supported by moe-train yet", got=self.pipeline, allowed="1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Pre-tokenized training data in Megatron's indexed format (.bin/.idx)."""
+
+    prefixes: tuple[str, ...]
+    """Dataset path prefixes (without .bin/.idx), e.g. `/fsx/datasets/web_text_document`."""
+    weights: tuple[float, ...] | None = None
+    """Blend weights, one per prefix. Default: proportional to size."""
+    prepare_from: tuple[str, ...] = ()
+    """Raw text or JSONL files tokenized into the first prefix when its files do not exist yet."""
+    tokenizer: str = "byte"
+    """`byte` (built in, no download) or the path of a `tokenizer.json`."""
+    cache_dir: str | None = None
+    """Where Megatron caches its sample indices. Default: `<checkpoint dir>/index-cache`."""
+    num_workers: int = 1
+    """DataLoader worker processes."""
+    prefetch_factor: int = 2
+    """Batches each worker loads ahead."""
+    pin_memory: bool = False
+    """Page-lock host batches for faster copies to the GPU."""
+
+    def problems(self) -> Problems:
+        if not self.prefixes:
+            yield "prefixes", problem("needs at least one dataset", got=[], allowed="one or more path prefixes")
+        if self.weights is not None and len(self.weights) != len(self.prefixes):
+            yield "weights", problem("needs one weight per prefix", got=list(self.weights),
+                                     allowed=f"{len(self.prefixes)} weights")
+        if self.num_workers < 0:
+            yield "num_workers", problem("must not be negative", got=self.num_workers, allowed="0 or more")
+        if self.prefetch_factor < 1:
+            yield "prefetch_factor", problem("must be positive", got=self.prefetch_factor, allowed="1 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with linear warm-up and cosine decay."""
+
+    micro_batch_size: int = 4
+    """Samples per rank per forward pass."""
+    global_batch_size: int = 8
+    """Samples per optimizer step across all data-parallel ranks; a multiple of micro x data-parallel size."""
+    lr: float = 0.001
+    """Peak learning rate."""
+    min_lr: float = 0.0001
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 10
+    """Steps of linear warm-up."""
+    decay_steps: int = 1000
+    """Steps from the end of warm-up to min_lr."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 turns clipping off."""
+    seed: int = 1234
+    """Seed for initialisation, dropout and data order."""
+    precision: Precision = Precision.AUTO
+    """auto (bf16 on GPU, fp32 on CPU), fp32 or bf16."""
+
+    def problems(self) -> Problems:
+        for key in ("micro_batch_size", "global_batch_size"):
+            if getattr(self, key) < 1:
+                yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            yield "min_lr", problem("must satisfy 0 <= min_lr <= lr", got=self.min_lr, allowed=f"0 to {self.lr}")
+        if self.warmup_steps < 0 or self.decay_steps < 1:
+            yield "decay_steps", problem("warmup_steps >= 0 and decay_steps >= 1", got=(self.warmup_steps, self.decay_steps),
+                                         allowed="non-negative warm-up, positive decay")
+        if self.grad_clip < 0:
+            yield "grad_clip", problem("must not be negative", got=self.grad_clip, allowed="0 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Distributed checkpoints (megatron-core dist_checkpointing, torch_dist format)."""
+
+    dir: str = "checkpoints"
+    """Folder of `step-N` checkpoints. On HyperPod: `/fsx/checkpoints/<run>`; on Training Jobs: `/opt/ml/checkpoints`."""
+    save_interval: int = 50
+    """Steps between checkpoints."""
+    keep_last: int = 2
+    """Complete checkpoints to keep, at least 2."""
+    async_save: bool = False
+    """Write checkpoints in the background while training continues."""
+
+    def problems(self) -> Problems:
+        if self.save_interval < 1:
+            yield "save_interval", problem("must be positive", got=self.save_interval, allowed="1 or more")
+        if self.keep_last < 2:
+            yield "keep_last", problem("keep at least two, so a bad latest one has a fallback",
+                                       got=self.keep_last, allowed="2 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    """What the trainer reports and where."""
+
+    file: str | None = None
+    """JSONL file, one record per step (rank 0). Default: none."""
+    log_interval: int = 1
+    """Steps between log lines and metrics records."""
+    prometheus_port: int | None = None
+    """Serve the latest metrics for Prometheus on this port (rank 0). Default: off."""
+    tensorboard_dir: str | None = None
+    """Write TensorBoard scalars here (rank 0; needs the tensorboard package). Default: off."""
+    readiness_file: str | None = None
+    """Touched once the first step has finished; the readiness probe checks it. Default: none."""
+    liveness_file: str | None = None
+    """Touched after every step; the liveness probe checks its age. Default: none."""
+    peak_tflops_per_device: float | None = None
+    """Peak dense TFLOP/s of one device, the MFU denominator. Default: from the GPU model (H200/H100 989, A100 312); none on CPU."""
+
+    def problems(self) -> Problems:
+        if self.log_interval < 1:
+            yield "log_interval", problem("must be positive", got=self.log_interval, allowed="1 or more")
+        if self.prometheus_port is not None and not 1 <= self.prometheus_port <= 65535:
+            yield "prometheus_port", problem("not a TCP port", got=self.prometheus_port, allowed="1 to 65535")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """A training run."""
+
+    max_steps: int = 100
+    """Optimizer steps to train for."""
+    model: ModelConfig = ModelConfig()
+    """The backbone."""
+    moe: MoEConfig = MoEConfig()
+    """The experts."""
+    parallel: ParallelConfig = ParallelConfig()
+    """Parallel layout."""
+    data: DataConfig
+    """Training data."""
+    optim: OptimConfig = OptimConfig()
+    """Optimizer and batch."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpoints."""
+    metrics: MetricsConfig = MetricsConfig()
+    """Metrics."""
+
+    def problems(self) -> Problems:
+        if self.max_steps < 1:
+            yield "max_steps", problem("must be positive", got=self.max_steps, allowed="1 or more")
+        if self.moe.num_experts % self.parallel.expert:
+            yield "parallel.expert", problem("must divide moe.num_experts", got=self.parallel.expert,
+                                             allowed=f"a divisor of {self.moe.num_experts}")
+        if self.model.num_layers % self.parallel.pipeline:
+            yield "parallel.pipeline", problem("must divide model.num_layers", got=self.parallel.pipeline,
+                                               allowed=f"a divisor of {self.model.num_layers}")
+        if self.model.num_attention_heads % self.parallel.tensor:
+            yield "parallel.tensor", problem("must divide model.num_attention_heads", got=self.parallel.tensor,
+                                             allowed=f"a divisor of {self.model.num_attention_heads}")
+
+
+def check_layout(config: TrainConfig, world_size: int) -> int:
+    """The data-parallel size for ``world_size`` processes; raises ``ConfigError`` when the layout does not fit."""
+    p, errors = config.parallel, []
+    model_parallel = p.tensor * p.pipeline
+    if world_size % model_parallel:
+        errors.append("parallel: " + problem(
+            "tensor x pipeline must divide the world size", got=f"{p.tensor} x {p.pipeline} for {world_size} processes",
+            allowed=f"a product dividing {world_size}"))
+    elif world_size % (p.expert * p.tensor * p.pipeline):
+        # Experts are split over `expert` ranks, each with the same tensor split (megatron's
+        # expert-tensor-parallel size defaults to the tensor-parallel size).
+        errors.append("parallel.expert: " + problem(
+            "expert x tensor x pipeline must divide the world size", got=p.expert,
+            allowed=f"a value with expert x {model_parallel} dividing {world_size}"))
+    data_parallel = max(world_size // model_parallel, 1)
+    per_step = config.optim.micro_batch_size * data_parallel
+    if config.optim.global_batch_size % per_step:
+        errors.append("optim.global_batch_size: " + problem(
+            f"must be a multiple of micro_batch_size x data-parallel size ({config.optim.micro_batch_size} x {data_parallel})",
+            got=config.optim.global_batch_size, allowed=f"a multiple of {per_step}"))
+    if errors:
+        raise ConfigError(errors)
+    return data_parallel
+
+
+def _apply_override(data: dict, assignment: str, errors: list[str]) -> None:
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        errors.append(f"--set: {problem('not a key=value assignment', got=assignment, allowed='section.key=value')}")
+        return
+    node = data
+    *parents, last = key.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            errors.append(f"{key}: {problem('not a section', got=part, allowed='a dotted path to a key')}")
+            return
+        node = child
+    node[last] = yaml.safe_load(raw) if raw != "" else None
+
+
+def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML file, apply ``section.key=value`` overrides, and check the result."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as error:
+        raise ConfigError([f"{path}: {problem('cannot read the file', got=error.strerror, allowed='a readable YAML file')}"]) from None
+    except yaml.YAMLError:
+        raise ConfigError([f"{path}: {problem('not valid YAML', got=str(path), allowed='a YAML mapping')}"]) from None
+    errors: list[str] = []
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: {problem('must be a mapping', got=type(data).__name__, allowed='key: value pairs')}"])
+    for assignment in overrides:
+        _apply_override(data, assignment, errors)
+    config = build(TrainConfig, data, "", errors)
+    if errors or config is None:
+        raise ConfigError(errors)
+    return config

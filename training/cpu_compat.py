@@ -1,0 +1,120 @@
+"""Lets megatron-core 0.16.1 train on CPU with gloo, for tests and laptops.
+
+megatron-core assumes CUDA in a few places that a CPU run reaches. ``activate()`` patches
+exactly those, and only when CUDA is absent; on a GPU it does nothing. What it fixes, as
+found for megatron-core 0.16.1 on Python 3.11 with the CPU build of torch 2.13:
+
+- ``torch.cuda.current_device()``: the router moves its weight there (router.py). On CPU
+  it returns the CPU device.
+- ``torch.cuda.Stream`` / ``current_stream`` / ``stream`` / ``Event`` / ``synchronize``: the
+  alltoall dispatcher copies split sizes device-to-host on a side stream and synchronises
+  on an event; checkpoint save calls ``torch.cuda.synchronize``. On CPU there is one
+  stream and nothing to wait for.
+- ``token_dispatcher.maybe_move_tensor_to_cpu``: converts only CUDA tensors to numpy, so
+  on CPU the alltoall split sizes stay tensors, which ``all_to_all_single`` rejects. On
+  CPU it converts CPU tensors when numpy is asked for.
+- ``moe_utils.te_general_gemm``: referenced by the router's gating linear but only
+  defined when Transformer Engine is installed (a NameError otherwise).
+- Megatron's CUDA RNG tracker: replaced by a tracker with the same state names that
+  keeps CPU generator states, so dropout forks and checkpointed RNG states work.
+
+Callers must also pass an explicit causal attention mask (with ``attention_mask=None``
+megatron builds one on "cuda") and build the model with ``add_bias_linear=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+_active = False
+
+
+class _CpuEvent:
+    def synchronize(self) -> None: ...
+    def wait(self, stream=None) -> None: ...
+    def record(self, stream=None) -> None: ...
+    def query(self) -> bool:
+        return True
+
+
+class _CpuStream:
+    """The one stream a CPU has: every instance is the same stream."""
+
+    def __init__(self, *args, **kwargs) -> None: ...
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _CpuStream)
+    def __hash__(self) -> int:
+        return 0
+    def wait_stream(self, other) -> None: ...
+    def wait_event(self, event) -> None: ...
+    def synchronize(self) -> None: ...
+    def query(self) -> bool:
+        return True
+    def record_event(self, event=None):
+        return event or _CpuEvent()
+
+
+def _host_copy(tensor, as_numpy: bool = False, record_stream: bool = False):
+    if as_numpy and torch.is_tensor(tensor):
+        return tensor.numpy()
+    return tensor
+
+
+def _cpu_rng_tracker_class():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        """Megatron's tracker, keeping CPU generator states under the same names."""
+
+        def add(self, name: str, seed: int) -> None:
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self.seeds_.add(seed)
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name: str = mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            outer = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer)
+
+    return CpuRNGStatesTracker
+
+
+def activate() -> bool:
+    """Patch megatron-core for CPU when CUDA is absent. Returns True if it patched. Idempotent."""
+    global _active
+    if torch.cuda.is_available():
+        return False
+    if _active:
+        return True
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.Stream = _CpuStream
+    torch.cuda.Event = lambda *args, **kwargs: _CpuEvent()
+    torch.cuda.current_stream = lambda device=None: _CpuStream()
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
+    torch.cuda.synchronize = lambda device=None: None
+    token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _active = True
+    log.info("CUDA is absent: megatron-core runs on CPU through moe_cdk.training.cpu_compat")
+    return True

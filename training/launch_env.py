@@ -1,0 +1,413 @@
+"""Where this training process sits in the job: the distributed launch environment.
+
+``detect()`` reads the process environment that a launcher left behind and returns a
+``LaunchEnv``: this process's rank, the world size, its place on its node, the number of
+nodes, and the rendezvous address that ``torch.distributed``'s ``env://`` init needs.
+The launchers are checked in this order, the first that matches wins:
+
+1. ``torchrun`` (``TORCHELASTIC_RUN_ID``, or ``LOCAL_RANK``, ``RANK`` and ``WORLD_SIZE``):
+   one process per rank, everything read from torchrun's variables.
+2. Slurm (``SLURM_PROCID``): ``srun`` starts every rank itself, one task per process; the
+   rendezvous host is ``MASTER_ADDR`` or the first host of the job's node list.
+3. SageMaker Training Jobs (the resource config file, or ``SM_HOSTS`` and
+   ``SM_CURRENT_HOST``): SageMaker starts ONE process per host, so this process is the
+   per-node launcher. Its ``LaunchEnv`` describes local rank 0 of its node; the trainer
+   then starts ``torchrun --nnodes=num_nodes --node-rank=node_rank
+   --nproc-per-node=local_world_size`` from it, and the ranks it starts see case 1.
+4. Kubeflow PyTorchJob (``MASTER_ADDR``, ``WORLD_SIZE`` and ``RANK`` but no ``LOCAL_RANK``):
+   the training operator sets ``RANK`` and ``WORLD_SIZE`` per pod, one process per pod.
+5. Anything else is a single process: rank 0 of a world of 1 on 127.0.0.1.
+
+Values that cannot be used raise ``LaunchEnvError`` carrying every problem found, one
+``<VARIABLE>: <what is wrong> (got <value>; allowed <what is allowed>)`` line each, the
+project's error format. Standard library only: this runs before torch is imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MASTER_PORT = 29500
+"""The rendezvous port when the launcher names none (torchrun's own default)."""
+
+KUBEFLOW_MASTER_PORT = 23456
+"""The Kubeflow training operator's default ``MASTER_PORT``."""
+
+SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
+"""Where a SageMaker Training Job describes its hosts."""
+
+_PORT_ALLOWED = "1 to 65535"
+_HOST_ALLOWED = "a host name or IP address"
+_HOSTLIST_ALLOWED = "a Slurm hostlist such as node[01-04],gpu-7"
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+class LaunchEnvError(ValueError):
+    """The launch environment cannot be used. ``problems`` holds one ``VARIABLE: ...`` line per problem."""
+
+    def __init__(self, problems: Iterable[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchEnv:
+    """This process's place in a distributed training job."""
+
+    launcher: str
+    """What started this process: ``torchrun``, ``slurm``, ``kubeflow``, ``sagemaker`` or ``single``."""
+
+    rank: int
+    """Global rank of this process, 0 to ``world_size - 1``."""
+
+    world_size: int
+    """Number of processes in the job, all nodes together."""
+
+    local_rank: int
+    """Rank of this process on its node, 0 to ``local_world_size - 1``; picks its accelerator."""
+
+    local_world_size: int
+    """Number of processes on this node."""
+
+    node_rank: int
+    """Index of this node, 0 to ``num_nodes - 1``."""
+
+    num_nodes: int
+    """Number of nodes in the job."""
+
+    master_addr: str
+    """Host of the rank 0 process, where every rank meets."""
+
+    master_port: int
+    """TCP port on ``master_addr`` where every rank meets."""
+
+    def torch_env(self) -> dict[str, str]:
+        """The variables ``torch.distributed``'s ``env://`` init reads, as strings."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+
+def detect(
+    environ: Mapping[str, str] | None = None,
+    *,
+    sagemaker_resource_config: str | Path = SAGEMAKER_RESOURCE_CONFIG,
+) -> LaunchEnv:
+    """Work out the launch environment from ``environ`` (``os.environ`` when None).
+
+    ``sagemaker_resource_config`` is the SageMaker host description; it only counts when
+    the file exists. See the module docstring for the launchers and their order.
+    Raises ``LaunchEnvError`` with every problem when a value cannot be used.
+    """
+    env = os.environ if environ is None else environ
+    config = Path(sagemaker_resource_config)
+    if "TORCHELASTIC_RUN_ID" in env or all(name in env for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE")):
+        return _torchrun(_Reader(env))
+    if "SLURM_PROCID" in env:
+        return _slurm(_Reader(env))
+    if config.is_file() or ("SM_HOSTS" in env and "SM_CURRENT_HOST" in env):
+        return _sagemaker(_Reader(env), config if config.is_file() else None)
+    if all(name in env for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK")):
+        return _kubeflow(_Reader(env))
+    return _single(_Reader(env))
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Expand Slurm's compressed hostlist syntax into host names, in order.
+
+    ``"node[01-03,7],gpu-5"`` gives ``node01, node02, node03, node7, gpu-5``: commas outside
+    brackets separate patterns, a bracket holds numbers and ``lo-hi`` ranges, and a range
+    keeps the zero padding of its lower bound (``node[08-10]`` gives ``node08`` to
+    ``node10``). Several bracket groups in one pattern expand to every combination.
+    Raises ``ValueError`` for an empty or malformed list.
+    """
+    hosts: list[str] = []
+    for pattern in _split_outside_brackets(spec):
+        pattern = pattern.strip()
+        if not pattern:
+            raise ValueError(f"empty host pattern in Slurm hostlist {spec!r}")
+        parts: list[list[str]] = []
+        rest = pattern
+        while rest:
+            open_at = rest.find("[")
+            if open_at < 0:
+                if "]" in rest:
+                    raise ValueError(f"unmatched ']' in Slurm hostlist {spec!r}")
+                parts.append([rest])
+                break
+            close_at = rest.find("]", open_at)
+            if close_at < 0 or "]" in rest[:open_at]:
+                raise ValueError(f"unmatched bracket in Slurm hostlist {spec!r}")
+            if open_at:
+                parts.append([rest[:open_at]])
+            parts.append(_expand_ranges(rest[open_at + 1 : close_at], spec))
+            rest = rest[close_at + 1 :]
+        hosts.extend("".join(combination) for combination in itertools.product(*parts))
+    return hosts
+
+
+def _split_outside_brackets(spec: str) -> list[str]:
+    pieces, depth, start = [], 0, 0
+    for i, char in enumerate(spec):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"nested brackets in Slurm hostlist {spec!r}")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unmatched ']' in Slurm hostlist {spec!r}")
+        elif char == "," and depth == 0:
+            pieces.append(spec[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unmatched '[' in Slurm hostlist {spec!r}")
+    pieces.append(spec[start:])
+    return pieces
+
+
+def _expand_ranges(body: str, spec: str) -> list[str]:
+    values: list[str] = []
+    for item in body.split(","):
+        item = item.strip()
+        low, dash, high = item.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"bad range {item!r} in Slurm hostlist {spec!r}")
+        if not dash:
+            values.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"descending range {item!r} in Slurm hostlist {spec!r}")
+        values.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+    return values
+
+
+class _Reader:
+    """Reads variables from one environment and collects every problem instead of stopping at the first."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self.environ = environ
+        self.problems: list[str] = []
+
+    def add(self, key: str, what: str, *, got: object, allowed: str) -> None:
+        self.problems.append(f"{key}: {what} (got {got!r}; allowed {allowed})")
+
+    def integer(
+        self,
+        name: str,
+        *,
+        allowed: str,
+        minimum: int = 0,
+        maximum: int | None = None,
+        required: bool = True,
+        default: int | None = None,
+    ) -> int | None:
+        """The integer in ``name``; ``default`` when unset and not ``required``; None after a problem."""
+        raw = self.environ.get(name)
+        if raw is None:
+            if required:
+                self.add(name, "not set", got=None, allowed=allowed)
+            return default
+        if not _INTEGER.fullmatch(raw.strip()):
+            self.add(name, "not an integer", got=raw, allowed=allowed)
+            return None
+        value = int(raw)
+        if value < 0 <= minimum:
+            self.add(name, "must not be negative", got=raw, allowed=allowed)
+        elif value < minimum:
+            self.add(name, f"must be at least {minimum}", got=raw, allowed=allowed)
+        elif maximum is not None and value > maximum:
+            self.add(name, f"must be at most {maximum}", got=raw, allowed=allowed)
+        else:
+            return value
+        return None
+
+    def host(self, name: str, *, default: str | None = None) -> str | None:
+        """The host name in ``name``; ``default`` when unset (a problem when that is None too)."""
+        raw = self.environ.get(name)
+        if raw is None:
+            if default is None:
+                self.add(name, "not set", got=None, allowed=_HOST_ALLOWED)
+            return default
+        if not raw.strip():
+            self.add(name, "empty", got=raw, allowed=_HOST_ALLOWED)
+            return None
+        return raw.strip()
+
+    def port(self, default: int) -> int | None:
+        return self.integer(
+            "MASTER_PORT", allowed=_PORT_ALLOWED, minimum=1, maximum=65535, required=False, default=default
+        )
+
+    def below(self, name: str, value: int | None, limit_name: str, limit: int | None) -> None:
+        """A problem when ``value`` is not below ``limit`` (skipped when either could not be read)."""
+        if value is not None and limit is not None and value >= limit:
+            self.add(name, f"must be less than {limit_name}", got=value, allowed=f"0 to {limit - 1}")
+
+    def build(self, **fields: object) -> LaunchEnv:
+        if self.problems:
+            raise LaunchEnvError(self.problems)
+        return LaunchEnv(**fields)  # type: ignore[arg-type]
+
+
+def _torchrun(r: _Reader) -> LaunchEnv:
+    rank = r.integer("RANK", allowed="0 to WORLD_SIZE-1")
+    world_size = r.integer("WORLD_SIZE", allowed="1 or more", minimum=1)
+    local_rank = r.integer("LOCAL_RANK", allowed="0 to LOCAL_WORLD_SIZE-1")
+    local_world_size = r.integer(
+        "LOCAL_WORLD_SIZE", allowed="1 to WORLD_SIZE", minimum=1, required=False, default=1
+    )
+    group_rank = r.integer("GROUP_RANK", allowed="0 to the number of nodes - 1", required=False)
+    r.below("RANK", rank, "WORLD_SIZE", world_size)
+    r.below("LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)
+    num_nodes = node_rank = None
+    if world_size is not None and local_world_size is not None:
+        if local_world_size > world_size:
+            r.add("LOCAL_WORLD_SIZE", "must not exceed WORLD_SIZE", got=local_world_size,
+                  allowed=f"1 to {world_size}")
+        elif world_size % local_world_size:
+            r.add("WORLD_SIZE", "not a multiple of LOCAL_WORLD_SIZE", got=world_size,
+                  allowed=f"a multiple of {local_world_size}")
+        else:
+            num_nodes = world_size // local_world_size
+    if group_rank is not None:
+        node_rank = group_rank
+        r.below("GROUP_RANK", group_rank, "WORLD_SIZE / LOCAL_WORLD_SIZE", num_nodes)
+    elif rank is not None and local_world_size is not None:
+        node_rank = rank // local_world_size
+    # A single-node run may leave the rendezvous host out; several nodes must name it.
+    master_addr = r.host("MASTER_ADDR", default="127.0.0.1" if num_nodes == 1 else None)
+    master_port = r.port(DEFAULT_MASTER_PORT)
+    return r.build(launcher="torchrun", rank=rank, world_size=world_size, local_rank=local_rank,
+                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
+                   master_addr=master_addr, master_port=master_port)
+
+
+def _slurm(r: _Reader) -> LaunchEnv:
+    env = r.environ
+    rank = r.integer("SLURM_PROCID", allowed="0 to SLURM_NTASKS-1")
+    world_size = r.integer("SLURM_NTASKS", allowed="1 or more", minimum=1)
+    local_rank = r.integer("SLURM_LOCALID", allowed="0 to the tasks per node - 1")
+    node_rank = r.integer("SLURM_NODEID", allowed="0 to SLURM_NNODES-1")
+    nodes_name = "SLURM_JOB_NUM_NODES" if "SLURM_NNODES" not in env and "SLURM_JOB_NUM_NODES" in env \
+        else "SLURM_NNODES"
+    num_nodes = r.integer(nodes_name, allowed="1 to SLURM_NTASKS", minimum=1)
+    r.below("SLURM_PROCID", rank, "SLURM_NTASKS", world_size)
+    r.below("SLURM_NODEID", node_rank, nodes_name, num_nodes)
+
+    local_world_size = None
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "").strip()
+    if per_node.isdigit() and int(per_node) > 0:
+        local_world_size = int(per_node)
+    elif world_size is not None and num_nodes is not None:
+        # Without a plain per-node count, every node must run the same number of tasks.
+        if num_nodes > world_size:
+            r.add(nodes_name, "more nodes than tasks", got=num_nodes, allowed=f"1 to {world_size}")
+        elif world_size % num_nodes:
+            r.add("SLURM_NTASKS", f"not a multiple of {nodes_name}", got=world_size,
+                  allowed=f"a multiple of {num_nodes}")
+        else:
+            local_world_size = world_size // num_nodes
+    r.below("SLURM_LOCALID", local_rank, "the tasks per node", local_world_size)
+
+    master_addr = r.host("MASTER_ADDR") if "MASTER_ADDR" in env else _first_slurm_host(r)
+    master_port = r.port(DEFAULT_MASTER_PORT)
+    return r.build(launcher="slurm", rank=rank, world_size=world_size, local_rank=local_rank,
+                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
+                   master_addr=master_addr, master_port=master_port)
+
+
+def _first_slurm_host(r: _Reader) -> str | None:
+    name = "SLURM_NODELIST" if "SLURM_JOB_NODELIST" not in r.environ and "SLURM_NODELIST" in r.environ \
+        else "SLURM_JOB_NODELIST"
+    spec = r.environ.get(name)
+    if spec is None:
+        r.add(name, "not set and MASTER_ADDR not set either", got=None, allowed=_HOSTLIST_ALLOWED)
+        return None
+    if not spec.strip():
+        r.add(name, "empty node list", got=spec, allowed=_HOSTLIST_ALLOWED)
+        return None
+    try:
+        return expand_hostlist(spec)[0]
+    except ValueError:
+        r.add(name, "not a valid Slurm hostlist", got=spec, allowed=_HOSTLIST_ALLOWED)
+        return None
+
+
+def _sagemaker(r: _Reader, config: Path | None) -> LaunchEnv:
+    if config is not None:
+        hosts_key, current_key = f"{config}:hosts", f"{config}:current_host"
+        try:
+            document = json.loads(config.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            r.add(str(config), "not readable JSON", got=str(error), allowed="a SageMaker resource config")
+            document = None
+        if document is not None and not isinstance(document, dict):
+            r.add(str(config), "not a JSON object", got=document, allowed="a SageMaker resource config")
+            document = None
+        if document is None:  # already reported; nothing further to check
+            return r.build()
+        hosts, current_host = document.get("hosts"), document.get("current_host")
+    else:
+        hosts_key, current_key = "SM_HOSTS", "SM_CURRENT_HOST"
+        current_host = r.environ["SM_CURRENT_HOST"]
+        try:
+            hosts = json.loads(r.environ["SM_HOSTS"])
+        except json.JSONDecodeError:
+            r.add(hosts_key, "not a JSON list", got=r.environ["SM_HOSTS"], allowed='a JSON list such as ["algo-1"]')
+            hosts = None
+
+    if hosts is None and config is None:
+        hosts = []  # SM_HOSTS is not JSON, already reported
+    elif not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+        r.add(hosts_key, "not a list of host names", got=hosts, allowed='a JSON list such as ["algo-1"]')
+        hosts = []
+    elif not hosts:
+        r.add(hosts_key, "empty host list", got=hosts, allowed="one or more host names")
+    hosts = sorted(hosts)
+    node_rank = None
+    if not isinstance(current_host, str):
+        r.add(current_key, "not a host name", got=current_host, allowed=_HOST_ALLOWED)
+    elif hosts and current_host not in hosts:
+        r.add(current_key, "not one of the hosts", got=current_host, allowed=", ".join(hosts))
+    elif hosts:
+        node_rank = hosts.index(current_host)
+
+    gpus = r.integer("SM_NUM_GPUS", allowed="0 or more", required=False, default=0)
+    neurons = r.integer("SM_NUM_NEURONS", allowed="0 or more", required=False, default=0)
+    local_world_size = gpus if gpus else neurons if neurons else 1
+    num_nodes = len(hosts)
+    master_port = r.port(DEFAULT_MASTER_PORT)
+    # This process is the per-node launcher, so it stands for local rank 0 of its node.
+    return r.build(launcher="sagemaker",
+                   rank=None if node_rank is None else node_rank * local_world_size,
+                   world_size=num_nodes * local_world_size, local_rank=0,
+                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
+                   master_addr=hosts[0] if hosts else None, master_port=master_port)
+
+
+def _kubeflow(r: _Reader) -> LaunchEnv:
+    rank = r.integer("RANK", allowed="0 to WORLD_SIZE-1")
+    world_size = r.integer("WORLD_SIZE", allowed="1 or more", minimum=1)
+    r.below("RANK", rank, "WORLD_SIZE", world_size)
+    master_addr = r.host("MASTER_ADDR")
+    master_port = r.port(KUBEFLOW_MASTER_PORT)
+    return r.build(launcher="kubeflow", rank=rank, world_size=world_size, local_rank=0, local_world_size=1,
+                   node_rank=rank, num_nodes=world_size, master_addr=master_addr, master_port=master_port)
+
+
+def _single(r: _Reader) -> LaunchEnv:
+    master_port = r.port(DEFAULT_MASTER_PORT)
+    return r.build(launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                   num_nodes=1, master_addr="127.0.0.1", master_port=master_port)

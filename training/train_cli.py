@@ -1,0 +1,85 @@
+"""``moe-train``: the trainer's command line, the container's entry point."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from moe_cdk.training.schema import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moe-train", description="Train a Megatron-core MoE model.")
+    parser.add_argument("--config", required=True, help="YAML file, e.g. training/configs/tiny.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one configuration value (repeatable)")
+    parser.add_argument("--max-steps", type=int, help="same as --set max_steps=N")
+    parser.add_argument("--checkpoint-dir", help="same as --set checkpoint.dir=DIR")
+    parser.add_argument("--save-interval", type=int, help="same as --set checkpoint.save_interval=N")
+    parser.add_argument("--metrics-file", help="same as --set metrics.file=FILE")
+    return parser
+
+
+def overrides_from(args: argparse.Namespace) -> list[str]:
+    """The --set assignments, with the shortcut flags appended (they win)."""
+    shortcuts = {"max_steps": args.max_steps, "checkpoint.dir": args.checkpoint_dir,
+                 "checkpoint.save_interval": args.save_interval, "metrics.file": args.metrics_file}
+    return [*args.set, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("megatron", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _relaunch_per_node(env, argv: list[str]) -> int:
+    """SageMaker starts one process per host: start torchrun there with this host's place in the job."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={env.num_nodes}", f"--node_rank={env.node_rank}",
+               f"--nproc_per_node={env.local_world_size}", f"--master_addr={env.master_addr}",
+               f"--master_port={env.master_port}", "-m", "moe_cdk.training.train_cli", *argv]
+    os.execv(sys.executable, command)
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.launch_env import LaunchEnvError, detect
+    from moe_cdk.training.trainer import EXIT_CONFIG, EXIT_FAILED_RETRYABLE
+
+    try:
+        config = load_train_config(args.config, overrides_from(args))
+        env = detect()
+    except (ConfigError, LaunchEnvError) as error:
+        lines = error.errors if isinstance(error, ConfigError) else error.problems
+        print(f"{args.config}: {len(lines)} problem(s)", file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_CONFIG
+    if env.launcher == "sagemaker":
+        return _relaunch_per_node(env, argv)
+    _configure_logging(env.rank)
+
+    from moe_cdk.training.trainer import train
+
+    try:
+        return train(config, env)
+    except ConfigError as error:
+        for line in error.errors:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception:
+        logging.getLogger(__name__).exception("training failed; the run is retryable and resumes from its last checkpoint")
+        return EXIT_FAILED_RETRYABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
