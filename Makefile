@@ -21,7 +21,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup synth test docs validate deploy clean
+.PHONY: help setup synth test docs validate deploy bench clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -29,6 +29,7 @@ help:
 	@echo "make validate [CONFIG=...]         check a configuration file"
 	@echo "make docs                          regenerate docs/configuration.md"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
+	@echo "make bench                         CPU benchmarks: MoE layer, checkpoint I/O, data loading"
 
 setup: $(STAMP) $(CDK)
 
@@ -56,8 +57,13 @@ deploy: setup
 test: setup
 	$(PY) -m pytest
 
+bench: setup
+	$(PY) bench/moe_layer.py
+	$(PY) bench/checkpoint_io.py
+	$(PY) bench/dataloader.py
+
 docs: setup
 	$(VENV)/bin/moe-cdk config-docs > docs/configuration.md
 
 clean:
-	rm -rf cdk.out .pytest_cache
+	rm -rf cdk.out .pytest_cache bench/results

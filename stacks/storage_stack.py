@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.data_repository import DataRepository, DataRepositoryProps
 from moe_cdk.constructs.efa_security_group import EfaSecurityGroup
 from moe_cdk.constructs.lustre_storage import LustreStorage, LustreStorageProps
+from moe_cdk.constructs.training_image import TrainingImage, TrainingImageProps
 from moe_cdk.constructs.training_network import TrainingNetwork
 from moe_cdk.stacks.config import Config
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
 
 class StorageStack(Stack):
-    """LustreStorage plus DataRepository, from ``config.storage``, open to the training nodes only."""
+    """What training reads and writes: LustreStorage plus DataRepository, from ``config.storage``,
+    open to the training nodes only, and the training image the orchestrators run."""
 
     def __init__(self, scope: Construct, id: str, *, config: Config, network: TrainingNetwork,
                  node_security_group: EfaSecurityGroup, **kwargs) -> None:
@@ -34,7 +40,10 @@ class StorageStack(Stack):
             bucket_name=repository.bucket_name,
         ))
 
+        self.training_image = TrainingImage(self, "TrainingImage", TrainingImageProps(context_directory=str(REPO_ROOT)))
+
         CfnOutput(self, "FileSystemId", value=self.lustre.file_system_id)
         CfnOutput(self, "FileSystemDnsName", value=self.lustre.dns_name)
         CfnOutput(self, "FileSystemMountName", value=self.lustre.mount_name)
         CfnOutput(self, "DataBucketName", value=self.data_repository.bucket.bucket_name)
+        CfnOutput(self, "TrainingImageUri", value=self.training_image.image_uri)

@@ -126,10 +126,15 @@ def test_kubeflow_worker(no_resource_config):
 
 
 def test_single_process(no_resource_config):
-    assert detect({"PATH": "/usr/bin"}, sagemaker_resource_config=no_resource_config) == LaunchEnv(
+    assert detect({"PATH": "/usr/bin", "MASTER_PORT": "29511"}, sagemaker_resource_config=no_resource_config) == LaunchEnv(
         launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1,
-        node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=29500,
+        node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=29511,
     )
+
+
+def test_single_process_without_a_port_takes_a_free_one(no_resource_config):
+    first = detect({}, sagemaker_resource_config=no_resource_config).master_port
+    assert 1024 <= first <= 65535
 
 
 def test_torch_env_gives_env_init_variables_as_strings():

@@ -164,3 +164,14 @@ def test_layout_that_does_not_fit_the_world_size_exits_2(tmp_path, data_prefix):
     result = run_training(tmp_path, data_prefix, "--set", "optim.global_batch_size=6")
     assert result.returncode == 2
     assert "optim.global_batch_size: must be a multiple of micro_batch_size x data-parallel size" in result.stderr
+
+
+def test_missing_dataset_and_tokenizer_exit_2_before_training(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "moe_cdk.training.train_cli", "--config", str(TINY),
+         "--set", f"data.prefixes=[{tmp_path / 'absent_document'}]", "--set", "data.prepare_from=[]",
+         "--set", f"data.tokenizer={tmp_path / 'tokenizer.json'}"],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"  data.tokenizer: no such file (got '{tmp_path / 'tokenizer.json'}';" in result.stderr
+    assert f"  data.prefixes[0]: dataset files missing (.bin, .idx) (got '{tmp_path / 'absent_document'}';" in result.stderr

@@ -88,7 +88,12 @@ class CheckpointManager:
     def __init__(self, root: str | Path, *, keep_last: int, async_save: bool = False) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
-        self.async_save = async_save
+        # Async save first copies every tensor to host memory, then writes in the
+        # background. On CPU there is no copy: the writer would read parameters while the
+        # optimizer changes them. So CPU runs save synchronously.
+        self.async_save = async_save and torch.cuda.is_available()
+        if async_save and not self.async_save:
+            log.info("checkpoint.async_save needs CUDA; saving synchronously on CPU")
         self.rank = dist.get_rank()
         self._async_queue = None
         self._pending: tuple[int, Path] | None = None
@@ -183,16 +188,24 @@ class CheckpointManager:
         self._complete(step, path)
         log.info("saved step-%d in %.2fs", step, time.perf_counter() - started)
 
+    def poll(self) -> None:
+        """Mark a finished async save complete without waiting (call on every rank, every step)."""
+        if self._pending is not None and self._async_queue.maybe_finalize_async_calls(blocking=False, no_dist=False):
+            self._finish_pending(0.0)
+
     def wait(self) -> None:
         """Finish an async save, if one is running, and mark it complete."""
         if self._pending is None:
             return
         started = time.perf_counter()
         self._async_queue.maybe_finalize_async_calls(blocking=True, no_dist=False)
+        self._finish_pending(time.perf_counter() - started)
+
+    def _finish_pending(self, waited_s: float) -> None:
         step, path = self._pending
         self._pending = None
         self._complete(step, path)
-        log.info("finished async save of step-%d after waiting %.2fs", step, time.perf_counter() - started)
+        log.info("finished async save of step-%d after waiting %.2fs", step, waited_s)
 
     def _complete(self, step: int, path: Path) -> None:
         dist.barrier()

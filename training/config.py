@@ -203,7 +203,7 @@ class CheckpointConfig:
     keep_last: int = 2
     """Complete checkpoints to keep, at least 2."""
     async_save: bool = False
-    """Write checkpoints in the background while training continues."""
+    """Write checkpoints in the background while training continues (GPU only; CPU runs save synchronously)."""
 
     def problems(self) -> Problems:
         if self.save_interval < 1:
@@ -218,7 +218,7 @@ class MetricsConfig:
     """What the trainer reports and where."""
 
     file: str | None = None
-    """JSONL file, one record per step (rank 0). Default: none."""
+    """JSONL file, one record every log_interval steps, appended to (rank 0). Default: none."""
     log_interval: int = 1
     """Steps between log lines and metrics records."""
     prometheus_port: int | None = None
@@ -226,9 +226,9 @@ class MetricsConfig:
     tensorboard_dir: str | None = None
     """Write TensorBoard scalars here (rank 0; needs the tensorboard package). Default: off."""
     readiness_file: str | None = None
-    """Touched once the first step has finished; the readiness probe checks it. Default: none."""
+    """Touched when the first metrics record is written, and with every one after; the readiness probe checks it exists. Default: none."""
     liveness_file: str | None = None
-    """Touched after every step; the liveness probe checks its age. Default: none."""
+    """Touched with every metrics record (every log_interval steps); the liveness probe checks its age. Default: none."""
     peak_tflops_per_device: float | None = None
     """Peak dense TFLOP/s of one device, the MFU denominator. Default: from the GPU model (H200/H100 989, A100 312); none on CPU."""
 

@@ -16,7 +16,7 @@ The launchers are checked in this order, the first that matches wins:
    --nproc-per-node=local_world_size`` from it, and the ranks it starts see case 1.
 4. Kubeflow PyTorchJob (``MASTER_ADDR``, ``WORLD_SIZE`` and ``RANK`` but no ``LOCAL_RANK``):
    the training operator sets ``RANK`` and ``WORLD_SIZE`` per pod, one process per pod.
-5. Anything else is a single process: rank 0 of a world of 1 on 127.0.0.1.
+5. Anything else is a single process: rank 0 of a world of 1 on 127.0.0.1, on MASTER_PORT or a free port.
 
 Values that cannot be used raise ``LaunchEnvError`` carrying every problem found, one
 ``<VARIABLE>: <what is wrong> (got <value>; allowed <what is allowed>)`` line each, the
@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -407,7 +408,15 @@ def _kubeflow(r: _Reader) -> LaunchEnv:
                    node_rank=rank, num_nodes=world_size, master_addr=master_addr, master_port=master_port)
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _single(r: _Reader) -> LaunchEnv:
-    master_port = r.port(DEFAULT_MASTER_PORT)
+    # Nobody else joins a single-process group, so any free port will do unless one is set;
+    # a fixed default would clash with another run on the same machine.
+    master_port = r.port(_free_port())
     return r.build(launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                    num_nodes=1, master_addr="127.0.0.1", master_port=master_port)

@@ -68,12 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         return _relaunch_per_node(env, argv)
     _configure_logging(env.rank)
 
+    from moe_cdk.training.data import DataError
     from moe_cdk.training.trainer import train
 
     try:
         return train(config, env)
-    except ConfigError as error:
-        for line in error.errors:
+    except (ConfigError, DataError) as error:
+        lines = error.errors if isinstance(error, ConfigError) else error.problems
+        print(f"{args.config}: {len(lines)} problem(s)", file=sys.stderr)
+        for line in lines:
             print(f"  {line}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception:

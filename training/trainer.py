@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from moe_cdk.training.config import Precision, TrainConfig, check_layout
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
 from moe_cdk.training.model import build_model, flops_per_token
+from moe_cdk.training.schema import ConfigError, problem
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +216,7 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
 
     from moe_cdk.training import data as data_module
 
+    check_inputs(config)
     runtime = setup(config, env)
     stop = StopRequested()
     tokenizer = data_module.load_tokenizer(None if config.data.tokenizer == "byte" else config.data.tokenizer)
@@ -272,6 +275,7 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
             scheduler.step()
             step += 1
             consumed += o.global_batch_size
+            checkpoints.poll()
             if step % config.metrics.log_interval == 0 or step == config.max_steps:
                 elapsed = time.perf_counter() - started
                 sink.write(_record(step, losses, probe, dp_group, runtime, grad_norm, scheduler, elapsed,
@@ -314,6 +318,28 @@ def _record(step, losses, probe, dp_group, runtime, grad_norm, scheduler, elapse
         "peak_memory_gib": round(peak_memory_gib(), 3),
     }
     return record
+
+
+def check_inputs(config: TrainConfig) -> None:
+    """Files and packages the run needs, checked before any process group starts; raises ConfigError."""
+    errors = []
+    tokenizer = config.data.tokenizer
+    if tokenizer != "byte" and not Path(tokenizer).is_file():
+        errors.append("data.tokenizer: " + problem("no such file", got=tokenizer, allowed="'byte' or a tokenizer.json path"))
+    for i, prefix in enumerate(config.data.prefixes):
+        preparable = i == 0 and config.data.prepare_from
+        missing = [suffix for suffix in (".bin", ".idx") if not Path(f"{prefix}{suffix}").is_file()]
+        if missing and not preparable:
+            errors.append(f"data.prefixes[{i}]: " + problem(f"dataset files missing ({', '.join(missing)})", got=prefix,
+                                                            allowed="a prefix with .bin and .idx files (see moe-data prepare)"))
+    for i, source in enumerate(config.data.prepare_from):
+        if not Path(source).is_file():
+            errors.append(f"data.prepare_from[{i}]: " + problem("no such file", got=source, allowed="a text or JSONL file"))
+    if config.metrics.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
+        errors.append("metrics.tensorboard_dir: " + problem("needs the tensorboard package, which is not installed",
+                                                            got=config.metrics.tensorboard_dir, allowed="null, or pip install tensorboard"))
+    if errors:
+        raise ConfigError(errors)
 
 
 def _prepare_data(config: TrainConfig, tokenizer, runtime: Runtime) -> None:
