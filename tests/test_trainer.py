@@ -103,6 +103,13 @@ def test_two_processes_with_expert_parallel_2_train(tmp_path, data_prefix, singl
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.5
 
 
+def test_allgather_dispatcher_with_capacity_factor_trains(tmp_path, data_prefix, single_run):
+    result = run_training(tmp_path, data_prefix, "--max-steps", "3", "--save-interval", "3",
+                          "--set", "moe.token_dispatcher=allgather", "--set", "moe.capacity_factor=1.0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
+
+
 def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_run):
     kill_after = random.Random().randint(6, 17)
     command = train_command(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "4")

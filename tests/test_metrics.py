@@ -1,0 +1,59 @@
+"""MetricsSink: the JSONL file, the Prometheus endpoint and the probe files."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+
+from moe_cdk.training.metrics import MetricsSink
+
+RECORD = {"step": 3, "loss": 2.5, "tokens_per_s": 1000.0, "dispatch_time_s": 0.01, "mfu": None,
+          "tokens_per_expert": [[10, 30], [20, 20]], "expert_imbalance": [1.5, 1.0], "router_entropy": [0.6, 0.69]}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _sink(tmp_path, rank=0, **kwargs) -> MetricsSink:
+    options = dict(jsonl=None, prometheus_port=None, tensorboard_dir=None, readiness_file=None,
+                   liveness_file=None, max_steps=10) | kwargs
+    return MetricsSink(rank=rank, **options)
+
+
+def test_records_are_appended_as_json_lines(tmp_path):
+    sink = _sink(tmp_path, jsonl=str(tmp_path / "m.jsonl"))
+    sink.write(RECORD)
+    sink.write({**RECORD, "step": 4})
+    sink.close()
+    assert [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == [3, 4]
+
+
+def test_prometheus_endpoint_serves_the_latest_record(tmp_path):
+    port = _free_port()
+    sink = _sink(tmp_path, prometheus_port=port)
+    try:
+        sink.write(RECORD)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        sink.close()
+    lines = body.splitlines()
+    assert "moe_train_loss 2.5" in lines
+    assert 'moe_train_tokens_per_expert{layer="0",expert="1"} 30' in lines
+    assert 'moe_train_expert_imbalance{layer="0"} 1.5' in lines
+    assert not any(line.startswith("moe_train_mfu") for line in lines)
+
+
+def test_probe_files_are_touched_on_every_rank(tmp_path):
+    sink = _sink(tmp_path, rank=1, readiness_file=str(tmp_path / "probe/ready"), liveness_file=str(tmp_path / "probe/alive"))
+    sink.write(RECORD)
+    assert (tmp_path / "probe/ready").is_file() and (tmp_path / "probe/alive").is_file()
+
+
+def test_other_ranks_write_no_records(tmp_path):
+    sink = _sink(tmp_path, rank=1, jsonl=str(tmp_path / "m.jsonl"))
+    sink.write(RECORD)
+    assert not (tmp_path / "m.jsonl").exists()
