@@ -21,7 +21,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup synth test docs validate deploy bench clean
+.PHONY: help setup system-packages synth test docs validate deploy bench clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -32,6 +32,17 @@ help:
 	@echo "make bench                         CPU benchmarks: MoE layer, checkpoint I/O, data loading"
 
 setup: $(STAMP) $(CDK)
+
+# Debian packages the tests use: shellcheck for the lifecycle scripts, and a real Slurm
+# (controller, node daemon, client, munge) for the sbatch tests. Root installs them once.
+SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "$$(date '+%H:%M:%S') installing Debian packages: $$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "run as root, or install: $$missing" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
 $(STAMP): pyproject.toml
 	@echo "$$(date '+%H:%M:%S') setting up $(VENV)"
@@ -54,7 +65,7 @@ validate: setup
 deploy: setup
 	$(CDK) deploy --all -c config=$(CONFIG)
 
-test: setup
+test: setup system-packages
 	$(PY) -m pytest
 
 bench: setup

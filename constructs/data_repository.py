@@ -155,6 +155,7 @@ class DataRepository(Construct):
         ])
         self.props = props
 
+        self.access_logs_bucket: s3.IBucket | None = None
         if props.bucket is not None:
             self.bucket = props.bucket
         else:
@@ -184,6 +185,7 @@ class DataRepository(Construct):
                 server_access_logs_prefix="data-bucket/",
                 removal_policy=props.removal_policy,
             )
+            self.access_logs_bucket = access_logs
 
         self.associations: list[fsx.CfnDataRepositoryAssociation] = []
         for i, dra in enumerate(props.associations):

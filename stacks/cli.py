@@ -22,7 +22,7 @@ from jsii.errors import JSIIError  # noqa: E402
 from moe_cdk.constructs.validation import PropsError  # noqa: E402
 from moe_cdk.stacks.config import Config, load_config, reference_docs  # noqa: E402
 from moe_cdk.stacks.deployment import DEFAULT_CONFIG, add_nag_checks, add_stacks, cdk_json_context, summary_lines  # noqa: E402
-from moe_cdk.training.schema import ConfigError  # noqa: E402
+from moe_cdk.training.schema import ConfigError, problem  # noqa: E402
 
 EXIT_CHECK_FAILED = 1
 EXIT_INVALID = 2
@@ -78,6 +78,65 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def job_spec_from_config(config: Config, args: argparse.Namespace):
+    """The sbatch job for a compute group of ``config``: node count, GPUs, partition and
+    constraint come from the configuration and the instance catalog, never typed again."""
+    from moe_cdk.constructs import instance_catalog
+    from moe_cdk.stacks.config import NodeRole
+    from moe_cdk.stacks.slurm_job import SlurmJobSpec
+
+    if args.local == bool(args.image):
+        raise ConfigError(["--image: " + problem("give an image, or --local for a CPU-only cluster, not both",
+                                                 got=args.image, allowed="--image URI, or --local")])
+    compute = [g for g in config.cluster.instance_groups if g.role is NodeRole.COMPUTE]
+    group = next((g for g in compute if g.name == args.group), None) if args.group else compute[0]
+    if group is None:
+        raise ConfigError(["--group: " + problem("unknown compute group", got=args.group,
+                                                 allowed=", ".join(g.name for g in compute))])
+    spec = instance_catalog.lookup(group.instance_type)
+    gpus = spec.accelerator_count if spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU else None
+    return SlurmJobSpec(
+        job_name=args.job_name or Path(args.train_config).stem,
+        nodes=args.nodes or group.instance_count,
+        tasks_per_node=1 if args.local else (spec.accelerator_count or 1),
+        gpus_per_node=None if args.local else gpus,
+        partition=group.to_props().partition_name,
+        constraint="efa" if spec.supports_efa and config.cluster.require_efa else None,
+        exclusive=not args.local,
+        time_limit=args.time,
+        signal_lead_seconds=args.signal_lead,
+        qos=args.qos,
+        nice=args.nice,
+        container_image=None if args.local else args.image,
+        container_mounts=None if args.local else "/fsx:/fsx",
+        train_config=args.train_config,
+        train_args=tuple(args.train_arg),
+        local=args.local,
+        python=args.python,
+        max_requeues=args.max_requeues,
+    )
+
+
+def _slurm_render(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        spec = job_spec_from_config(config, args)
+    except ConfigError as error:
+        return _report_invalid(args.config, error.errors)
+    from moe_cdk.stacks.slurm_job import render_sbatch
+
+    problems = spec.problems()
+    if problems:
+        return _report_invalid(args.config, problems)
+    text = render_sbatch(spec)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}: {spec.nodes} node(s) x {spec.tasks_per_node} task(s)")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _config_docs(args: argparse.Namespace) -> int:
     text = reference_docs()
     if args.check:
@@ -101,6 +160,26 @@ def main(argv: list[str] | None = None) -> int:
     docs = commands.add_parser("config-docs", help="print the configuration reference (docs/configuration.md)")
     docs.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated reference")
     docs.set_defaults(run=_config_docs)
+
+    slurm = commands.add_parser("slurm", help="HyperPod Slurm helpers")
+    slurm_commands = slurm.add_subparsers(dest="slurm_command", required=True, metavar="COMMAND")
+    render = slurm_commands.add_parser("render", help="write an sbatch script that runs moe-train on the compute group")
+    render.add_argument("--config", required=True, help="infrastructure YAML, e.g. config/default.yaml")
+    render.add_argument("--train-config", required=True, help="trainer YAML as the nodes see it, e.g. /fsx/configs/moe-8x1b.yaml")
+    render.add_argument("--image", help="training image URI (the storage stack's TrainingImageUri); not with --local")
+    render.add_argument("--local", action="store_true", help="CPU-only cluster: no container, no GPUs, one task per node")
+    render.add_argument("--python", default="python3", help="interpreter for --local (default: python3)")
+    render.add_argument("--group", help="compute group to run on (default: the first)")
+    render.add_argument("--nodes", type=int, help="nodes to use (default: the group's instance_count)")
+    render.add_argument("--time", default="48:00:00", help="Slurm time limit (default: 48:00:00)")
+    render.add_argument("--signal-lead", type=int, default=300, help="seconds before the limit to signal a checkpoint (default: 300)")
+    render.add_argument("--qos", help="Slurm QoS")
+    render.add_argument("--nice", type=int, help="Slurm priority adjustment (--nice)")
+    render.add_argument("--max-requeues", type=int, default=10, help="self-requeues after retryable exits (default: 10)")
+    render.add_argument("--job-name", help="job name (default: the train config's file name)")
+    render.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
+    render.add_argument("--output", help="write the script here instead of stdout")
+    render.set_defaults(run=_slurm_render)
 
     args = parser.parse_args(argv)
     return args.run(args)

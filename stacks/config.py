@@ -22,6 +22,7 @@ from moe_cdk.constructs.data_repository import (
     S3EventType,
     association_problems,
 )
+from moe_cdk.constructs.hyperpod_slurm_cluster import NodeType, SlurmInstanceGroup, group_problems
 from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
 from moe_cdk.constructs.training_network import availability_zone_problem, cidr_problems, retention_problem
 from moe_cdk.constructs.validation import problem
@@ -29,7 +30,8 @@ from moe_cdk.training.schema import ConfigError, build, render_docs
 
 Problems = Iterator[tuple[str, str]]
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,31}$")
+# At most 24 characters: the lifecycle bucket `sagemaker-<account>-<region>-<name>` must fit S3's 63.
+_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 # SageMaker API reference, ClusterInstanceGroupSpecification.InstanceGroupName.
 _GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -53,6 +55,17 @@ class NodeRole(enum.Enum):
     COMPUTE = "compute"
 
 
+_NODE_TYPES = {NodeRole.CONTROLLER: NodeType.CONTROLLER, NodeRole.LOGIN: NodeType.LOGIN, NodeRole.COMPUTE: NodeType.COMPUTE}
+
+
+class SlurmStrategy(enum.Enum):
+    """Who owns slurm.conf on the cluster."""
+
+    MANAGED = "managed"
+    OVERWRITE = "overwrite"
+    MERGE = "merge"
+
+
 @dataclass(frozen=True, kw_only=True)
 class InstanceGroupConfig:
     """One group of identical nodes."""
@@ -67,24 +80,38 @@ class InstanceGroupConfig:
     """Number of nodes in the group, at least 1."""
     partition: str | None = None
     """Slurm partition of a compute group. Default: the group name."""
+    ebs_volume_size_gib: int = 500
+    """Extra EBS volume per node in GiB (HyperPod mounts it at /opt/sagemaker), 1 to 16384."""
+    training_plan_arn: str | None = None
+    """A SageMaker training plan that reserves this group's capacity. Default: on-demand."""
 
-    @property
-    def spec(self) -> instance_catalog.InstanceSpec | None:
-        return instance_catalog.lookup(self.instance_type)
+    def to_props(self) -> SlurmInstanceGroup:
+        return SlurmInstanceGroup(
+            name=self.name, node_type=_NODE_TYPES[self.role], instance_type=self.instance_type,
+            instance_count=self.instance_count, partition=self.partition,
+            ebs_volume_size_gib=self.ebs_volume_size_gib, training_plan_arn=self.training_plan_arn,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccountingDatabaseConfig:
+    """An external MySQL-compatible database for Slurm accounting (slurmdbd)."""
+
+    endpoint: str
+    """Database host name."""
+    secret_arn: str
+    """ARN of the Secrets Manager secret with the database credentials."""
+    name: str = "slurm_acct_db"
+    """Database name."""
+    port: int = 3306
+    """Database port."""
 
     def problems(self) -> Problems:
-        if not _GROUP_NAME.match(self.name):
-            yield "name", problem("not a valid instance group name", got=self.name,
-                                  allowed="letters, digits and inner hyphens, 1 to 63 characters")
-        if self.spec is None:
-            yield "instance_type", instance_catalog.unknown_instance_type_message(self.instance_type)
-        if self.instance_count < 1:
-            yield "instance_count", problem("must be at least 1", got=self.instance_count, allowed="1 or more")
-        if self.partition is not None and self.role is not NodeRole.COMPUTE:
-            yield "partition", problem("only compute groups have a partition", got=self.partition, allowed="null")
-        if self.partition is not None and not _GROUP_NAME.match(self.partition):
-            yield "partition", problem("not a valid partition name", got=self.partition,
-                                       allowed="letters, digits and inner hyphens")
+        if not re.match(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+$", self.secret_arn):
+            yield "secret_arn", problem("not a Secrets Manager secret ARN", got=self.secret_arn,
+                                        allowed="arn:aws:secretsmanager:<region>:<account>:secret:<name>")
+        if not 1 <= self.port <= 65535:
+            yield "port", problem("not a TCP port", got=self.port, allowed="1 to 65535")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,34 +125,14 @@ class ClusterConfig:
     require_efa: bool = True
     """Reject compute groups whose instance type has no EFA."""
     instance_groups: tuple[InstanceGroupConfig, ...]
-    """The node groups. Slurm needs exactly one controller group of one node and at least one compute group."""
+    """The node groups: exactly one controller group of one node, at most one login group and at least one compute group."""
+    slurm_config_strategy: SlurmStrategy = SlurmStrategy.MANAGED
+    """Who owns slurm.conf: managed (HyperPod), overwrite or merge."""
+    accounting_database: AccountingDatabaseConfig | None = None
+    """External Slurm accounting database. Default: none."""
 
     def problems(self) -> Problems:
-        names = [g.name for g in self.instance_groups]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                yield f"instance_groups[{i}].name", problem("duplicate group name", got=name, allowed="unique names")
-        roles = [g.role for g in self.instance_groups]
-        if NodeRole.COMPUTE not in roles:
-            yield "instance_groups", problem("needs at least one compute group", got=[r.value for r in roles],
-                                             allowed="one or more groups with role: compute")
-        if self.orchestrator is Orchestrator.SLURM:
-            controllers = [g for g in self.instance_groups if g.role is NodeRole.CONTROLLER]
-            if len(controllers) != 1 or controllers[0].instance_count != 1:
-                yield "instance_groups", problem(
-                    "Slurm needs exactly one controller group with instance_count 1",
-                    got=[(g.name, g.instance_count) for g in controllers], allowed="one controller node",
-                )
-            if roles.count(NodeRole.LOGIN) > 1:
-                yield "instance_groups", problem("at most one login group", got=roles.count(NodeRole.LOGIN), allowed="0 or 1")
-        for i, group in enumerate(self.instance_groups):
-            spec = group.spec
-            if self.require_efa and group.role is NodeRole.COMPUTE and spec is not None and not spec.supports_efa:
-                yield f"instance_groups[{i}].instance_type", problem(
-                    "has no EFA, and cluster.require_efa is true", got=group.instance_type,
-                    allowed=", ".join(s for s in instance_catalog.known_instance_types()
-                                      if s.startswith("ml.") and instance_catalog.lookup(s).supports_efa),
-                )
+        yield from group_problems([g.to_props() for g in self.instance_groups], require_efa=self.require_efa)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,7 +270,7 @@ class Config:
     """A whole deployment."""
 
     name: str = "moe"
-    """Prefix of every stack name: letters, digits and hyphens, starting with a letter, at most 32 characters."""
+    """Prefix of every stack name and the HyperPod cluster name: letters, digits and hyphens, starting with a letter and ending with a letter or digit, at most 24 characters."""
     region: str
     """AWS Region to deploy to, e.g. `us-east-2`."""
     cluster: ClusterConfig
@@ -285,7 +292,7 @@ class Config:
     def problems(self) -> Problems:
         if not _NAME.match(self.name):
             yield "name", problem("not a valid name", got=self.name,
-                                  allowed="a letter, then up to 31 letters, digits or hyphens")
+                                  allowed="a letter, then up to 23 letters, digits or hyphens, not ending in a hyphen")
         if not _REGION.match(self.region):
             yield "region", problem("not a Region name", got=self.region, allowed="e.g. us-east-2")
             return

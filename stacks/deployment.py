@@ -8,7 +8,8 @@ from pathlib import Path
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from moe_cdk.stacks.config import Config
+from moe_cdk.stacks.cluster_stack import SlurmClusterStack
+from moe_cdk.stacks.config import Config, Orchestrator
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack
 
@@ -39,6 +40,10 @@ def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
                            network=network.network, node_security_group=network.node_security_group,
                            description="moe-cdk: FSx for Lustre and its S3 data repository")
     stacks = {"network": network, "storage": storage}
+    if config.cluster.orchestrator is Orchestrator.SLURM:
+        stacks["cluster"] = SlurmClusterStack(app, f"{config.name}-cluster", config=config, env=env,
+                                              network=network, storage=storage,
+                                              description="moe-cdk: SageMaker HyperPod cluster orchestrated by Slurm")
     for stack in stacks.values():
         cdk.Tags.of(stack).add("moe-cdk:deployment", config.name)
     return stacks

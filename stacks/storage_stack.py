@@ -1,10 +1,11 @@
-"""The Lustre file system and its S3 data repository."""
+"""What training reads and writes: the Lustre file system, its S3 data repository, the
+HyperPod lifecycle bucket and the training image."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_s3 as s3, aws_ssm as ssm
 from constructs import Construct
 
 from moe_cdk.constructs.data_repository import DataRepository, DataRepositoryProps
@@ -17,9 +18,21 @@ from moe_cdk.stacks.config import Config
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def lifecycle_bucket_name(config: Config) -> str:
+    """``sagemaker-<account>-<region>-<name>``, with CDK's account placeholder. The prefix is
+    what the managed HyperPod instance policy can read (SageMaker API reference,
+    ClusterLifeCycleConfig.SourceS3Uri)."""
+    return f"sagemaker-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
+
+
+def fsx_parameter_names(config: Config) -> tuple[str, str]:
+    """SSM parameters with the file system's DNS and mount names, which nodes read at boot."""
+    return f"/moe-cdk/{config.name}/fsx/dns-name", f"/moe-cdk/{config.name}/fsx/mount-name"
+
+
 class StorageStack(Stack):
-    """What training reads and writes: LustreStorage plus DataRepository, from ``config.storage``,
-    open to the training nodes only, and the training image the orchestrators run."""
+    """LustreStorage plus DataRepository from ``config.storage``, open to the training nodes only;
+    the ``sagemaker-`` bucket the HyperPod lifecycle scripts are published to; the training image."""
 
     def __init__(self, scope: Construct, id: str, *, config: Config, network: TrainingNetwork,
                  node_security_group: EfaSecurityGroup, **kwargs) -> None:
@@ -39,11 +52,30 @@ class StorageStack(Stack):
             associations=tuple(a.to_props() for a in repository.associations),
             bucket_name=repository.bucket_name,
         ))
-
+        # Written by CloudFormation from the construct's attributes, read by the lifecycle
+        # scripts: the deploy-time names reach the nodes without a hand-made copy.
+        dns_parameter, mount_parameter = fsx_parameter_names(config)
+        self.fsx_parameters = (
+            ssm.StringParameter(self, "FsxDnsName", parameter_name=dns_parameter, string_value=self.lustre.dns_name),
+            ssm.StringParameter(self, "FsxMountName", parameter_name=mount_parameter, string_value=self.lustre.mount_name),
+        )
+        self.lifecycle_bucket = s3.Bucket(
+            self, "LifecycleBucket",
+            bucket_name=lifecycle_bucket_name(config).replace("${AWS::AccountId}", self.account),
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.data_repository.access_logs_bucket,
+            server_access_logs_prefix="lifecycle-bucket/",
+            removal_policy=RemovalPolicy.RETAIN,
+        )
         self.training_image = TrainingImage(self, "TrainingImage", TrainingImageProps(context_directory=str(REPO_ROOT)))
 
         CfnOutput(self, "FileSystemId", value=self.lustre.file_system_id)
         CfnOutput(self, "FileSystemDnsName", value=self.lustre.dns_name)
         CfnOutput(self, "FileSystemMountName", value=self.lustre.mount_name)
         CfnOutput(self, "DataBucketName", value=self.data_repository.bucket.bucket_name)
+        CfnOutput(self, "LifecycleBucketName", value=self.lifecycle_bucket.bucket_name)
         CfnOutput(self, "TrainingImageUri", value=self.training_image.image_uri)

@@ -81,3 +81,24 @@ def test_config_docs_check_detects_a_stale_reference(tmp_path):
     stale.write_text("# old\n")
     assert moe_cdk("config-docs", "--check", str(stale)).returncode == 1
     assert moe_cdk("config-docs", "--check", "docs/configuration.md").returncode == 0
+
+
+def test_slurm_render_takes_the_job_shape_from_the_configuration():
+    # The golden file is the container variant for the default configuration's gpu group.
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "/fsx/configs/moe-8x1b.yaml",
+                     "--image", "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (ROOT / "tests/golden/sbatch-default.sh").read_text()
+
+
+def test_slurm_render_needs_an_image_or_local():
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml")
+    assert result.returncode == 2
+    assert "  --image: give an image, or --local for a CPU-only cluster, not both (got None;" in result.stderr
+
+
+def test_slurm_render_rejects_an_unknown_group():
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local",
+                     "--group", "tpu")
+    assert result.returncode == 2
+    assert "  --group: unknown compute group (got 'tpu'; allowed gpu)" in result.stderr

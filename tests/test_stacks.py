@@ -14,9 +14,9 @@ from moe_cdk.stacks.config import load_config
 from moe_cdk.stacks.deployment import build_app
 
 
-def test_one_network_and_one_storage_stack(default_synth):
+def test_network_storage_and_slurm_cluster_stacks(default_synth):
     _, templates = default_synth
-    assert sorted(templates) == ["moe-network", "moe-storage"]
+    assert sorted(templates) == ["moe-cluster", "moe-network", "moe-storage"]
 
 
 def test_file_system_is_in_the_cluster_zone(default_synth, default_config):

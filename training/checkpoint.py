@@ -19,6 +19,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,26 @@ class Restored:
     path: Path
 
 
+def _start_writer_manager_with_signals_blocked() -> None:
+    """Start megatron's checkpoint-writer manager process before any signal can arrive, and
+    immune to the ones the trainer handles.
+
+    dist_checkpointing's save starts a multiprocessing manager (``spawn``) on first use. Under
+    Slurm a USR1 or TERM reaches every process of the job step, so a manager started with
+    default handlers dies from the very signal that asks for a checkpoint, and that save fails
+    with BrokenPipeError. A spawned process inherits the signal mask, so blocking the two
+    signals while it starts keeps them away from it.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    handled = {signal.SIGTERM, signal.SIGUSR1}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    try:
+        filesystem_async._get_write_results_queue()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class CheckpointManager:
     """Saves, finds, loads and prunes the checkpoints of one run."""
 
@@ -97,6 +118,7 @@ class CheckpointManager:
         self.rank = dist.get_rank()
         self._async_queue = None
         self._pending: tuple[int, Path] | None = None
+        _start_writer_manager_with_signals_blocked()
 
     # -- finding ------------------------------------------------------------------------
 

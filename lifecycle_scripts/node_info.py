@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Facts about this HyperPod node, and validation of provisioning_parameters.json.
+
+Standard library only, Python 3.8+ (the Python on HyperPod's AMI).
+
+    node_info.py RESOURCE_CONFIG PROVISIONING_PARAMETERS
+        Finds this node in HyperPod's resource_config.json and prints
+            NODE_GROUP, NODE_ROLE (controller|login|compute), PARTITION, FEATURES,
+            INSTANCE_TYPE, INSTANCE_ID
+        as KEY=value lines. PARTITION and FEATURES (comma-separated) are empty except on
+        compute nodes.
+    node_info.py --params PROVISIONING_PARAMETERS
+        Prints the cluster-wide settings the scripts need: REGION, FSX_ENABLED (true|false),
+        FSX_DNS_NAME_PARAMETER, FSX_MOUNT_NAME_PARAMETER, FSX_MOUNT_POINT, ENROOT_DATA_DIR,
+        PYXIS (true|false).
+    node_info.py --check PROVISIONING_PARAMETERS
+        Validates the file's structure and prints "OK: PATH".
+
+Every value printed matches [A-Za-z0-9_.,:/@%+=-]*, so a line is both safe to `source` and
+safe to read literally (lib.sh's load_kv does the latter). Invalid input exits with status
+2 and one line per problem on stderr, in the form
+    <key>: <what is wrong> (got <value>; allowed <allowed>)
+
+This node is found by its EC2 instance id (${MOE_LC_ROOT}/sys/devices/virtual/dmi/id/board_asset_tag
+on Nitro instances) or, failing that, by one of its IPv4 addresses (MOE_LC_IPS, space-separated,
+else `hostname -I`) matching an instance's CustomerIpAddress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+EXIT_INVALID = 2
+DEFAULT_ENROOT_DATA_DIR = "/opt/dlami/nvme/enroot"
+ASSET_TAG = "/sys/devices/virtual/dmi/id/board_asset_tag"
+
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]*$")
+# HyperPod's pattern for instance group names.
+GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+PARTITION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+FEATURE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9-]+\.[a-z0-9-]+$")
+REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
+SSM_NAME = re.compile(r"^/[A-Za-z0-9_./-]{1,1010}$")
+ABSOLUTE_PATH = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
+VERSION = re.compile(r"^1\.[0-9]+\.[0-9]+$")
+INSTANCE_ID = re.compile(r"^i-[0-9a-f]{1,32}$")
+
+TOP_LEVEL_KEYS = (
+    "version",
+    "workload_manager",
+    "region",
+    "controller_group",
+    "login_group",
+    "worker_groups",
+    "fsx_lustre",
+    "container_runtime",
+)
+WORKER_KEYS = ("instance_group_name", "partition_name", "instance_type", "features")
+FSX_KEYS = ("dns_name_parameter", "mount_name_parameter", "mount_point")
+CONTAINER_KEYS = ("enroot_data_dir", "pyxis")
+GROUP_ALLOWED = "an instance group name: letters, digits and hyphens, at most 63 characters"
+SSM_ALLOWED = "an SSM parameter name starting with '/'"
+# What each key holds, for "missing" problems.
+DESCRIPTIONS = {
+    "version": "1.x.y",
+    "workload_manager": "'slurm'",
+    "region": "an AWS region such as 'us-east-2'",
+    "controller_group": GROUP_ALLOWED,
+    "login_group": GROUP_ALLOWED + " or null",
+    "worker_groups": "a non-empty list of worker groups",
+    "fsx_lustre": "an object with keys " + ", ".join(FSX_KEYS) + " or null",
+    "container_runtime": "an object with keys " + ", ".join(CONTAINER_KEYS),
+    "instance_group_name": GROUP_ALLOWED,
+    "partition_name": "a Slurm partition name: letters, digits, '_' and '-'",
+    "instance_type": "a SageMaker instance type such as 'ml.p5en.48xlarge'",
+    "features": "a list of Slurm feature names",
+    "dns_name_parameter": SSM_ALLOWED,
+    "mount_name_parameter": SSM_ALLOWED,
+    "mount_point": "an absolute path other than '/'",
+}
+
+
+class Invalid(Exception):
+    """Input that the scripts cannot use: one formatted line per problem."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def show(value: object) -> str:
+    """A value as it appears after "got" in a problem line."""
+    if isinstance(value, str):
+        return repr(value)
+    if value is None:
+        return "null"
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def problem(key: str, what: str, got: str, allowed: str) -> str:
+    return f"{key}: {what} (got {got}; allowed {allowed})"
+
+
+def path_is_sane(path: str) -> bool:
+    return bool(ABSOLUTE_PATH.match(path)) and not any(part in (".", "..") for part in path.split("/"))
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def add(self, key: str, what: str, got: str, allowed: str) -> None:
+        self.problems.append(problem(key, what, got, allowed))
+
+    def keys(self, obj: dict, key: str, required: tuple, optional: tuple = ()) -> None:
+        for name in required:
+            if name not in obj:
+                self.add(f"{key}{name}", "missing", "nothing", DESCRIPTIONS.get(name, "a value"))
+        for name in obj:
+            if name not in required and name not in optional:
+                self.add(key.rstrip(".") or "provisioning_parameters.json", "unknown key", show(name),
+                         ", ".join(required + optional))
+
+    def string(self, obj: dict, key: str, name: str, pattern: re.Pattern, allowed: str,
+               nullable: bool = False) -> str | None:
+        if name not in obj:
+            return None
+        value = obj[name]
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str) or not pattern.match(value):
+            self.add(f"{key}{name}", "invalid", show(value), allowed + (" or null" if nullable else ""))
+            return None
+        return value
+
+
+def validate(params: object) -> dict:
+    """Checks the structure of provisioning_parameters.json; raises Invalid listing every problem."""
+    check = Checker()
+    if not isinstance(params, dict):
+        raise Invalid([problem("provisioning_parameters.json", "not a JSON object", show(params), "a JSON object")])
+    check.keys(params, "", TOP_LEVEL_KEYS)
+
+    version = params.get("version")
+    if "version" in params and (not isinstance(version, str) or not VERSION.match(version)):
+        check.add("version", "unsupported", show(version), "1.x.y")
+    if "workload_manager" in params and params["workload_manager"] != "slurm":
+        check.add("workload_manager", "unsupported", show(params["workload_manager"]), "'slurm'")
+    check.string(params, "", "region", REGION, DESCRIPTIONS["region"])
+    controller = check.string(params, "", "controller_group", GROUP_NAME, GROUP_ALLOWED)
+    login = check.string(params, "", "login_group", GROUP_NAME, GROUP_ALLOWED, nullable=True)
+    if controller is not None and controller == login:
+        check.add("login_group", "same as controller_group", show(login), "a different instance group or null")
+
+    workers = params.get("worker_groups")
+    if "worker_groups" in params:
+        if not isinstance(workers, list) or not workers:
+            check.add("worker_groups", "invalid", show(workers), DESCRIPTIONS["worker_groups"])
+            workers = []
+        seen: set = set()
+        for index, group in enumerate(workers):
+            key = f"worker_groups[{index}]."
+            if not isinstance(group, dict):
+                check.add(key.rstrip("."), "invalid", show(group), "an object with keys " + ", ".join(WORKER_KEYS))
+                continue
+            check.keys(group, key, WORKER_KEYS)
+            name = check.string(group, key, "instance_group_name", GROUP_NAME, GROUP_ALLOWED)
+            check.string(group, key, "partition_name", PARTITION_NAME, DESCRIPTIONS["partition_name"])
+            check.string(group, key, "instance_type", INSTANCE_TYPE, DESCRIPTIONS["instance_type"])
+            if name is not None:
+                if name in seen:
+                    check.add(f"{key}instance_group_name", "duplicate", show(name), "each worker group once")
+                if name in (controller, login):
+                    check.add(f"{key}instance_group_name", "also the controller or login group", show(name),
+                              "a group that only runs compute nodes")
+                seen.add(name)
+            features = group.get("features")
+            if "features" in group:
+                if not isinstance(features, list):
+                    check.add(f"{key}features", "invalid", show(features), "a list of Slurm feature names")
+                else:
+                    for position, feature in enumerate(features):
+                        if not isinstance(feature, str) or not FEATURE.match(feature):
+                            check.add(f"{key}features[{position}]", "invalid", show(feature),
+                                      "a Slurm feature name: letters, digits, '_', '.' and '-'")
+                    if len(set(map(str, features))) != len(features):
+                        check.add(f"{key}features", "duplicate feature", show(features), "each feature once")
+
+    fsx = params.get("fsx_lustre")
+    if fsx is not None:
+        if not isinstance(fsx, dict):
+            check.add("fsx_lustre", "invalid", show(fsx), DESCRIPTIONS["fsx_lustre"])
+        else:
+            check.keys(fsx, "fsx_lustre.", FSX_KEYS)
+            check.string(fsx, "fsx_lustre.", "dns_name_parameter", SSM_NAME, SSM_ALLOWED)
+            check.string(fsx, "fsx_lustre.", "mount_name_parameter", SSM_NAME, SSM_ALLOWED)
+            mount_point = fsx.get("mount_point")
+            if "mount_point" in fsx and (not isinstance(mount_point, str) or not path_is_sane(mount_point)):
+                check.add("fsx_lustre.mount_point", "invalid", show(mount_point), "an absolute path other than '/'")
+
+    runtime = params.get("container_runtime")
+    if "container_runtime" in params:
+        if not isinstance(runtime, dict):
+            check.add("container_runtime", "invalid", show(runtime), DESCRIPTIONS["container_runtime"])
+        else:
+            check.keys(runtime, "container_runtime.", (), CONTAINER_KEYS)
+            data_dir = runtime.get("enroot_data_dir", DEFAULT_ENROOT_DATA_DIR)
+            if not isinstance(data_dir, str) or not path_is_sane(data_dir):
+                check.add("container_runtime.enroot_data_dir", "invalid", show(data_dir), "an absolute path other than '/'")
+            if not isinstance(runtime.get("pyxis", True), bool):
+                check.add("container_runtime.pyxis", "invalid", show(runtime["pyxis"]), "true or false")
+
+    if check.problems:
+        raise Invalid(check.problems)
+    return params
+
+
+def load_json(path: str, label: str) -> object:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except OSError as error:
+        raise Invalid([problem(label, "cannot be read", f"{path!r}, {error.strerror}", "a readable JSON file")])
+    except ValueError as error:
+        raise Invalid([problem(label, "not valid JSON", f"{path!r}, {error}", "a JSON document")])
+
+
+def load_params(path: str) -> dict:
+    return validate(load_json(path, "provisioning_parameters.json"))
+
+
+def instance_groups(resource_config: object) -> list:
+    """The InstanceGroups of resource_config.json, after checking what this script relies on."""
+    groups = resource_config.get("InstanceGroups") if isinstance(resource_config, dict) else None
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and isinstance(g.get("Name"), str) and isinstance(g.get("Instances", []), list)
+        for g in groups
+    ):
+        raise Invalid([problem("resource_config.json InstanceGroups", "invalid", show(groups),
+                               "a list of objects with Name and Instances")])
+    return groups
+
+
+def own_instance_id() -> str:
+    path = os.environ.get("MOE_LC_ROOT", "") + ASSET_TAG
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            tag = handle.read().strip()
+    except OSError:
+        return ""
+    return tag if INSTANCE_ID.match(tag) else ""
+
+
+def own_ips() -> list:
+    if "MOE_LC_IPS" in os.environ:
+        return os.environ["MOE_LC_IPS"].split()
+    try:
+        result = subprocess.run(["hostname", "-I"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                universal_newlines=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return result.stdout.split()
+
+
+def find_node(groups: list) -> tuple:
+    """(group, instance) of this node."""
+    instances = [(g, i) for g in groups for i in g.get("Instances", []) if isinstance(i, dict)]
+    instance_id = own_instance_id()
+    if instance_id:
+        matches = [(g, i) for g, i in instances if i.get("InstanceId") == instance_id]
+        if len(matches) == 1:
+            return matches[0]
+    ips = own_ips()
+    matches = [(g, i) for g, i in instances if i.get("CustomerIpAddress") in ips]
+    if len(matches) == 1:
+        return matches[0]
+    got = f"instance id {instance_id or 'unknown'!r}, addresses {' '.join(ips) or 'none'}"
+    if matches:
+        names = ", ".join(str(i.get("InstanceName")) for _, i in matches)
+        raise Invalid([problem("node", "matches several instances in resource_config.json", got,
+                               f"exactly one; matched {names}")])
+    known = ", ".join(f"{i.get('InstanceId')}/{i.get('CustomerIpAddress')}" for _, i in instances[:20])
+    raise Invalid([problem("node", "not found in resource_config.json", got,
+                           f"an instance id or CustomerIpAddress listed there: {known or 'none'}")])
+
+
+def node_facts(resource_config_path: str, params_path: str) -> dict:
+    params = load_params(params_path)
+    group, instance = find_node(instance_groups(load_json(resource_config_path, "resource_config.json")))
+    name = group["Name"]
+    workers = {w["instance_group_name"]: w for w in params["worker_groups"]}
+    facts = {"NODE_GROUP": name, "NODE_ROLE": "", "PARTITION": "", "FEATURES": ""}
+    if name == params["controller_group"]:
+        facts["NODE_ROLE"] = "controller"
+    elif name == params["login_group"]:
+        facts["NODE_ROLE"] = "login"
+    elif name in workers:
+        facts["NODE_ROLE"] = "compute"
+        facts["PARTITION"] = workers[name]["partition_name"]
+        facts["FEATURES"] = ",".join(workers[name]["features"])
+    else:
+        allowed = [params["controller_group"]] + ([params["login_group"]] if params["login_group"] else [])
+        allowed += list(workers)
+        raise Invalid([problem("instance group", "not in provisioning_parameters.json", show(name), ", ".join(allowed))])
+    instance_type = group.get("InstanceType") or workers.get(name, {}).get("instance_type", "")
+    if name in workers and instance_type != workers[name]["instance_type"]:
+        print(f"WARNING: instance group {name!r} runs {instance_type!r} but provisioning_parameters.json "
+              f"says {workers[name]['instance_type']!r}", file=sys.stderr)
+    facts["INSTANCE_TYPE"] = instance_type
+    facts["INSTANCE_ID"] = instance.get("InstanceId", "")
+    return facts
+
+
+def cluster_settings(params_path: str) -> dict:
+    params = load_params(params_path)
+    fsx = params["fsx_lustre"] or {}
+    runtime = params["container_runtime"]
+    return {
+        "REGION": params["region"],
+        "FSX_ENABLED": "true" if fsx else "false",
+        "FSX_DNS_NAME_PARAMETER": fsx.get("dns_name_parameter", ""),
+        "FSX_MOUNT_NAME_PARAMETER": fsx.get("mount_name_parameter", ""),
+        "FSX_MOUNT_POINT": fsx.get("mount_point", ""),
+        "ENROOT_DATA_DIR": runtime.get("enroot_data_dir", DEFAULT_ENROOT_DATA_DIR),
+        "PYXIS": "true" if runtime.get("pyxis", True) else "false",
+    }
+
+
+def emit(values: dict) -> None:
+    bad = [problem(key, "contains characters that are not shell-safe", show(value), "[A-Za-z0-9_.,:/@%+=-]")
+           for key, value in values.items() if not SAFE_VALUE.match(str(value))]
+    if bad:
+        raise Invalid(bad)
+    sys.stdout.write("".join(f"{key}={value}\n" for key, value in values.items()))
+
+
+USAGE = (
+    "usage: node_info.py RESOURCE_CONFIG PROVISIONING_PARAMETERS\n"
+    "       node_info.py --params PROVISIONING_PARAMETERS\n"
+    "       node_info.py --check PROVISIONING_PARAMETERS\n"
+)
+
+
+def main(argv: list) -> int:
+    try:
+        if len(argv) == 2 and argv[0] == "--check":
+            load_params(argv[1])
+            print(f"OK: {argv[1]}")
+        elif len(argv) == 2 and argv[0] == "--params":
+            emit(cluster_settings(argv[1]))
+        elif len(argv) == 2 and not argv[0].startswith("-"):
+            emit(node_facts(argv[0], argv[1]))
+        else:
+            sys.stderr.write(USAGE)
+            return EXIT_INVALID
+    except Invalid as error:
+        for line in error.problems:
+            print(line, file=sys.stderr)
+        return EXIT_INVALID
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

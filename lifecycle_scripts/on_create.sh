@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# on_create.sh: HyperPod's LifeCycleConfig.OnCreate entry point, run as root on every node
+# when the cluster (or a replacement node) is created, from the folder HyperPod downloaded
+# from S3 (it also holds provisioning_parameters.json, written by the CDK construct).
+#
+# Steps, in order (README.md has the details):
+#   validate         node_info.py --check provisioning_parameters.json
+#   node_info        which instance group this node is in, and its role
+#   efa_env          install efa_env.sh as /etc/profile.d/moe-cdk-efa.sh   (all nodes)
+#   mount_fsx        mount_fsx.sh                                          (all nodes)
+#   setup_enroot     setup_enroot.sh                                       (login and compute)
+#   slurm_features   slurm_features.sh                                     (compute)
+# HyperPod's managed Slurm configuration writes slurm.conf; nothing here touches it.
+# The first failing command stops the run with diagnostics (see lib.sh) and a non-zero exit.
+set -euo pipefail
+
+main() {
+  # S3 does not keep file modes, so the scripts are run with bash rather than executed.
+  cd -- "$(dirname -- "$0")"
+  # shellcheck source-path=SCRIPTDIR source=lib.sh
+  source ./lib.sh
+  install_err_trap
+  local started="${SECONDS}"
+  log "on_create.sh started in $(pwd) (log file ${MOE_LC_LOG})"
+
+  run_step validate python3 ./node_info.py --check "${MOE_LC_PARAMS}"
+  run_step node_info load_node_facts
+  log "instance ${MOE_INSTANCE_ID:-unknown} (${MOE_INSTANCE_TYPE}) in group ${MOE_NODE_GROUP}: role ${MOE_NODE_ROLE}"
+
+  run_step efa_env install_efa_env
+  run_step mount_fsx bash ./mount_fsx.sh
+  case "${MOE_NODE_ROLE}" in
+    login | compute) run_step setup_enroot bash ./setup_enroot.sh ;;
+    *) log "skipping setup_enroot on a ${MOE_NODE_ROLE} node" ;;
+  esac
+  case "${MOE_NODE_ROLE}" in
+    compute) run_step slurm_features bash ./slurm_features.sh ;;
+    *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
+  esac
+
+  log "on_create.sh finished in $((SECONDS - started))s"
+}
+
+# Copies efa_env.sh to /etc/profile.d, replacing the copy only when it differs.
+install_efa_env() {
+  local target="${MOE_LC_ROOT}/etc/profile.d/moe-cdk-efa.sh"
+  if [[ -f "${target}" ]] && cmp -s -- ./efa_env.sh "${target}"; then
+    log "${target} is already up to date"
+    return 0
+  fi
+  mkdir -p -- "$(dirname -- "${target}")"
+  cp -- ./efa_env.sh "${target}.moe-cdk.tmp"
+  chmod 644 -- "${target}.moe-cdk.tmp"
+  mv -f -- "${target}.moe-cdk.tmp" "${target}"
+  log "installed ${target}"
+}
+
+main "$@"

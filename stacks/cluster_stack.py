@@ -1,0 +1,65 @@
+"""The HyperPod Slurm cluster, wired to the network and storage stacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+from moe_cdk.constructs.hyperpod_slurm_cluster import (
+    AccountingDatabase,
+    FsxMount,
+    HyperPodSlurmCluster,
+    HyperPodSlurmClusterProps,
+    SlurmConfigStrategy,
+    lifecycle_bundle_id,
+    lifecycle_synthesizer,
+    provisioning_parameters,
+)
+from moe_cdk.stacks.config import Config
+from moe_cdk.stacks.network_stack import NetworkStack
+from moe_cdk.stacks.storage_stack import StorageStack, fsx_parameter_names, lifecycle_bucket_name
+
+LIFECYCLE_SCRIPTS = Path(__file__).resolve().parent.parent / "lifecycle_scripts"
+
+
+def _fsx_mount(config: Config, storage: StorageStack) -> FsxMount:
+    dns_parameter, mount_parameter = fsx_parameter_names(config)
+    return FsxMount(
+        file_system_id=storage.lustre.file_system_id, availability_zone=config.lustre_availability_zone,
+        efa_enabled=config.storage.lustre.efa_enabled, dns_name_parameter=dns_parameter,
+        mount_name_parameter=mount_parameter,
+    )
+
+
+class SlurmClusterStack(Stack):
+    """HyperPodSlurmCluster from ``config.cluster``. Its file assets (the lifecycle bundle) are
+    published into the storage stack's ``sagemaker-`` lifecycle bucket, under a folder named
+    after the bundle's content hash."""
+
+    def __init__(self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack,
+                 **kwargs) -> None:
+        groups = [g.to_props() for g in config.cluster.instance_groups]
+        fsx = _fsx_mount(config, storage)
+        bundle_id = lifecycle_bundle_id(str(LIFECYCLE_SCRIPTS), provisioning_parameters(
+            instance_groups=groups, region=config.region, fsx=fsx))
+        super().__init__(scope, id, synthesizer=lifecycle_synthesizer(lifecycle_bucket_name(config), bundle_id), **kwargs)
+        # The lifecycle bucket must exist before this stack's assets are published into it.
+        self.add_stack_dependency(storage)
+        accounting = config.cluster.accounting_database
+        self.cluster = HyperPodSlurmCluster(self, "Cluster", HyperPodSlurmClusterProps(
+            cluster_name=config.name,
+            instance_groups=groups,
+            subnet=network.network.subnet_in(config.cluster.availability_zone),
+            security_group=network.node_security_group.security_group,
+            lifecycle_scripts_directory=str(LIFECYCLE_SCRIPTS),
+            region=config.region,
+            fsx=fsx,
+            require_efa=config.cluster.require_efa,
+            slurm_config_strategy=SlurmConfigStrategy[config.cluster.slurm_config_strategy.name],
+            accounting_database=None if accounting is None else AccountingDatabase(
+                endpoint=accounting.endpoint, secret_arn=accounting.secret_arn, name=accounting.name, port=accounting.port),
+        ))
+        CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)
+        CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

@@ -1,0 +1,97 @@
+#!/bin/bash
+# moe-cdk training job moe-8x1b: 2 node(s) x 8 task(s), container 123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest.
+# Rendered by moe_cdk.stacks.slurm_job.render_sbatch; submit with sbatch.
+#SBATCH --job-name=moe-8x1b
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-node=8
+#SBATCH --partition=gpu
+#SBATCH --constraint=efa
+#SBATCH --exclusive
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
+#SBATCH --time=48:00:00
+#SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+
+set -euo pipefail
+
+log() { printf '%s slurm_job[%s]: %s\n' "$(date -u '+%Y-%m-%dT%H:%M:%SZ')" "${SLURM_JOB_ID:-?}" "$*" >&2; }
+
+restart_count="${SLURM_RESTART_COUNT:-0}"
+log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}: SLURM_RESTART_COUNT=${restart_count}"
+
+# The ranks meet on the first node of the allocation. Its NodeAddr, not its name: the name
+# need not resolve (several virtual nodes on one host share one address).
+first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')"
+MASTER_ADDR="$(scontrol show node "$first_node" -o | tr ' ' '\n' | awk -F= '$1 == "NodeAddr" {print $2}')"
+export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
+export MASTER_PORT=29500
+log "rendezvous ${MASTER_ADDR}:${MASTER_PORT} (${first_node})"
+
+# EFA and NCCL settings written by the node lifecycle scripts, when present.
+efa_env_file=/etc/profile.d/moe-cdk-efa.sh
+if [[ -r "$efa_env_file" ]]; then
+    set +u
+    # shellcheck source=/dev/null
+    source "$efa_env_file"
+    set -u
+    log "sourced ${efa_env_file}"
+fi
+
+# USR1 (--signal=B:USR1@N, scancel --batch --signal=USR1) and TERM (scancel, scontrol
+# requeue, preemption) reach this shell; the ranks must see USR1 to save a checkpoint and
+# exit 143. Checked on Slurm 22.05 with two nodes: srun relays a USR1 it receives to its
+# step, so `kill -USR1 "$srun_pid"` reaches every rank on every node. `scancel
+# --signal=USR1 "$SLURM_JOB_ID.0"` does the same through slurmctld, but that is an RPC
+# that can fail or lag, so the local kill is used. Either way slurmstepd signals every
+# process of the step, the ranks' helper processes included (a helper that dies of USR1
+# breaks the rank that uses it). A TERM from Slurm also reaches srun itself, which then
+# ends the step ("forcing job termination"): saving on TERM is best effort, saving on
+# USR1 is the path to rely on.
+srun_pid=""
+# shellcheck disable=SC2317  # only the traps below call it
+forward_usr1() {
+    log "got $1: asking the trainer to save a checkpoint and stop"
+    if [[ -n "$srun_pid" ]]; then
+        kill -USR1 "$srun_pid" 2>/dev/null || true
+    fi
+}
+trap 'forward_usr1 USR1' USR1
+trap 'forward_usr1 TERM' TERM
+
+srun \
+    --kill-on-bad-exit=1 \
+    --container-image='123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:latest' \
+    --container-mounts=/fsx:/fsx \
+    moe-train \
+    --config /fsx/configs/moe-8x1b.yaml &
+srun_pid=$!
+
+# `wait` returns early (128 + signal) whenever a trapped signal arrives: keep waiting until
+# srun itself has exited. kill -0 still succeeds on an exited but unreaped srun, so the
+# next `wait` collects its real exit status.
+rc=0
+while true; do
+    wait "$srun_pid" && rc=0 || rc=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
+srun_pid=""
+log "trainer exited with ${rc}"
+
+max_requeues=10
+if (( rc == 0 )); then
+    exit 0
+elif (( rc < 128 )); then
+    log "permanent failure (exit ${rc}; 2 = bad configuration): not requeueing"
+    exit "$rc"
+elif (( restart_count < max_requeues )); then
+    log "retryable failure (exit ${rc}): requeueing, restart $(( restart_count + 1 )) of ${max_requeues}"
+    # The requeue also ends this run (Slurm sends TERM); a job that Slurm is already
+    # requeueing (scontrol requeue from outside) refuses a second request, which is fine.
+    scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue ${SLURM_JOB_ID} failed"
+    exit 0
+else
+    log "retryable failure (exit ${rc}) but already requeued ${restart_count} times: giving up"
+    exit "$rc"
+fi

@@ -1,0 +1,399 @@
+"""A real two-node Slurm cluster on this one machine, for tests (a library, not a test file).
+
+``SlurmCluster`` installs Slurm when it is missing (Debian packages, as root), writes a
+``slurm.conf`` into a fresh temporary folder and starts its own munged, slurmctld and two
+slurmd (``node1`` and ``node2``, both ``NodeAddr=127.0.0.1``). Every client command runs
+with ``SLURM_CONF`` pointing at that file, so nothing in ``/etc/slurm`` is read or changed,
+and nothing outside the folder is started on a fixed port or socket::
+
+    with SlurmCluster() as slurm:
+        job = slurm.submit(script)
+        slurm.wait_for(job, {"COMPLETED"}, timeout=60)
+
+``stop()`` cancels the cluster's jobs, then ends every process it started and every
+process that still carries its ``SLURM_CONF`` (left-over ``slurmstepd`` and job tasks), each
+by PID, and removes the folder. The settings follow the tested notes in
+``/work/shared/REFERENCE.md`` ("A real Slurm on one machine", Slurm 22.05 on Debian 12).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+NODES = ("node1", "node2")
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+})
+
+
+class SlurmUnavailable(RuntimeError):
+    """Slurm cannot be installed or started on this machine (not root, not Debian, ...)."""
+
+
+class Rejected(NamedTuple):
+    """``sbatch`` refused a job: its exit status and output."""
+
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class JobState(NamedTuple):
+    """A job as ``scontrol show job -o`` describes it."""
+
+    state: str
+    """``JobState``, e.g. ``RUNNING`` or ``COMPLETED``."""
+    restart_count: int
+    """``Restarts``: how many times the job was requeued (``SLURM_RESTART_COUNT`` of its next run)."""
+    exit_code: str
+    """``ExitCode``, ``status:signal``, e.g. ``0:0``."""
+    fields: dict[str, str]
+    """Every ``key=value`` of the line."""
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def ensure_installed() -> None:
+    """Install the Slurm and munge packages unless ``slurmctld`` is already on PATH."""
+    if shutil.which("slurmctld") and shutil.which("munged") and shutil.which("sbatch"):
+        return
+    if os.geteuid() != 0:
+        raise SlurmUnavailable("Slurm is not installed and installing it needs root")
+    if not shutil.which("apt-get"):
+        raise SlurmUnavailable("Slurm is not installed and there is no apt-get to install it")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # Wait for another apt run instead of failing on its lock.
+    install = ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "--no-install-recommends", *PACKAGES]
+    done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # a fresh machine may have no package lists yet
+        subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=300", "update"], env=env, capture_output=True)
+        done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SlurmUnavailable(f"installing {' '.join(PACKAGES)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def _hardware() -> dict[str, int]:
+    """CPUs, board/socket/core/thread layout and RealMemory (MiB) from ``slurmd -C``."""
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
+    fields = dict(re.findall(r"(\w+)=(\S+)", out.splitlines()[0]))
+    return {key: int(fields[key]) for key in
+            ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")}
+
+
+class SlurmCluster:
+    """A private Slurm cluster (``ClusterName=moeci``, partition ``ci`` of ``node1`` and ``node2``).
+
+    Use it as a context manager, or call ``start()`` and ``stop()`` (``stop`` is idempotent
+    and also runs at interpreter exit). Both nodes claim all of the machine's CPUs (the
+    machine is oversubscribed, which is fine for tests) and half of its memory each, and
+    carry the features ``efa`` and ``cpu``.
+    """
+
+    def __init__(self, *, startup_timeout: float = 60.0, job_env: dict[str, str] | None = None):
+        """``job_env`` is added to the environment of every command, and so of every job
+        (sbatch exports it). By default ``OMP_NUM_THREADS=1``: both virtual nodes share this
+        machine's cores, and torch ranks that each start one thread per core starve each other."""
+        self.startup_timeout = startup_timeout
+        self.job_env = {"OMP_NUM_THREADS": "1"} if job_env is None else dict(job_env)
+        self.dir: Path | None = None
+        self.conf: Path | None = None
+        self.env: dict[str, str] = {}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._stopped = False
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> SlurmCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> SlurmCluster:
+        ensure_installed()
+        if os.geteuid() != 0:
+            raise SlurmUnavailable("starting munged as the munge user and slurmd needs root")
+        try:
+            munge = pwd.getpwnam("munge")
+        except KeyError as error:
+            raise SlurmUnavailable("the munge user does not exist (is the munge package installed?)") from error
+        atexit.register(self.stop)
+        self.dir = Path(tempfile.mkdtemp(prefix="moeci-slurm-"))
+        self.dir.chmod(0o755)  # munged runs as munge and must reach its folder
+        self.conf = self.dir / "slurm.conf"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+        self.env.update(self.job_env)
+        self.env["SLURM_CONF"] = str(self.conf)
+
+        munge_dir = self.dir / "munge"
+        munge_dir.mkdir()
+        munge_dir.chmod(0o755)  # munged: "execute permissions for all required" on the socket folder
+        key = munge_dir / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        for path in (munge_dir, key):
+            os.chown(path, munge.pw_uid, munge.pw_gid)
+        self.munge_socket = munge_dir / "munge.socket"
+        for sub in ("ctld", "spool/node1", "spool/node2", "logs"):
+            (self.dir / sub).mkdir(parents=True)
+        (self.dir / "plugstack.conf").write_text("")  # no SPANK plugins from /etc/slurm
+        self.conf.write_text(self._slurm_conf())
+
+        self._spawn("munged", ["munged", "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
+                               f"--pid-file={munge_dir / 'munged.pid'}", f"--log-file={munge_dir / 'munged.log'}",
+                               f"--seed-file={munge_dir / 'munged.seed'}"],
+                    user=munge.pw_uid, group=munge.pw_gid, extra_groups=[])
+        self._wait(lambda: self.munge_socket.exists(), "munged to create its socket", "munged")
+        self._spawn("slurmctld", ["slurmctld", "-D"])
+        self._wait(lambda: "UP" in self.run("scontrol", "ping").stdout, "slurmctld to answer", "slurmctld")
+        for node in NODES:
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+        self._wait(self._nodes_idle, "node1 and node2 to become idle", "slurmd-node1")
+        return self
+
+    def stop(self) -> None:
+        """Cancel every job, end every process this cluster started (by PID), remove its folder."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
+            jobs = self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
+            if jobs:
+                self.run("scancel", *jobs, timeout=10)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.strip():
+                    time.sleep(0.5)
+        # slurmd before slurmctld (no "node not responding" noise), munged last.
+        for name in [*(f"slurmd-{n}" for n in NODES), "slurmctld", "munged"]:
+            proc = self._procs.get(name)
+            if proc is not None:
+                _terminate(proc.pid, proc)
+        # slurmstepd double-forks away from slurmd; it and any job task it left carry our SLURM_CONF.
+        for pid in self.stray_pids():
+            _terminate(pid)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        atexit.unregister(self.stop)
+
+    def stray_pids(self) -> list[int]:
+        """PIDs of processes (other than those started here) whose environment names this cluster's slurm.conf."""
+        if self.conf is None:
+            return []
+        marker = f"SLURM_CONF={self.conf}".encode()
+        mine = {p.pid for p in self._procs.values()} | {os.getpid()}
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in mine:
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                found.append(int(entry.name))
+        return found
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def run(self, *args: str, timeout: float = 30, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """Run a Slurm client command against this cluster; never raises on a non-zero status."""
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+    def submit(self, script_path: str | Path, extra_args: Sequence[str] = (), *,
+               cwd: str | Path | None = None) -> str | Rejected:
+        """``sbatch --parsable [extra_args] script``: the job id, or ``Rejected(rc, stdout, stderr)``."""
+        done = self.run("sbatch", "--parsable", *extra_args, str(script_path), cwd=cwd or Path(script_path).parent)
+        if done.returncode != 0:
+            return Rejected(done.returncode, done.stdout, done.stderr)
+        return done.stdout.strip().split(";")[0]
+
+    def job_state(self, job_id: str) -> JobState:
+        done = self.run("scontrol", "show", "job", "-o", str(job_id))
+        if done.returncode != 0:
+            raise RuntimeError(f"scontrol show job {job_id} failed: {done.stderr.strip()}")
+        fields = dict(re.findall(r"(?:^|\s)([A-Za-z:/]+)=(\S*)", done.stdout.strip()))
+        return JobState(fields.get("JobState", "?"), int(fields.get("Restarts", "0")), fields.get("ExitCode", "?"),
+                        fields)
+
+    def wait_for(self, job_id: str, states: Iterable[str], timeout: float, *, poll: float = 0.5) -> JobState:
+        """Poll until the job's state is one of ``states``; a different final state or the timeout raises."""
+        wanted = {states} if isinstance(states, str) else set(states)
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self.job_state(job_id)
+            if current.state in wanted:
+                return current
+            if current.state in TERMINAL_STATES:
+                raise AssertionError(f"job {job_id} ended {current.state}, not {sorted(wanted)}: {current.fields}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {current.state} after {timeout}s, "
+                                   f"not {sorted(wanted)}: {current.fields}")
+            time.sleep(poll)
+
+    def requeue(self, job_id: str) -> None:
+        done = self.run("scontrol", "requeue", str(job_id))
+        if done.returncode != 0:
+            raise RuntimeError(f"scontrol requeue {job_id} failed: {done.stderr.strip()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of every daemon log, for failure messages."""
+        if self.dir is None:
+            return ""
+        out = []
+        for log in sorted(self.dir.glob("logs/*")) + sorted(self.dir.glob("munge/*.log")):
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"==> {log.name} <==\n" + "\n".join(text))
+        return "\n".join(out)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _slurm_conf(self) -> str:
+        assert self.dir is not None
+        hw = _hardware()
+        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        d = self.dir
+        lines = [
+            "# Written by tests/slurm_harness.py: a private two-node cluster on one machine.",
+            "ClusterName=moeci",
+            "SlurmctldHost=localhost",  # the container's hostname may not resolve
+            f"SlurmctldPort={ctld_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # A requeued job waits about cred_expire seconds before it may start again (default
+            # 120). REFERENCE.md tested 10; 5 works as well on Slurm 22.05 and saves time.
+            f"AuthInfo=socket={self.munge_socket},cred_expire=5",
+            f"StateSaveLocation={d / 'ctld'}",
+            f"SlurmdSpoolDir={d / 'spool'}/%n",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d}/slurmd-%n.pid",
+            f"SlurmctldLogFile={d / 'logs' / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'logs'}/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            f"PlugStackConfig={d / 'plugstack.conf'}",
+            # The cgroup plugins fail here and leave the node drained.
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "EnforcePartLimits=ALL",  # impossible requests fail at submission, not pend forever
+            "MailProg=/bin/true",
+            "JobAcctGatherType=jobacct_gather/linux",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "MpiDefault=none",
+            "ReturnToService=2",
+            "MinJobAge=600",  # finished jobs stay visible to scontrol
+            "KillWait=30",
+            "InactiveLimit=0",
+            "SchedulerParameters=sched_interval=5",
+        ]
+        cpus = (f"CPUs={hw['CPUs']} Boards={hw['Boards']} SocketsPerBoard={hw['SocketsPerBoard']} "
+                f"CoresPerSocket={hw['CoresPerSocket']} ThreadsPerCore={hw['ThreadsPerCore']}")
+        memory = max(1, hw["RealMemory"] // len(NODES))
+        for node, port in zip(NODES, node_ports):
+            lines.append(f"NodeName={node} NodeAddr=127.0.0.1 Port={port} {cpus} RealMemory={memory} "
+                         "Feature=efa,cpu State=UNKNOWN")
+        lines.append(f"PartitionName=ci Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def _spawn(self, name: str, argv: list[str], **kwargs) -> None:
+        assert self.dir is not None
+        out = open(self.dir / "logs" / f"{name}.console", "wb")
+        try:
+            self._procs[name] = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                                 preexec_fn=_die_with_parent, **kwargs)
+        finally:
+            out.close()
+
+    def _wait(self, ready, what: str, process: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while not ready():
+            proc = self._procs[process]
+            if proc.poll() is not None:
+                raise SlurmUnavailable(f"{process} exited with {proc.returncode} while waiting for {what}\n"
+                                       + self.log_tail())
+            if time.monotonic() > deadline:
+                raise SlurmUnavailable(f"timed out after {self.startup_timeout}s waiting for {what}\n" + self.log_tail())
+            time.sleep(0.3)
+
+    def _nodes_idle(self) -> bool:
+        done = self.run("sinfo", "-h", "-N", "-o", "%N %t")
+        states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+        return all(states.get(node) == "idle" for node in NODES)
+
+
+def _die_with_parent() -> None:
+    """In a daemon just before exec: get SIGTERM when the process that started it dies, so a
+    test run that is killed (no finalizer, no atexit) does not leave the cluster behind.
+    (Runs after Popen's user/group switch, which would otherwise clear the setting.)"""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _terminate(pid: int, proc: subprocess.Popen | None = None, grace: float = 10.0) -> None:
+    """SIGTERM ``pid``, then SIGKILL it if it is still there after ``grace`` seconds."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if proc is not None:
+            if proc.poll() is not None:
+                return
+        else:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            if _is_zombie(pid):
+                return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    if proc is not None:
+        proc.wait(timeout=5)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"

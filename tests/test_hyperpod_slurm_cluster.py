@@ -1,0 +1,172 @@
+"""HyperPodSlurmCluster: the native cluster resource, its role, its lifecycle bundle and its validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk.assertions import Match, Template
+from cdk_nag import AwsSolutionsChecks
+
+from moe_cdk.constructs.hyperpod_slurm_cluster import (
+    FsxMount,
+    HyperPodSlurmCluster,
+    HyperPodSlurmClusterProps,
+    NodeType,
+    SlurmInstanceGroup,
+    lifecycle_bundle_id,
+    lifecycle_synthesizer,
+    provisioning_parameters,
+)
+from moe_cdk.constructs.validation import PropsError
+
+GROUPS = (
+    SlurmInstanceGroup(name="controller", node_type=NodeType.CONTROLLER, instance_type="ml.m5.2xlarge", instance_count=1),
+    SlurmInstanceGroup(name="gpu", node_type=NodeType.COMPUTE, instance_type="ml.p5en.48xlarge", instance_count=2,
+                       ebs_volume_size_gib=1000),
+)
+FSX = FsxMount(file_system_id="fs-0123456789abcdef0", availability_zone="us-east-2a", efa_enabled=False,
+               dns_name_parameter="/moe-cdk/t/fsx/dns-name", mount_name_parameter="/moe-cdk/t/fsx/mount-name")
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lifecycle")
+    (folder / "on_create.sh").write_text('#!/usr/bin/env bash\necho "on_create ran with $(cat "$(dirname "$0")/provisioning_parameters.json" | head -c 1)"\n')
+    return str(folder)
+
+
+def _build(scripts, *, groups=GROUPS, fsx=FSX, synthesizer=True, nag=False, outdir=None, **overrides):
+    app = cdk.App(outdir=outdir)
+    bucket = "sagemaker-${AWS::AccountId}-us-east-2-t"
+    stack = cdk.Stack(app, "T", env=cdk.Environment(region="us-east-2"),
+                      synthesizer=lifecycle_synthesizer(bucket, "bundle1") if synthesizer else None)
+    vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0123456789abcdef0", availability_zones=["us-east-2a"],
+                                      private_subnet_ids=["subnet-0123456789abcdef0"])
+    group = ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")
+    props = dict(cluster_name="t", instance_groups=groups, subnet=vpc.private_subnets[0], security_group=group,
+                 lifecycle_scripts_directory=scripts, region="us-east-2", fsx=fsx) | overrides
+    cluster = HyperPodSlurmCluster(stack, "Cluster", HyperPodSlurmClusterProps(**props))
+    if nag:
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return app, stack, cluster
+
+
+@pytest.fixture(scope="module")
+def built(scripts, tmp_path_factory):
+    outdir = tmp_path_factory.mktemp("out")
+    app, stack, cluster = _build(scripts, nag=True, outdir=str(outdir))
+    app.synth()  # fails on any unacknowledged cdk-nag finding
+    return cluster, Template.from_stack(stack), outdir
+
+
+def test_slurm_orchestrator_is_managed_with_automatic_recovery(built):
+    built[1].has_resource_properties("AWS::SageMaker::Cluster", {
+        "NodeRecovery": "Automatic", "Orchestrator": {"Slurm": {"SlurmConfigStrategy": "Managed"}},
+        "VpcConfig": {"Subnets": ["subnet-0123456789abcdef0"], "SecurityGroupIds": ["sg-0123456789abcdef0"]},
+    })
+
+
+def test_gpu_group_gets_partition_health_checks_one_thread_per_core_and_ebs(built):
+    built[1].has_resource_properties("AWS::SageMaker::Cluster", {"InstanceGroups": Match.array_with([Match.object_like({
+        "InstanceGroupName": "gpu", "InstanceType": "ml.p5en.48xlarge", "InstanceCount": 2, "ThreadsPerCore": 1,
+        "OnStartDeepHealthChecks": ["InstanceStress", "InstanceConnectivity"],
+        "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["gpu"]},
+        "InstanceStorageConfigs": [{"EbsVolumeConfig": {"VolumeSizeInGB": 1000}}],
+    })])})
+
+
+def test_controller_has_no_partition_or_deep_health_checks(built):
+    cluster = next(iter(built[1].find_resources("AWS::SageMaker::Cluster").values()))
+    controller = next(g for g in cluster["Properties"]["InstanceGroups"] if g["InstanceGroupName"] == "controller")
+    assert controller["SlurmConfig"] == {"NodeType": "Controller"}
+    assert "OnStartDeepHealthChecks" not in controller and "ThreadsPerCore" not in controller
+
+
+def test_lifecycle_config_points_into_the_sagemaker_bucket(built):
+    cluster, template, _ = built
+    groups = next(iter(template.find_resources("AWS::SageMaker::Cluster").values()))["Properties"]["InstanceGroups"]
+    life_cycle = groups[0]["LifeCycleConfig"]
+    assert life_cycle["OnCreate"] == f"{cluster.lifecycle_entry.asset_hash}.sh"
+    assert life_cycle["SourceS3Uri"] == {"Fn::Join": ["", ["s3://", {"Fn::Sub": "sagemaker-${AWS::AccountId}-us-east-2-t"},
+                                                            "/lifecycle/bundle1/"]]}
+
+
+def test_role_has_the_managed_instance_policy_and_no_data_access(built):
+    template = built[1]
+    template.has_resource_properties("AWS::IAM::Role", {"ManagedPolicyArns": [Match.object_like({
+        "Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":iam::aws:policy/AmazonSageMakerClusterInstanceRolePolicy"]]})]})
+    statements = next(iter(template.find_resources("AWS::IAM::Policy").values()))["Properties"]["PolicyDocument"]["Statement"]
+    assert not any(a.startswith("s3:") for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"]))
+
+
+def test_nodes_may_read_only_the_two_fsx_parameters(built):
+    statements = next(iter(built[1].find_resources("AWS::IAM::Policy").values()))["Properties"]["PolicyDocument"]["Statement"]
+    resources = [s["Resource"]["Fn::Join"][1][-1] for s in statements if s["Action"] == "ssm:GetParameter"]
+    assert sorted(resources) == [":parameter/moe-cdk/t/fsx/dns-name", ":parameter/moe-cdk/t/fsx/mount-name"]
+
+
+def test_provisioning_parameters_come_from_the_groups_and_the_file_system():
+    parameters = provisioning_parameters(instance_groups=GROUPS, region="us-east-2", fsx=FSX)
+    assert parameters["controller_group"] == "controller" and parameters["login_group"] is None
+    assert parameters["worker_groups"] == [{"instance_group_name": "gpu", "partition_name": "gpu",
+                                            "instance_type": "ml.p5en.48xlarge", "features": ["efa", "p5en", "gpu"]}]
+    assert parameters["fsx_lustre"] == {"dns_name_parameter": "/moe-cdk/t/fsx/dns-name",
+                                        "mount_name_parameter": "/moe-cdk/t/fsx/mount-name", "mount_point": "/fsx"}
+
+
+def test_bundle_id_changes_with_the_scripts_or_the_parameters(scripts, tmp_path):
+    parameters = provisioning_parameters(instance_groups=GROUPS, region="us-east-2", fsx=FSX)
+    first = lifecycle_bundle_id(scripts, parameters)
+    assert lifecycle_bundle_id(scripts, {**parameters, "region": "us-west-2"}) != first
+    assert lifecycle_bundle_id(scripts, parameters) == first
+
+
+def test_entry_script_unpacks_the_bundle_and_runs_on_create(built, tmp_path):
+    cluster, _, outdir = built
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    staged_bundle = outdir / f"asset.{cluster.lifecycle_bundle.asset_hash}"
+    with zipfile.ZipFile(folder / f"{cluster.lifecycle_bundle.asset_hash}.zip", "w") as bundle:
+        for file in staged_bundle.iterdir():
+            bundle.write(file, file.name)
+    entry = folder / f"{cluster.lifecycle_entry.asset_hash}.sh"
+    entry.write_bytes((outdir / f"asset.{cluster.lifecycle_entry.asset_hash}.sh").read_bytes())
+    result = subprocess.run(["bash", str(entry)], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "MOE_LC_TARGET": str(tmp_path / "target")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "on_create ran with {"
+    assert json.loads((tmp_path / "target/provisioning_parameters.json").read_text())["worker_groups"][0]["partition_name"] == "gpu"
+
+
+def test_default_synthesizer_is_rejected_with_the_fix(scripts):
+    with pytest.raises(PropsError, match=r"lifecycle_scripts_directory: .*give the stack lifecycle_synthesizer"):
+        _build(scripts, synthesizer=False)
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ((GROUPS[0], SlurmInstanceGroup(name="gpu", node_type=NodeType.COMPUTE, instance_type="ml.p9.48xlarge", instance_count=1)),
+     r"instance_groups\[1\]\.instance_type: unknown instance type \(got 'ml.p9.48xlarge'"),
+    ((GROUPS[0], SlurmInstanceGroup(name="cpu", node_type=NodeType.COMPUTE, instance_type="ml.m5.4xlarge", instance_count=1)),
+     r"instance_groups\[1\]\.instance_type: has no EFA, and EFA is required"),
+    ((GROUPS[0], SlurmInstanceGroup(name="gpu_nodes", node_type=NodeType.COMPUTE, instance_type="ml.p5.48xlarge", instance_count=1)),
+     r"instance_groups\[1\]\.name: not a valid instance group name"),
+    ((GROUPS[1],), r"instance_groups: needs exactly one controller group"),
+    ((GROUPS[0],), r"instance_groups: needs at least one compute group"),
+    ((GROUPS[0], SlurmInstanceGroup(name="gpu", node_type=NodeType.COMPUTE, instance_type="ml.p5.48xlarge", instance_count=1,
+                                    ebs_volume_size_gib=0)), r"instance_groups\[1\]\.ebs_volume_size_gib: out of range"),
+])
+def test_invalid_groups_are_rejected_by_key(scripts, groups, message):
+    with pytest.raises(PropsError, match=message):
+        _build(scripts, groups=groups)
+
+
+def test_efa_file_system_in_another_zone_is_rejected(scripts):
+    fsx = FsxMount(file_system_id="fs-1", availability_zone="us-east-2b", efa_enabled=True,
+                   dns_name_parameter="/a", mount_name_parameter="/b")
+    with pytest.raises(PropsError, match=r"fsx.availability_zone: an EFA-enabled file system must be in the cluster's zone \(got 'us-east-2b'; allowed us-east-2a\)"):
+        _build(scripts, fsx=fsx)

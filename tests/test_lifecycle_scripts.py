@@ -1,0 +1,507 @@
+"""The HyperPod lifecycle scripts, executed in a sandbox, one behaviour per test.
+
+Each sandbox is a temporary folder with
+  root/   the node's file system (MOE_LC_ROOT): resource_config.json, the instance id in the
+          DMI asset tag, an EFA device under sys/class/infiniband, pyxis's shipped pyxis.conf,
+          a stock /etc/fstab and /etc/enroot/enroot.conf;
+  lc/     a copy of lifecycle_scripts/ with a provisioning_parameters.json beside on_create.sh;
+  bin/    stubs, first on PATH, for mount, mountpoint, modprobe, lctl, findmnt, aws, scontrol,
+          enroot, fi_info and hostname; each appends "NAME ARGS" to state/calls.log.
+The stubs keep the mounted paths in state/mounts: `mount` adds its target (or fails with
+MOE_STUB_MOUNT_FAIL=1), `mountpoint -q` succeeds only for a listed path, and `mount` with no
+arguments prints them as a mount table.
+
+Mount points on command lines carry the sandbox prefix (root/fsx); /etc/fstab names the mount
+point as the node sees it (/fsx).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "lifecycle_scripts"
+DNS_PARAMETER = "/moe-cdk/moe/fsx/dns-name"
+MOUNT_NAME_PARAMETER = "/moe-cdk/moe/fsx/mount-name"
+FSTAB_LINE = "fs.example@tcp:/abcdefgh /fsx lustre noatime,flock,_netdev 0 0"
+STOCK_FSTAB = "LABEL=cloudimg-rootfs\t/\text4\tdefaults,discard\t0 1\n"
+STOCK_ENROOT_CONF = "#ENROOT_LIBRARY_PATH /usr/lib/enroot\nENROOT_SQUASH_OPTIONS -comp lzo -noD\n"
+
+PARAMS = {
+    "version": "1.0.0",
+    "workload_manager": "slurm",
+    "region": "us-east-2",
+    "controller_group": "controller",
+    "login_group": "login",
+    "worker_groups": [
+        {"instance_group_name": "gpu", "partition_name": "gpu", "instance_type": "ml.p5en.48xlarge",
+         "features": ["efa", "p5en", "gpu"]},
+    ],
+    "fsx_lustre": {"dns_name_parameter": DNS_PARAMETER, "mount_name_parameter": MOUNT_NAME_PARAMETER,
+                   "mount_point": "/fsx"},
+    "container_runtime": {"enroot_data_dir": "/opt/dlami/nvme/enroot", "pyxis": True},
+}
+
+
+def resource_config(gpu_group: str = "gpu") -> dict:
+    return {
+        "ClusterConfig": {"ClusterArn": "arn:aws:sagemaker:us-east-2:111122223333:cluster/abc", "ClusterName": "moe"},
+        "InstanceGroups": [
+            {"Name": "controller", "InstanceType": "ml.m5.2xlarge", "Instances": [
+                {"InstanceName": "controller-1", "AgentIpAddress": "10.0.1.10", "CustomerIpAddress": "10.0.64.10",
+                 "InstanceId": "i-0123"}]},
+            {"Name": "login", "InstanceType": "ml.m5.2xlarge", "Instances": [
+                {"InstanceName": "login-1", "CustomerIpAddress": "10.0.64.12", "InstanceId": "i-0789"}]},
+            {"Name": gpu_group, "InstanceType": "ml.p5en.48xlarge", "Instances": [
+                {"InstanceName": "gpu-1", "CustomerIpAddress": "10.0.64.11", "InstanceId": "i-0456"},
+                {"InstanceName": "gpu-2", "CustomerIpAddress": "10.0.64.13", "InstanceId": "i-0abc"}]},
+        ],
+    }
+
+
+STUBS = {
+    "mount": r"""
+if [ "$#" -eq 0 ]; then
+  while read -r target; do echo "stub on ${target} type stub (rw)"; done <"${MOE_STUB_STATE}/mounts"
+  exit 0
+fi
+if [ "${MOE_STUB_MOUNT_FAIL:-0}" = 1 ]; then
+  echo "mount.lustre: mount failed: Input/output error" >&2
+  exit 5
+fi
+for target; do :; done
+echo "${target}" >>"${MOE_STUB_STATE}/mounts"
+""",
+    "mountpoint": r"""
+[ "$1" = -q ] && shift
+grep -qxF -- "$1" "${MOE_STUB_STATE}/mounts"
+""",
+    "modprobe": "exit 0\n",
+    "lctl": r"""[ "$1" = list_nids ] && echo "10.0.64.11@tcp"
+exit 0
+""",
+    "findmnt": r"""echo "TARGET SOURCE FSTYPE OPTIONS"
+while read -r target; do echo "${target} stub stub rw"; done <"${MOE_STUB_STATE}/mounts"
+""",
+    "aws": r"""
+count=$(( $(cat "${MOE_STUB_STATE}/aws_calls" 2>/dev/null || echo 0) + 1 ))
+echo "${count}" >"${MOE_STUB_STATE}/aws_calls"
+if [ "${count}" -le "${MOE_STUB_AWS_FAILURES:-0}" ]; then
+  echo "An error occurred (ThrottlingException) when calling the GetParameter operation" >&2
+  exit 254
+fi
+name=""
+while [ "$#" -gt 0 ]; do
+  if [ "$1" = --name ]; then name="$2"; fi
+  shift
+done
+case "${name}" in
+  /moe-cdk/moe/fsx/dns-name) echo "fs.example" ;;
+  /moe-cdk/moe/fsx/mount-name) echo "abcdefgh" ;;
+  *) echo "An error occurred (ParameterNotFound)" >&2; exit 254 ;;
+esac
+""",
+    "scontrol": "exit 0\n",
+    "enroot": r"""[ "$1" = version ] && echo "3.5.0"
+exit 0
+""",
+    "fi_info": 'exit "${MOE_STUB_FI_INFO_RC:-0}"\n',
+    "hostname": r"""
+case "$1" in
+  -I) echo "${MOE_STUB_IPS:-}" ;;
+  -s) echo "${MOE_STUB_HOSTNAME:-ip-10-0-64-11}" ;;
+  *) echo "${MOE_STUB_HOSTNAME:-ip-10-0-64-11}.us-east-2.compute.internal" ;;
+esac
+""",
+}
+
+
+class Sandbox:
+    """A node's file system, a copy of lifecycle_scripts/ and stubbed commands."""
+
+    def __init__(self, base: Path, instance_id: str | None = "i-0456", params: dict | None = None,
+                 resource: dict | None = None):
+        self.base = base
+        self.root = base / "root"
+        self.lc = base / "lc"
+        self.bin = base / "bin"
+        self.state = base / "state"
+        for folder in (self.bin, self.state):
+            folder.mkdir(parents=True)
+        shutil.copytree(SCRIPTS, self.lc, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        self.write_params(PARAMS if params is None else params)
+        self.write("opt/ml/config/resource_config.json", json.dumps(resource or resource_config()))
+        if instance_id:
+            self.write("sys/devices/virtual/dmi/id/board_asset_tag", instance_id + "\n")
+        (self.root / "sys/class/infiniband/rdmap0s6").mkdir(parents=True)
+        (self.root / "opt/dlami/nvme").mkdir(parents=True)
+        self.write("usr/local/share/pyxis/pyxis.conf", "required /usr/local/lib/slurm/spank_pyxis.so\n")
+        self.write("etc/fstab", STOCK_FSTAB)
+        self.write("etc/enroot/enroot.conf", STOCK_ENROOT_CONF)
+        (self.state / "mounts").write_text(f"{self.root}/opt/dlami/nvme\n")
+        (self.state / "calls.log").write_text("")
+        for name, body in STUBS.items():
+            stub = self.bin / name
+            stub.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>"${{MOE_STUB_CALLS}}"\n{body}')
+            stub.chmod(0o755)
+
+    def write(self, relative: str, text: str) -> Path:
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def write_params(self, params: dict) -> None:
+        (self.lc / "provisioning_parameters.json").write_text(json.dumps(params, indent=2))
+
+    def env(self, **extra: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MOE_LC_", "MOE_STUB_", "NCCL_", "FI_"))}
+        env.update(
+            PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+            MOE_LC_ROOT=str(self.root),
+            MOE_LC_RETRY_DELAY_SCALE="0",
+            MOE_STUB_CALLS=str(self.state / "calls.log"),
+            MOE_STUB_STATE=str(self.state),
+            TMPDIR=str(self.base),
+        )
+        env.update(extra)
+        return env
+
+    def run(self, *command: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(list(command), cwd=self.base, env=self.env(**extra), capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    def on_create(self, **extra: str) -> subprocess.CompletedProcess:
+        return self.run("bash", str(self.lc / "on_create.sh"), **extra)
+
+    def node_info(self, *args: str, **extra: str) -> subprocess.CompletedProcess:
+        return self.run("python3", str(self.lc / "node_info.py"), *args, **extra)
+
+    def calls(self, prefix: str = "") -> list[str]:
+        lines = (self.state / "calls.log").read_text().splitlines()
+        return [line for line in lines if line.startswith(prefix)]
+
+    def read(self, relative: str) -> str:
+        return (self.root / relative).read_text()
+
+
+def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture
+def sandbox(tmp_path) -> Sandbox:
+    """The sandbox of compute node gpu-1 (found by its instance id), not yet run."""
+    return Sandbox(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def compute_run(tmp_path_factory) -> tuple[Sandbox, subprocess.CompletedProcess]:
+    """One successful on_create.sh run on compute node gpu-1, shared by the read-only tests."""
+    box = Sandbox(tmp_path_factory.mktemp("compute"))
+    return box, succeeded(box.on_create())
+
+
+# ---- a compute node ---------------------------------------------------------------------
+
+
+def test_compute_node_mounts_fsx_with_lustre_options(compute_run):
+    box, _ = compute_run
+    assert box.calls("mount -t") == [f"mount -t lustre -o noatime,flock,_netdev fs.example@tcp:/abcdefgh {box.root}/fsx"]
+
+
+def test_compute_node_reads_fsx_names_from_ssm(compute_run):
+    box, _ = compute_run
+    assert box.calls("aws") == [
+        f"aws ssm get-parameter --name {name} --query Parameter.Value --output text --region us-east-2"
+        for name in (DNS_PARAMETER, MOUNT_NAME_PARAMETER)
+    ]
+
+
+def test_compute_node_writes_one_fstab_line(compute_run):
+    box, _ = compute_run
+    assert box.read("etc/fstab") == STOCK_FSTAB + FSTAB_LINE + "\n"
+
+
+def test_compute_node_points_enroot_at_nvme(compute_run):
+    box, _ = compute_run
+    conf = box.read("etc/enroot/enroot.conf").splitlines()
+    assert conf[0].startswith("# BEGIN moe-cdk")
+    assert conf[1:6] == [
+        "ENROOT_RUNTIME_PATH /opt/dlami/nvme/enroot/runtime/user-$(id -u)",
+        "ENROOT_CACHE_PATH /opt/dlami/nvme/enroot/cache/user-$(id -u)",
+        "ENROOT_DATA_PATH /opt/dlami/nvme/enroot/data/user-$(id -u)",
+        "ENROOT_TEMP_PATH /opt/dlami/nvme/enroot/tmp",
+        "# END moe-cdk",
+    ]
+    assert "\n".join(conf[6:]) + "\n" == STOCK_ENROOT_CONF
+
+
+def test_compute_node_creates_shared_enroot_dirs(compute_run):
+    box, _ = compute_run
+    for sub in ("runtime", "cache", "data", "tmp"):
+        assert (box.root / "opt/dlami/nvme/enroot" / sub).stat().st_mode & 0o7777 == 0o1777
+
+
+def test_compute_node_registers_pyxis(compute_run):
+    box, _ = compute_run
+    link = box.root / "etc/slurm/plugstack.conf.d/pyxis.conf"
+    assert link.is_symlink()
+    assert Path(os.readlink(link)) == box.root / "usr/local/share/pyxis/pyxis.conf"
+
+
+def test_compute_node_installs_efa_env(compute_run):
+    box, _ = compute_run
+    assert box.read("etc/profile.d/moe-cdk-efa.sh") == (SCRIPTS / "efa_env.sh").read_text()
+
+
+def test_compute_node_sets_slurm_features(compute_run):
+    box, _ = compute_run
+    assert box.calls("scontrol") == [
+        "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=efa,p5en,gpu ActiveFeatures=efa,p5en,gpu"
+    ]
+
+
+def test_compute_node_leaves_slurm_conf_to_hyperpod(compute_run):
+    box, _ = compute_run
+    assert not (box.root / "etc/slurm/slurm.conf").exists()
+    assert not list(box.root.rglob("slurm.conf"))
+
+
+def test_compute_node_logs_every_step_to_the_log_file(compute_run):
+    box, result = compute_run
+    log = box.read("var/log/provision/moe-cdk-lifecycle.log")
+    for step in ("validate", "node_info", "efa_env", "mount_fsx", "setup_enroot", "slurm_features"):
+        assert f"[{step}] step finished in" in log
+    assert "[on_create] on_create.sh finished in" in result.stdout
+    assert all(line[:20].endswith("Z") and line[4] == "-" and line[10] == "T" for line in log.splitlines())
+
+
+# ---- idempotency, roles, failures ---------------------------------------------------------
+
+
+def test_second_run_changes_nothing(sandbox):
+    succeeded(sandbox.on_create())
+    enroot_conf = sandbox.read("etc/enroot/enroot.conf")
+    second = succeeded(sandbox.on_create())
+    assert len(sandbox.calls("mount -t")) == 1
+    assert "/fsx is already mounted" in second.stdout
+    assert sandbox.read("etc/fstab").count(FSTAB_LINE) == 1
+    assert sandbox.read("etc/enroot/enroot.conf") == enroot_conf
+
+
+def test_controller_node_skips_enroot_and_slurm_features(tmp_path):
+    box = Sandbox(tmp_path, instance_id=None)  # found through `hostname -I`
+    result = succeeded(box.on_create(MOE_STUB_IPS="172.17.0.1 10.0.64.10"))
+    assert "role controller" in result.stdout
+    assert box.calls("scontrol") == []
+    assert box.read("etc/enroot/enroot.conf") == STOCK_ENROOT_CONF
+    assert not (box.root / "etc/slurm/plugstack.conf.d").exists()
+    assert len(box.calls("mount -t lustre")) == 1
+
+
+def test_login_node_configures_enroot_but_not_features(tmp_path):
+    box = Sandbox(tmp_path, instance_id="i-0789")
+    succeeded(box.on_create())
+    assert box.read("etc/enroot/enroot.conf").startswith("# BEGIN moe-cdk")
+    assert box.calls("scontrol") == []
+
+
+def test_failing_mount_stops_with_diagnostics(sandbox):
+    result = sandbox.on_create(MOE_STUB_MOUNT_FAIL="1")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "step:        mount_fsx" in output
+    assert "command:     mount -t lustre -o noatime,flock,_netdev fs.example@tcp:/abcdefgh" in output
+    assert "----- mount table (lustre, nvme) -----" in output
+    assert "----- lctl list_nids -----\n10.0.64.11@tcp" in output
+    assert "----- last 50 lines of" in output and "attempt 5/5 failed" in output
+    assert output.count("moe-cdk lifecycle: FAILED") == 1
+    assert len(sandbox.calls("mount -t lustre")) == 5
+    assert sandbox.calls("scontrol") == []
+    assert FSTAB_LINE not in sandbox.read("etc/fstab")
+
+
+def test_transient_ssm_failures_are_retried(sandbox):
+    result = succeeded(sandbox.on_create(MOE_STUB_AWS_FAILURES="2"))
+    assert "attempt 2/5 failed (exit 254)" in result.stdout
+    assert len(sandbox.calls("aws")) == 4
+    assert len(sandbox.calls("mount -t lustre")) == 1
+
+
+def test_missing_fsx_is_skipped(tmp_path):
+    box = Sandbox(tmp_path, params={**PARAMS, "fsx_lustre": None})
+    result = succeeded(box.on_create())
+    assert "fsx_lustre is null" in result.stdout
+    assert box.calls("mount -t") == [] and box.calls("aws") == []
+    assert box.read("etc/fstab") == STOCK_FSTAB
+
+
+def test_efa_feature_dropped_without_efa_device(sandbox):
+    shutil.rmtree(sandbox.root / "sys/class/infiniband")
+    result = succeeded(sandbox.on_create())
+    assert "WARNING: dropping the efa feature" in result.stdout
+    assert sandbox.calls("scontrol") == [
+        "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=p5en,gpu ActiveFeatures=p5en,gpu"
+    ]
+
+
+def test_efa_feature_dropped_when_fi_info_fails(sandbox):
+    result = succeeded(sandbox.on_create(MOE_STUB_FI_INFO_RC="1"))
+    assert "WARNING: fi_info -p efa failed" in result.stdout
+    assert "AvailableFeatures=p5en,gpu" in sandbox.calls("scontrol")[0]
+
+
+def test_enroot_warns_when_nvme_is_not_mounted(sandbox):
+    (sandbox.state / "mounts").write_text("")
+    result = succeeded(sandbox.on_create())
+    assert "WARNING: /opt/dlami/nvme is not a mount point, so /opt/dlami/nvme/enroot is on the ROOT VOLUME" in result.stdout
+
+
+def test_missing_enroot_fails_without_downloading(sandbox):
+    (sandbox.bin / "enroot").unlink()
+    bare_path = f"{sandbox.bin}{os.pathsep}{os.path.dirname(shutil.which('python3'))}{os.pathsep}/usr/bin:/bin"
+    result = sandbox.on_create(PATH=bare_path)
+    assert shutil.which("enroot", path=bare_path) is None
+    assert result.returncode != 0
+    assert "enroot is not installed. SageMaker HyperPod's AMI provides enroot" in result.stdout
+    assert "step:        setup_enroot" in result.stderr
+
+
+def test_invalid_parameters_stop_before_any_change(sandbox):
+    sandbox.write_params({k: v for k, v in PARAMS.items() if k != "worker_groups"})
+    result = sandbox.on_create()
+    assert result.returncode == 2
+    assert "worker_groups: missing" in result.stderr
+    assert "step:        validate" in result.stderr
+    assert sandbox.calls("mount -t") == [] and sandbox.calls("aws") == []
+
+
+# ---- efa_env.sh -----------------------------------------------------------------------------
+
+
+def sourced_env(shell: str, **preset: str) -> dict:
+    result = subprocess.run([shell, "-c", '. "$1" && env', "sh", str(SCRIPTS / "efa_env.sh")],
+                            env={"PATH": os.environ["PATH"], **preset}, capture_output=True, text=True,
+                            timeout=30, check=True)
+    return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+
+
+def test_efa_env_sets_current_variables_only():
+    env = sourced_env("bash")
+    assert env["FI_EFA_USE_HUGE_PAGE"] == "0"
+    assert env["NCCL_SOCKET_IFNAME"] == "^docker,lo,veth"
+    assert env["NCCL_DEBUG"] == "WARN"
+    for obsolete in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "NCCL_PROTO"):
+        assert obsolete not in env
+    assert not [name for name in env if name.startswith("RDMAV_")]
+
+
+def test_efa_env_keeps_callers_nccl_debug():
+    assert sourced_env("bash", NCCL_DEBUG="INFO")["NCCL_DEBUG"] == "INFO"
+
+
+@pytest.mark.skipif(not Path("/bin/sh").exists(), reason="no /bin/sh")
+def test_efa_env_works_in_posix_sh():
+    """/etc/profile sources profile.d with /bin/sh (dash on Ubuntu)."""
+    assert sourced_env("/bin/sh")["FI_EFA_USE_HUGE_PAGE"] == "0"
+
+
+# ---- node_info.py ---------------------------------------------------------------------------
+
+
+def test_node_info_describes_compute_node(sandbox):
+    result = succeeded(sandbox.node_info(str(sandbox.root / "opt/ml/config/resource_config.json"),
+                                         str(sandbox.lc / "provisioning_parameters.json")))
+    assert result.stdout.splitlines() == [
+        "NODE_GROUP=gpu", "NODE_ROLE=compute", "PARTITION=gpu", "FEATURES=efa,p5en,gpu",
+        "INSTANCE_TYPE=ml.p5en.48xlarge", "INSTANCE_ID=i-0456",
+    ]
+
+
+def test_node_info_finds_node_by_ip(tmp_path):
+    box = Sandbox(tmp_path, instance_id=None)
+    result = succeeded(box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
+                                     str(box.lc / "provisioning_parameters.json"), MOE_LC_IPS="10.0.64.13"))
+    assert "NODE_ROLE=compute" in result.stdout.splitlines()
+    assert "INSTANCE_ID=i-0abc" in result.stdout.splitlines()
+
+
+def test_node_info_rejects_unknown_group(tmp_path):
+    box = Sandbox(tmp_path, resource=resource_config(gpu_group="gpu2"))
+    result = box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
+                           str(box.lc / "provisioning_parameters.json"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "instance group: not in provisioning_parameters.json (got 'gpu2'; allowed controller, login, gpu)"
+    ]
+
+
+def test_node_info_rejects_unknown_node(tmp_path):
+    box = Sandbox(tmp_path, instance_id=None)
+    result = box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
+                           str(box.lc / "provisioning_parameters.json"), MOE_LC_IPS="192.168.1.1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("node: not found in resource_config.json (got instance id 'unknown', "
+                                    "addresses 192.168.1.1; allowed")
+
+
+def test_check_accepts_the_fixture(sandbox):
+    result = succeeded(sandbox.node_info("--check", str(sandbox.lc / "provisioning_parameters.json")))
+    assert result.stdout.startswith("OK: ")
+
+
+def test_check_rejects_missing_worker_groups(sandbox):
+    sandbox.write_params({k: v for k, v in PARAMS.items() if k != "worker_groups"})
+    result = sandbox.node_info("--check", str(sandbox.lc / "provisioning_parameters.json"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "worker_groups: missing (got nothing; allowed a non-empty list of worker groups)"
+    ]
+
+
+def test_check_reports_every_wrong_type(sandbox):
+    params = copy.deepcopy(PARAMS)
+    params["worker_groups"][0]["features"] = "efa"
+    params["container_runtime"]["pyxis"] = "yes"
+    params["fsx_lustre"]["mount_point"] = "fsx"
+    sandbox.write_params(params)
+    result = sandbox.node_info("--check", str(sandbox.lc / "provisioning_parameters.json"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "worker_groups[0].features: invalid (got 'efa'; allowed a list of Slurm feature names)",
+        "fsx_lustre.mount_point: invalid (got 'fsx'; allowed an absolute path other than '/')",
+        "container_runtime.pyxis: invalid (got 'yes'; allowed true or false)",
+    ]
+
+
+# ---- static checks --------------------------------------------------------------------------
+
+
+def script_files() -> list[Path]:
+    return sorted(p for p in SCRIPTS.iterdir() if p.suffix in (".sh", ".py"))
+
+
+def test_scripts_download_nothing():
+    for path in script_files():
+        text = path.read_text().lower()
+        for forbidden in ("curl", "wget", "git clone", "github.com"):
+            assert forbidden not in text, f"{path.name} mentions {forbidden!r}"
+
+
+def test_shellcheck_passes():
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (the Makefile installs it for `make test`)")
+    shell_scripts = [str(p) for p in script_files() if p.suffix == ".sh"]
+    result = subprocess.run([shellcheck, "-x", *shell_scripts], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
