@@ -49,7 +49,7 @@ class StorageStack(Stack):
         repository = config.storage.data_repository
         self.data_repository = DataRepository(self, "DataRepository", DataRepositoryProps(
             file_system_id=self.lustre.file_system_id,
-            associations=tuple(a.to_props() for a in repository.associations),
+            associations=repository.associations,
             bucket_name=repository.bucket_name,
         ))
         # Written by CloudFormation from the construct's attributes, read by the lifecycle

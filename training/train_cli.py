@@ -48,6 +48,14 @@ def _relaunch_per_node(env, argv: list[str]) -> int:
     return 0  # not reached
 
 
+def _report(config_path: str, lines: list[str], exit_code: int) -> int:
+    """Every problem on stderr, one line each under the file they concern."""
+    print(f"{config_path}: {len(lines)} problem(s)", file=sys.stderr)
+    for line in lines:
+        print(f"  {line}", file=sys.stderr)
+    return exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
@@ -58,12 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_train_config(args.config, overrides_from(args))
         env = detect()
-    except (ConfigError, LaunchEnvError) as error:
-        lines = error.errors if isinstance(error, ConfigError) else error.problems
-        print(f"{args.config}: {len(lines)} problem(s)", file=sys.stderr)
-        for line in lines:
-            print(f"  {line}", file=sys.stderr)
-        return EXIT_CONFIG
+    except ConfigError as error:
+        return _report(args.config, error.errors, EXIT_CONFIG)
+    except LaunchEnvError as error:
+        return _report(args.config, error.problems, EXIT_CONFIG)
     if env.launcher == "sagemaker":
         return _relaunch_per_node(env, argv)
     _configure_logging(env.rank)
@@ -73,12 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return train(config, env)
-    except (ConfigError, DataError) as error:
-        lines = error.errors if isinstance(error, ConfigError) else error.problems
-        print(f"{args.config}: {len(lines)} problem(s)", file=sys.stderr)
-        for line in lines:
-            print(f"  {line}", file=sys.stderr)
-        return EXIT_CONFIG
+    except ConfigError as error:
+        return _report(args.config, error.errors, EXIT_CONFIG)
+    except DataError as error:
+        return _report(args.config, error.problems, EXIT_CONFIG)
     except Exception:
         logging.getLogger(__name__).exception("training failed; the run is retryable and resumes from its last checkpoint")
         return EXIT_FAILED_RETRYABLE
