@@ -15,7 +15,6 @@ from pathlib import Path
 
 import yaml
 
-from moe_cdk.constructs import instance_catalog
 from moe_cdk.constructs.data_repository import DEFAULT_ASSOCIATIONS, DataRepositoryAssociation, association_problems
 from moe_cdk.constructs.hyperpod_slurm_cluster import NodeType, SlurmInstanceGroup, group_problems
 from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
