@@ -21,21 +21,23 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup system-packages synth test docs validate deploy bench clean
+.PHONY: help setup system-packages synth test docs diagram validate deploy bench clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
 	@echo "make test                          set up, then run the whole test suite"
 	@echo "make validate [CONFIG=...]         check a configuration file"
 	@echo "make docs                          regenerate docs/configuration.md"
+	@echo "make diagram                       render docs/architecture.png from the default configuration"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
 	@echo "make bench                         CPU benchmarks: MoE layer, checkpoint I/O, data loading"
 
 setup: $(STAMP) $(CDK)
 
-# Debian packages the tests use: shellcheck for the lifecycle scripts, and a real Slurm
-# (controller, node daemon, client, munge) for the sbatch tests. Root installs them once.
-SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge
+# Debian packages the tests use: shellcheck for the lifecycle scripts, a real Slurm
+# (controller, node daemon, client, munge) for the sbatch tests, and graphviz for the
+# architecture diagram. Root installs them once.
+SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge graphviz
 system-packages:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -72,6 +74,11 @@ bench: setup
 	$(PY) bench/moe_layer.py
 	$(PY) bench/checkpoint_io.py
 	$(PY) bench/dataloader.py
+
+diagram: setup system-packages
+	rm -rf cdk.out/diagram
+	CDK_OUTDIR=cdk.out/diagram $(PY) app.py
+	$(PY) -m moe_cdk.stacks.diagram --cdk-out cdk.out/diagram --output docs/architecture.png --dot docs/architecture.dot
 
 docs: setup
 	$(VENV)/bin/moe-cdk config-docs > docs/configuration.md

@@ -199,8 +199,10 @@ def lifecycle_bundle_id(lifecycle_scripts_directory: str, parameters: dict) -> s
     return digest.hexdigest()[:16]
 
 
-def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa: bool) -> list[tuple[str, str]]:
-    """``(key, message)`` for instance groups HyperPod or the lifecycle scripts would reject."""
+def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa: bool,
+                   slurm: bool = True) -> list[tuple[str, str]]:
+    """``(key, message)`` for instance groups HyperPod or the lifecycle scripts would reject.
+    ``slurm=False`` drops the Slurm-only rules (controller and login groups)."""
     found: list[tuple[str, str]] = []
     groups = list(instance_groups)
     names = [g.name for g in groups]
@@ -229,10 +231,10 @@ def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa
                                                                 allowed=f"{low} to {high} GiB")))
     types = [g.node_type for g in groups]
     controllers = [g for g in groups if g.node_type is NodeType.CONTROLLER]
-    if len(controllers) != 1 or controllers[0].instance_count != 1:
+    if slurm and (len(controllers) != 1 or controllers[0].instance_count != 1):
         found.append(("instance_groups", problem("needs exactly one controller group with instance_count 1",
                                                  got=[(g.name, g.instance_count) for g in controllers], allowed="one controller node")))
-    if types.count(NodeType.LOGIN) > 1:
+    if slurm and types.count(NodeType.LOGIN) > 1:
         found.append(("instance_groups", problem("at most one login group", got=types.count(NodeType.LOGIN), allowed="0 or 1")))
     if NodeType.COMPUTE not in types:
         found.append(("instance_groups", problem("needs at least one compute group", got=[t.value for t in types],

@@ -181,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--output", help="write the script here instead of stdout")
     render.set_defaults(run=_slurm_render)
 
+    from moe_cdk.stacks import plan, sagemaker_submit, synth_diff
+
+    plan.add_parser(commands)
+    sagemaker_submit.add_parser(commands)
+    synth_diff.add_parser(commands)
+
     args = parser.parse_args(argv)
     return args.run(args)
 

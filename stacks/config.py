@@ -23,6 +23,7 @@ from moe_cdk.constructs.validation import problem
 from moe_cdk.training.schema import ConfigError, build, render_docs
 
 Problems = Iterator[tuple[str, str]]
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # At most 24 characters: the lifecycle bucket `sagemaker-<account>-<region>-<name>` must fit S3's 63.
 _NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
@@ -119,14 +120,20 @@ class ClusterConfig:
     require_efa: bool = True
     """Reject compute groups whose instance type has no EFA."""
     instance_groups: tuple[InstanceGroupConfig, ...]
-    """The node groups: exactly one controller group of one node, at most one login group and at least one compute group."""
+    """The node groups. Slurm: exactly one controller group of one node, at most one login group, one or more compute groups. Training jobs: one compute group."""
     slurm_config_strategy: SlurmStrategy = SlurmStrategy.MANAGED
     """Who owns slurm.conf: managed (HyperPod), overwrite or merge."""
     accounting_database: AccountingDatabaseConfig | None = None
     """External Slurm accounting database. Default: none."""
 
     def problems(self) -> Problems:
-        yield from group_problems([g.to_props() for g in self.instance_groups], require_efa=self.require_efa)
+        yield from group_problems([g.to_props() for g in self.instance_groups], require_efa=self.require_efa,
+                                  slurm=self.orchestrator is Orchestrator.SLURM)
+        if self.orchestrator is Orchestrator.TRAINING_JOB:
+            other = [g.name for g in self.instance_groups if g.role is not NodeRole.COMPUTE]
+            if other or len(self.instance_groups) != 1:
+                yield "instance_groups", problem("a training job runs on exactly one compute group", got=[
+                    (g.name, g.role.value) for g in self.instance_groups], allowed="one group with role: compute")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,6 +244,19 @@ class StorageConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """The training run this infrastructure is for: what `moe-cdk plan` sizes and jobs launch."""
+
+    profile: str = "training/configs/moe-8x1b.yaml"
+    """Trainer configuration (a `moe-train` YAML), relative to the repository root."""
+
+    def problems(self) -> Problems:
+        if not (REPO_ROOT / self.profile).is_file():
+            yield "profile", problem("no such trainer configuration", got=self.profile,
+                                     allowed="a YAML file under training/configs/")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """A whole deployment."""
 
@@ -250,6 +270,8 @@ class Config:
     """The VPC."""
     storage: StorageConfig = StorageConfig()
     """Shared storage."""
+    training: TrainingConfig = TrainingConfig()
+    """The training run."""
 
     @property
     def lustre_availability_zone(self) -> str:

@@ -12,6 +12,7 @@ from moe_cdk.stacks.cluster_stack import SlurmClusterStack
 from moe_cdk.stacks.config import Config, Orchestrator
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack
+from moe_cdk.stacks.training_job_stack import TrainingJobStack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = "config/default.yaml"
@@ -44,6 +45,10 @@ def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
         stacks["cluster"] = SlurmClusterStack(app, f"{config.name}-cluster", config=config, env=env,
                                               network=network, storage=storage,
                                               description="moe-cdk: SageMaker HyperPod cluster orchestrated by Slurm")
+    elif config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+        stacks["training-job"] = TrainingJobStack(app, f"{config.name}-training-job", config=config, env=env,
+                                                  network=network, storage=storage,
+                                                  description="moe-cdk: execution role and wiring for SageMaker Training Jobs")
     for stack in stacks.values():
         cdk.Tags.of(stack).add("moe-cdk:deployment", config.name)
     return stacks

@@ -25,6 +25,12 @@ def lifecycle_bucket_name(config: Config) -> str:
     return f"sagemaker-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
 
 
+def data_bucket_name(config: Config) -> str:
+    """The data bucket: ``storage.data_repository.bucket_name``, or ``moe-data-<account>-<region>-<name>``
+    (with CDK's account placeholder), so that other stacks can scope permissions to it by name."""
+    return config.storage.data_repository.bucket_name or f"moe-data-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
+
+
 def fsx_parameter_names(config: Config) -> tuple[str, str]:
     """SSM parameters with the file system's DNS and mount names, which nodes read at boot."""
     return f"/moe-cdk/{config.name}/fsx/dns-name", f"/moe-cdk/{config.name}/fsx/mount-name"
@@ -50,7 +56,7 @@ class StorageStack(Stack):
         self.data_repository = DataRepository(self, "DataRepository", DataRepositoryProps(
             file_system_id=self.lustre.file_system_id,
             associations=repository.associations,
-            bucket_name=repository.bucket_name,
+            bucket_name=data_bucket_name(config).replace("${AWS::AccountId}", self.account),
         ))
         # Written by CloudFormation from the construct's attributes, read by the lifecycle
         # scripts: the deploy-time names reach the nodes without a hand-made copy.

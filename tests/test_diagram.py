@@ -1,0 +1,123 @@
+"""The architecture diagram drawn from a synthesized default app (stacks/diagram.py)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from conftest import ROOT, synth
+from moe_cdk.stacks.config import load_config
+from moe_cdk.stacks.diagram import architecture_dot, main, render_png
+
+
+@pytest.fixture(scope="module")
+def cdk_out(tmp_path_factory):
+    outdir = tmp_path_factory.mktemp("diagram-cdk.out")
+    synth(load_config(ROOT / "config/default.yaml"), outdir)
+    return outdir
+
+
+@pytest.fixture(scope="module")
+def dot(cdk_out) -> str:
+    return architecture_dot(cdk_out)
+
+
+def labels(dot: str) -> dict[str, str]:
+    """Node id -> label (with real newlines)."""
+    return {m.group(1): m.group(2).replace("\\n", "\n").replace("\\l", "\n")
+            for m in re.finditer(r'^\s*"([^"]+)" \[label="((?:[^"\\]|\\.)*)"', dot, re.M)}
+
+
+def edges(dot: str) -> set[tuple[str, str, str]]:
+    """(tail label first line, head label first line, edge label) for every edge."""
+    first = {node: label.split("\n")[0] for node, label in labels(dot).items()}
+    found = set()
+    for m in re.finditer(r'^\s*"([^"]+)" -> "([^"]+)" \[([^\n]*)\];$', dot, re.M):
+        edge_label = re.search(r'label="((?:[^"\\]|\\.)*)"', m.group(3))
+        found.add((first[m.group(1)], first[m.group(2)], edge_label.group(1).replace("\\n", " ") if edge_label else ""))
+    return found
+
+
+def test_one_cluster_per_stack(dot):
+    for stack in ("moe-network", "moe-storage", "moe-cluster"):
+        assert f'subgraph "cluster_{stack.replace("-", "_")}"' in dot
+        assert re.search(rf'label="{stack} \(\d+ resources\)', dot)
+    assert "configuration 'moe', region us-east-2" in dot
+
+
+def test_labels_come_from_template_properties(dot):
+    text = "\n".join(labels(dot).values())
+    for expected in ("FSx for Lustre PERSISTENT_2 4800 GiB, 250 MB/s/TiB",
+                     "gpu 2× ml.p5en.48xlarge", "controller 1× ml.m5.2xlarge", "login 1× ml.m5.2xlarge",
+                     "/datasets ← datasets", "/checkpoints ↔ checkpoints",
+                     "Private subnet us-east-2a (/18)", "Interface endpoints ×7",
+                     "sagemaker.api", "ecr.dkr", "ssmmessages",
+                     "EFA security group", "S3 data bucket", "Lifecycle bucket", "S3 access-log bucket",
+                     "SSM parameters ×2", "Training image (ECR asset)", "KMS key"):
+        assert expected in text, expected
+    assert "VPC 10.0.0.0/16" in dot
+
+
+def test_supporting_resources_are_not_drawn(dot):
+    text = "\n".join(labels(dot).values())
+    for hidden in ("RouteTable", "BucketPolicy", "Lambda", "Custom::", "EIP"):
+        assert hidden not in text
+
+
+def test_data_flow_and_network_edges(dot):
+    found = edges(dot)
+    firsts = {(tail, head) for tail, head, _ in found}
+    cluster = "HyperPod cluster moe (Slurm)"
+    fsx = "FSx for Lustre PERSISTENT_2 4800 GiB, 250 MB/s/TiB"
+    assert (cluster, fsx, "Lustre mount TCP 988, 1018-1023") in found
+    assert (fsx, "Data repository associations:") in firsts
+    assert ("Data repository associations:", "S3 data bucket", "import/export") in found
+    assert ("Lifecycle bucket", cluster, "lifecycle scripts") in found
+    assert ("Training image (ECR asset)", cluster, "training image") in found
+    assert (cluster, "EFA security group") in firsts
+    assert (cluster, "Private subnet us-east-2a (/18)", "ENIs in") in found
+    assert ("Private subnet us-east-2a (/18)", "NAT gateway", "0.0.0.0/0") in found
+    assert ("NAT gateway", "Public subnet us-east-2a (/24)") in firsts
+    assert ("Public subnet us-east-2a (/24)", "Internet gateway", "0.0.0.0/0") in found
+    assert ("Internet gateway", "Internet") in firsts
+
+
+def test_deterministic(cdk_out, dot):
+    assert architecture_dot(cdk_out) == dot
+
+
+def test_committed_diagram_matches_the_default_config(dot):
+    committed = ROOT / "docs/architecture.dot"
+    assert committed.is_file(), "docs/architecture.dot is missing; run: make diagram"
+    assert committed.read_text() == dot, "docs/architecture.dot is out of date; run: make diagram"
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make test installs it)")
+def test_renders_png(dot, tmp_path):
+    out = tmp_path / "architecture.png"
+    render_png(dot, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_writes_both_files(cdk_out, tmp_path, capsys):
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz `dot` is not installed")
+    png, dot_file = tmp_path / "a.png", tmp_path / "a.dot"
+    assert main(["--cdk-out", str(cdk_out), "--output", str(png), "--dot", str(dot_file)]) == 0
+    assert png.is_file() and dot_file.read_text() == architecture_dot(cdk_out)
+    assert str(png) in capsys.readouterr().out
+
+
+def test_missing_cdk_out_exits_2(tmp_path, capsys):
+    assert main(["--cdk-out", str(tmp_path / "cdk.out"), "--output", str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"--cdk-out: no synthesized app (got '{tmp_path / 'cdk.out'}'; allowed a folder written by make synth)"
+
+
+def test_missing_dot_exits_2(cdk_out, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert main(["--cdk-out", str(cdk_out), "--output", str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "`dot`" in err and "apt-get install graphviz" in err
