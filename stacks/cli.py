@@ -22,17 +22,9 @@ from jsii.errors import JSIIError  # noqa: E402
 from moe_cdk.constructs.validation import PropsError  # noqa: E402
 from moe_cdk.stacks.config import Config, load_config, reference_docs  # noqa: E402
 from moe_cdk.stacks.deployment import DEFAULT_CONFIG, add_nag_checks, add_stacks, cdk_json_context, summary_lines  # noqa: E402
-from moe_cdk.training.schema import ConfigError, problem  # noqa: E402
+from moe_cdk.training.schema import ConfigError, problem, report_problems  # noqa: E402
 
 EXIT_CHECK_FAILED = 1
-EXIT_INVALID = 2
-
-
-def _report_invalid(config_path: str, errors: list[str]) -> int:
-    print(f"{config_path}: {len(errors)} problem(s)", file=sys.stderr)
-    for line in errors:
-        print(f"  {line}", file=sys.stderr)
-    return EXIT_INVALID
 
 
 def check_config(config_path: str, app: cdk.App) -> tuple[Config | None, list[str]]:
@@ -58,7 +50,7 @@ def synth_main() -> int:
     config_path = app.node.try_get_context("config") or DEFAULT_CONFIG
     config, errors = check_config(config_path, app)
     if config is None:
-        return _report_invalid(config_path, errors)
+        return report_problems(config_path, errors)
     add_nag_checks(app)
     try:
         assembly = app.synth()
@@ -73,7 +65,7 @@ def synth_main() -> int:
 def _validate(args: argparse.Namespace) -> int:
     config, errors = check_config(args.config, cdk.App())
     if config is None:
-        return _report_invalid(args.config, errors)
+        return report_problems(args.config, errors)
     print(f"{args.config}: valid")
     return 0
 
@@ -122,12 +114,12 @@ def _slurm_render(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         spec = job_spec_from_config(config, args)
     except ConfigError as error:
-        return _report_invalid(args.config, error.errors)
+        return report_problems(args.config, error.errors)
     from moe_cdk.stacks.slurm_job import render_sbatch
 
     problems = spec.problems()
     if problems:
-        return _report_invalid(args.config, problems)
+        return report_problems(args.config, problems)
     text = render_sbatch(spec)
     if args.output:
         Path(args.output).write_text(text)

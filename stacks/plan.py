@@ -36,7 +36,7 @@ from moe_cdk.constructs import instance_catalog  # noqa: E402
 from moe_cdk.constructs.instance_catalog import AcceleratorKind  # noqa: E402
 from moe_cdk.stacks.config import REPO_ROOT, Config, NodeRole, Orchestrator, load_config  # noqa: E402
 from moe_cdk.training.config import TrainConfig, check_layout, load_train_config  # noqa: E402
-from moe_cdk.training.schema import ConfigError  # noqa: E402
+from moe_cdk.training.schema import ConfigError, report_problems  # noqa: E402
 
 GIB = 2**30
 PRICES_PATH = Path(__file__).resolve().parent / "prices.yaml"
@@ -438,23 +438,16 @@ def to_json(plan: Plan) -> dict:
 # ---------------------------------------------------------------------------------- CLI
 
 
-def _report(config_path: str, problems: list[str]) -> int:
-    print(f"{config_path}: {len(problems)} problem(s)", file=sys.stderr)
-    for line in problems:
-        print(f"  {line}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 when it fits, 2 (problems on stderr) when the configuration is invalid or does not fit."""
     try:
         config = load_config(args.config)
     except ConfigError as error:
-        return _report(args.config, error.errors)
+        return report_problems(args.config, error.errors)
     try:
         result = plan(config, train_config_path=args.train_config, mfu=args.mfu, train_overrides=tuple(args.set or ()))
     except PlanError as error:
-        return _report(args.config, error.problems)
+        return report_problems(args.config, error.problems)
     if args.json:
         print(json.dumps(to_json(result), indent=2))
     else:

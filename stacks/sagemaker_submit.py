@@ -21,7 +21,7 @@ from pathlib import Path
 
 from moe_cdk.stacks.config import Config, load_config
 from moe_cdk.training.config import load_train_config
-from moe_cdk.training.schema import ConfigError, problem
+from moe_cdk.training.schema import ConfigError, problem, report_problems
 
 # SageMaker API reference, StoppingCondition.MaxRuntimeInSeconds: at most 28 days.
 MAX_RUNTIME_S = 28 * 24 * 3600
@@ -244,13 +244,6 @@ def add_parser(subcommands) -> None:
     submit.set_defaults(run=_run)
 
 
-def _report(source: str, lines: list[str]) -> int:
-    print(f"{source}: {len(lines)} problem(s)", file=sys.stderr)
-    for line in lines:
-        print(f"  {line}", file=sys.stderr)
-    return 2
-
-
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -274,7 +267,7 @@ def _run(args: argparse.Namespace) -> int:
             outputs = outputs_from_cloudformation(boto3.client("cloudformation", region_name=config.region), stack_name)
         request = build_request(config, outputs, options)
     except ConfigError as error:
-        return _report(args.config, error.errors)
+        return report_problems(args.config, error.errors)
     if args.dry_run:
         print(json.dumps(request, indent=2))
         return 0

@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import enum
 import inspect
+import sys
 import textwrap
 import types
 import typing
@@ -28,6 +29,15 @@ from typing import Any
 def problem(what: str, *, got: object, allowed: str) -> str:
     """Word one problem without its key: ``what (got X; allowed Y)``."""
     return f"{what} (got {got!r}; allowed {allowed})"
+
+
+def report_problems(source: str, lines: list[str], exit_code: int = 2) -> int:
+    """Print every problem on stderr, one indented line each under the file they concern;
+    return ``exit_code`` (2: invalid input). The one format of every moe-cdk command line."""
+    print(f"{source}: {len(lines)} problem(s)", file=sys.stderr)
+    for line in lines:
+        print(f"  {line}", file=sys.stderr)
+    return exit_code
 
 
 class ConfigError(Exception):

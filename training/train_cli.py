@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from moe_cdk.training.schema import ConfigError
+from moe_cdk.training.schema import ConfigError, report_problems
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,14 +48,6 @@ def _relaunch_per_node(env, argv: list[str]) -> int:
     return 0  # not reached
 
 
-def _report(config_path: str, lines: list[str], exit_code: int) -> int:
-    """Every problem on stderr, one line each under the file they concern."""
-    print(f"{config_path}: {len(lines)} problem(s)", file=sys.stderr)
-    for line in lines:
-        print(f"  {line}", file=sys.stderr)
-    return exit_code
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
@@ -67,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_train_config(args.config, overrides_from(args))
         env = detect()
     except ConfigError as error:
-        return _report(args.config, error.errors, EXIT_CONFIG)
+        return report_problems(args.config, error.errors, EXIT_CONFIG)
     except LaunchEnvError as error:
-        return _report(args.config, error.problems, EXIT_CONFIG)
+        return report_problems(args.config, error.problems, EXIT_CONFIG)
     if env.launcher == "sagemaker":
         return _relaunch_per_node(env, argv)
     _configure_logging(env.rank)
@@ -80,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return train(config, env)
     except ConfigError as error:
-        return _report(args.config, error.errors, EXIT_CONFIG)
+        return report_problems(args.config, error.errors, EXIT_CONFIG)
     except DataError as error:
-        return _report(args.config, error.problems, EXIT_CONFIG)
+        return report_problems(args.config, error.problems, EXIT_CONFIG)
     except Exception:
         logging.getLogger(__name__).exception("training failed; the run is retryable and resumes from its last checkpoint")
         return EXIT_FAILED_RETRYABLE
