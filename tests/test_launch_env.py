@@ -125,6 +125,22 @@ def test_kubeflow_worker(no_resource_config):
     )
 
 
+def test_kubeflow_pod_with_nproc_per_node_is_the_node_launcher(no_resource_config):
+    environ = {"PET_NPROC_PER_NODE": "8", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-master-0",
+               "PET_MASTER_PORT": "23456", "MASTER_ADDR": "job-master-0", "WORLD_SIZE": "2", "RANK": "1"}
+    assert detect(environ, sagemaker_resource_config=no_resource_config) == LaunchEnv(
+        launcher="kubeflow", rank=8, world_size=16, local_rank=0, local_world_size=8,
+        node_rank=1, num_nodes=2, master_addr="job-master-0", master_port=23456,
+    )
+
+
+def test_kubeflow_node_rank_beyond_the_node_count_is_reported(no_resource_config):
+    environ = {"PET_NPROC_PER_NODE": "8", "PET_NNODES": "2", "PET_NODE_RANK": "2", "PET_MASTER_ADDR": "m"}
+    with pytest.raises(LaunchEnvError) as error:
+        detect(environ, sagemaker_resource_config=no_resource_config)
+    assert error.value.problems == ["PET_NODE_RANK: must be less than PET_NNODES (got 2; allowed 0 to 1)"]
+
+
 def test_single_process(no_resource_config):
     assert detect({"PATH": "/usr/bin", "MASTER_PORT": "29511"}, sagemaker_resource_config=no_resource_config) == LaunchEnv(
         launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1,

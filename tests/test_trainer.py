@@ -77,6 +77,16 @@ def test_metrics_hold_tokens_per_expert_for_every_layer(single_run):
     assert all(len(layer) == 4 for layer in record["tokens_per_expert"])
 
 
+def test_moe_figures_are_per_step_when_records_are_sparse(tmp_path, data_prefix, single_run):
+    # Records every 2 steps: expert load is the average over the 2 steps (each expert's count
+    # rounded), so it reads as it would with a record at every step, not twice as high.
+    result = run_training(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4", "--set", "metrics.log_interval=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    sparse = records(tmp_path)
+    assert [r["step"] for r in sparse] == [2, 4]
+    assert all(abs(sum(layer) - 8 * 64 * 2) <= 2 for r in sparse for layer in r["tokens_per_expert"])
+
+
 def test_metrics_hold_router_entropy_and_imbalance(single_run):
     record = records(single_run)[-1]
     assert len(record["router_entropy"]) == 2
@@ -101,6 +111,17 @@ def test_two_processes_with_expert_parallel_2_train(tmp_path, data_prefix, singl
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [r["loss"] for r in records(tmp_path)]
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.5
+
+
+def test_kubeflow_pod_starts_one_rank_per_device_and_trains(tmp_path, data_prefix, single_run):
+    # What a PyTorchJob pod with nprocPerNode: "2" sees: one process, the node described by PET_*.
+    pod_env = {**ENV, "PET_NPROC_PER_NODE": "2", "PET_NNODES": "1", "PET_NODE_RANK": "0",
+               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(29600 + random.randint(301, 600))}
+    result = subprocess.run(train_command(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4",
+                                          "--set", "parallel.expert=2"), cwd=ROOT, env=pod_env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4]
 
 
 def test_allgather_dispatcher_with_capacity_factor_trains(tmp_path, data_prefix, single_run):

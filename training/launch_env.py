@@ -12,10 +12,14 @@ The launchers are checked in this order, the first that matches wins:
 3. SageMaker Training Jobs (the resource config file, or ``SM_HOSTS`` and
    ``SM_CURRENT_HOST``): SageMaker starts ONE process per host, so this process is the
    per-node launcher. Its ``LaunchEnv`` describes local rank 0 of its node; the trainer
-   then starts ``torchrun --nnodes=num_nodes --node-rank=node_rank
-   --nproc-per-node=local_world_size`` from it, and the ranks it starts see case 1.
-4. Kubeflow PyTorchJob (``MASTER_ADDR``, ``WORLD_SIZE`` and ``RANK`` but no ``LOCAL_RANK``):
-   the training operator sets ``RANK`` and ``WORLD_SIZE`` per pod, one process per pod.
+   then starts ``local_world_size`` ranks with torchrun's variables (``node_launcher``),
+   and the ranks it starts see case 1.
+4. Kubeflow PyTorchJob with ``nprocPerNode`` (``PET_NPROC_PER_NODE``): the training operator
+   starts one process per pod and describes the node with ``PET_NNODES``, ``PET_NODE_RANK``,
+   ``PET_NPROC_PER_NODE`` and ``PET_MASTER_ADDR``/``PET_MASTER_PORT``. As on SageMaker, this
+   process is the node's launcher (``node_launcher``), standing for its local rank 0.
+   Without ``nprocPerNode`` (``MASTER_ADDR``, ``WORLD_SIZE`` and ``RANK`` but no
+   ``LOCAL_RANK``): one process per pod, with ``RANK`` and ``WORLD_SIZE`` per pod.
 5. Anything else is a single process: rank 0 of a world of 1 on 127.0.0.1, on MASTER_PORT or a free port.
 
 Values that cannot be used raise ``LaunchEnvError`` carrying every problem found, one
@@ -119,6 +123,8 @@ def detect(
         return _slurm(_Reader(env))
     if config.is_file() or ("SM_HOSTS" in env and "SM_CURRENT_HOST" in env):
         return _sagemaker(_Reader(env), config if config.is_file() else None)
+    if "PET_NPROC_PER_NODE" in env:
+        return _kubeflow_node(_Reader(env))
     if all(name in env for name in ("MASTER_ADDR", "WORLD_SIZE", "RANK")):
         return _kubeflow(_Reader(env))
     return _single(_Reader(env))
@@ -246,9 +252,9 @@ class _Reader:
             return None
         return raw.strip()
 
-    def port(self, default: int) -> int | None:
+    def port(self, default: int, *, variable: str = "MASTER_PORT") -> int | None:
         return self.integer(
-            "MASTER_PORT", allowed=_PORT_ALLOWED, minimum=1, maximum=65535, required=False, default=default
+            variable, allowed=_PORT_ALLOWED, minimum=1, maximum=65535, required=False, default=default
         )
 
     def below(self, name: str, value: int | None, limit_name: str, limit: int | None) -> None:
@@ -406,6 +412,25 @@ def _kubeflow(r: _Reader) -> LaunchEnv:
     master_port = r.port(KUBEFLOW_MASTER_PORT)
     return r.build(launcher="kubeflow", rank=rank, world_size=world_size, local_rank=0, local_world_size=1,
                    node_rank=rank, num_nodes=world_size, master_addr=master_addr, master_port=master_port)
+
+
+def _kubeflow_node(r: _Reader) -> LaunchEnv:
+    # kubeflow/training-operator, pkg/controller.v1/pytorch/envvar.go: PET_NPROC_PER_NODE,
+    # PET_NNODES and PET_NODE_RANK describe the node; MASTER_ADDR/MASTER_PORT the rendezvous.
+    local_world_size = r.integer("PET_NPROC_PER_NODE", allowed="1 or more", minimum=1)
+    num_nodes = r.integer("PET_NNODES", allowed="1 or more", minimum=1)
+    node_rank = r.integer("PET_NODE_RANK", allowed="0 to PET_NNODES-1")
+    r.below("PET_NODE_RANK", node_rank, "PET_NNODES", num_nodes)
+    address_variable = "PET_MASTER_ADDR" if "PET_MASTER_ADDR" in r.environ else "MASTER_ADDR"
+    master_addr = r.host(address_variable)
+    port_variable = "PET_MASTER_PORT" if "PET_MASTER_PORT" in r.environ else "MASTER_PORT"
+    master_port = r.port(KUBEFLOW_MASTER_PORT, variable=port_variable)
+    rank = None if node_rank is None or local_world_size is None else node_rank * local_world_size
+    world_size = None if num_nodes is None or local_world_size is None else num_nodes * local_world_size
+    # This process is the node's launcher, so it stands for local rank 0 of its node.
+    return r.build(launcher="kubeflow", rank=rank, world_size=world_size, local_rank=0,
+                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
+                   master_addr=master_addr, master_port=master_port)
 
 
 def _free_port() -> int:

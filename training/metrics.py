@@ -77,21 +77,22 @@ class MoEProbe:
             return result
         return wrapped
 
-    def collect(self, group=None) -> dict:
-        """This step's figures summed over the data-parallel ranks (``group``), then reset."""
+    def collect(self, group=None, *, steps: int = 1) -> dict:
+        """The figures since the last call, summed over the data-parallel ranks (``group``) and
+        averaged over ``steps`` training steps, then reset."""
         stats = torch.cat([self.tokens.flatten(), self.entropy_sum, self.entropy_count])
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(stats, group=group)
         layers, experts = len(self.layers), self.num_experts
-        tokens = stats[: layers * experts].view(layers, experts)
+        tokens = stats[: layers * experts].view(layers, experts) / steps
         entropy = stats[layers * experts: layers * experts + layers] / stats[layers * experts + layers:].clamp(min=1)
         mean = tokens.mean(dim=1).clamp(min=1e-9)
         record = {
-            "tokens_per_expert": [[int(v) for v in row] for row in tokens.tolist()],
+            "tokens_per_expert": [[round(v) for v in row] for row in tokens.tolist()],
             "expert_imbalance": [round(float(v), 4) for v in (tokens.max(dim=1).values / mean).tolist()],
             "router_entropy": [round(float(v), 5) for v in entropy.tolist()],
             "router_entropy_max": round(math.log(experts), 5),
-            "dispatch_time_s": round(self.dispatch_seconds, 6),
+            "dispatch_time_s": round(self.dispatch_seconds / steps, 6),
         }
         self.tokens.zero_()
         self.entropy_sum.zero_()

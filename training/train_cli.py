@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from moe_cdk.training.schema import ConfigError, report_problems
@@ -39,15 +38,6 @@ def _configure_logging(rank: int) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _relaunch_per_node(env, argv: list[str]) -> int:
-    """SageMaker starts one process per host: start torchrun there with this host's place in the job."""
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={env.num_nodes}", f"--node_rank={env.node_rank}",
-               f"--nproc_per_node={env.local_world_size}", f"--master_addr={env.master_addr}",
-               f"--master_port={env.master_port}", "-m", "moe_cdk.training.train_cli", *argv]
-    os.execv(sys.executable, command)
-    return 0  # not reached
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
@@ -62,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         return report_problems(args.config, error.errors, EXIT_CONFIG)
     except LaunchEnvError as error:
         return report_problems(args.config, error.problems, EXIT_CONFIG)
-    if env.launcher == "sagemaker":
-        return _relaunch_per_node(env, argv)
+    if env.launcher == "sagemaker" or (env.launcher == "kubeflow" and env.local_world_size > 1):
+        # One process per node was started: this one launches the node's ranks.
+        from moe_cdk.training.node_launcher import run_node, trainer_command
+
+        _configure_logging(env.rank)
+        return run_node(env, trainer_command(argv))
     _configure_logging(env.rank)
 
     from moe_cdk.training.data import DataError

@@ -201,11 +201,13 @@ def _train_step(model, batches, runtime: Runtime, mask: torch.Tensor, num_microb
     return losses
 
 
-def _aux_losses() -> dict:
+def _aux_losses(calls: int) -> dict:
+    """Each layer's auxiliary losses, averaged over the ``calls`` forward passes (micro-batches
+    times steps) that megatron's tracker summed since the last record."""
     from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
 
     tracker = get_moe_layer_wise_logging_tracker()
-    found = {name: [round(float(v), 6) for v in entry["values"].tolist()] for name, entry in tracker.items()}
+    found = {name: [round(float(v) / calls, 6) for v in entry["values"].tolist()] for name, entry in tracker.items()}
     clear_aux_losses_tracker()
     return found
 
@@ -263,6 +265,7 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
     peak_tflops = config.metrics.peak_tflops_per_device or default_peak_tflops()
     dp_group = parallel_state.get_data_parallel_group()
     exit_code = EXIT_OK
+    recorded_step = step
     try:
         while step < config.max_steps:
             started = time.perf_counter()
@@ -278,8 +281,9 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
             checkpoints.poll()
             if step % config.metrics.log_interval == 0 or step == config.max_steps:
                 elapsed = time.perf_counter() - started
-                sink.write(_record(step, losses, probe, dp_group, runtime, grad_norm, scheduler, elapsed,
-                                   tokens_per_step, flops, peak_tflops))
+                sink.write(_record(step, step - recorded_step, num_microbatches, losses, probe, dp_group, runtime,
+                                   grad_norm, scheduler, elapsed, tokens_per_step, flops, peak_tflops))
+                recorded_step = step
             if stop.agreed(runtime.device):
                 checkpoints.save(model, optimizer, scheduler, step=step, consumed_samples=consumed)
                 checkpoints.wait()
@@ -295,13 +299,16 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
     return exit_code
 
 
-def _record(step, losses, probe, dp_group, runtime, grad_norm, scheduler, elapsed, tokens_per_step, flops, peak_tflops) -> dict:
+def _record(step, steps, num_microbatches, losses, probe, dp_group, runtime, grad_norm, scheduler, elapsed,
+            tokens_per_step, flops, peak_tflops) -> dict:
+    """One metrics record. Loss, throughput and grad norm are the last step's; the MoE figures
+    are per-step averages over the ``steps`` steps since the previous record."""
     loss = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64)
     if runtime.data_parallel_size > 1:
         dist.all_reduce(loss, group=dp_group)
         loss /= runtime.data_parallel_size
-    moe = probe.collect(dp_group)
-    aux = _aux_losses()
+    moe = probe.collect(dp_group, steps=steps)
+    aux = _aux_losses(steps * num_microbatches)
     tokens_per_s = tokens_per_step / elapsed
     record = {
         "step": step,

@@ -1,0 +1,98 @@
+"""Start one trainer process per device on this node and exit with the trainer's own code.
+
+SageMaker Training Jobs and Kubeflow PyTorchJob (with ``nprocPerNode``) start one process
+per node. That process becomes this launcher: it starts ``local_world_size`` ranks of
+``python -m moe_cdk.training.train_cli`` with torchrun's variables (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ...), so each rank sees an ordinary torchrun launch.
+
+Unlike torchrun, which exits 1 whenever a rank fails, the launcher keeps the trainer's exit
+code convention, which the orchestrators act on (Kubeflow's ``restartPolicy: ExitCode``,
+``moe-cdk sagemaker submit --chain``): 0 when every rank succeeds, otherwise the code of the
+first rank that failed (a rank killed by signal N counts as 128+N). SIGTERM and SIGUSR1 are
+forwarded to every rank, which checkpoint and exit 143. Once a rank has failed, the others
+get ``grace_s`` seconds to notice, then SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from moe_cdk.training.launch_env import LaunchEnv
+
+log = logging.getLogger(__name__)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def exit_code(returncode: int) -> int:
+    """A ``Popen.returncode`` as a shell would report it: a signal N becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def rank_environ(env: LaunchEnv, local_rank: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of local rank ``local_rank``: torchrun's variables for this node's place."""
+    environ = dict(os.environ if base is None else base)
+    environ.update({
+        "RANK": str(env.node_rank * env.local_world_size + local_rank),
+        "WORLD_SIZE": str(env.num_nodes * env.local_world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+        "GROUP_RANK": str(env.node_rank),
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
+    })
+    return environ
+
+
+def run_node(env: LaunchEnv, command: Sequence[str], *, grace_s: float = 60.0, poll_s: float = 0.2) -> int:
+    """Run ``command`` once per local rank; return 0 or the first failing rank's exit code."""
+    children = [subprocess.Popen(list(command), env=rank_environ(env, local_rank))
+                for local_rank in range(env.local_world_size)]
+    previous = {}
+
+    def forward(signum, frame):
+        log.info("node launcher: forwarding %s to %d rank(s)", signal.Signals(signum).name, len(children))
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    for signum in FORWARDED_SIGNALS:
+        previous[signum] = signal.signal(signum, forward)
+    first_failure: int | None = None
+    failed_at = None
+    terminated = False
+    try:
+        while any(child.poll() is None for child in children):
+            if first_failure is None:
+                for local_rank, child in enumerate(children):
+                    if child.returncode not in (None, 0):
+                        first_failure = exit_code(child.returncode)
+                        failed_at = time.monotonic()
+                        log.error("node launcher: local rank %d exited %d; stopping the others", local_rank, first_failure)
+                        break
+            elif not terminated and time.monotonic() - failed_at > grace_s:
+                for child in children:
+                    if child.poll() is None:
+                        child.terminate()
+                terminated = True
+            elif terminated and time.monotonic() - failed_at > 2 * grace_s:
+                for child in children:
+                    if child.poll() is None:
+                        child.kill()
+            time.sleep(poll_s)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if first_failure is None:
+        first_failure = next((exit_code(c.returncode) for c in children if c.returncode != 0), 0)
+    return first_failure
+
+
+def trainer_command(argv: Sequence[str]) -> list[str]:
+    """One rank of the trainer, with the same arguments this launcher got."""
+    return [sys.executable, "-m", "moe_cdk.training.train_cli", *argv]
