@@ -21,7 +21,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup system-packages synth test docs diagram validate deploy bench clean
+.PHONY: help setup system-packages synth test docs diagram validate deploy hyperpod-chart bench clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -30,6 +30,7 @@ help:
 	@echo "make docs                          regenerate docs/configuration.md"
 	@echo "make diagram                       render docs/architecture.png from the default configuration"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
+	@echo "make hyperpod-chart [CONFIG=...]   stage AWS's HyperPod dependencies chart for an EKS configuration (needs GitHub)"
 	@echo "make bench                         CPU benchmarks: MoE layer, checkpoint I/O, data loading"
 
 setup: $(STAMP) $(CDK)
@@ -64,8 +65,13 @@ synth: setup
 validate: setup
 	$(VENV)/bin/moe-cdk validate --config $(CONFIG)
 
-deploy: setup
+deploy: setup hyperpod-chart
 	$(CDK) deploy --all -c config=$(CONFIG)
+
+# EKS configurations only: AWS publishes the chart on GitHub alone, so it is fetched here,
+# before synth, at the commit pinned in constructs/cluster_software.py.
+hyperpod-chart: setup
+	$(PY) -m moe_cdk.stacks.hyperpod_chart --config $(CONFIG)
 
 test: setup system-packages
 	$(PY) -m pytest
@@ -82,6 +88,7 @@ diagram: setup system-packages
 
 docs: setup
 	$(VENV)/bin/moe-cdk config-docs > docs/configuration.md
+	$(PY) -c 'from moe_cdk.constructs.cluster_software import reference_table; print(reference_table(), end="")' > docs/eks-software.md
 
 clean:
 	rm -rf cdk.out .pytest_cache bench/results

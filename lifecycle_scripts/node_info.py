@@ -5,16 +5,22 @@ Standard library only, Python 3.8+ (the Python on HyperPod's AMI).
 
     node_info.py RESOURCE_CONFIG PROVISIONING_PARAMETERS
         Finds this node in HyperPod's resource_config.json and prints
-            NODE_GROUP, NODE_ROLE (controller|login|compute), PARTITION, FEATURES,
-            INSTANCE_TYPE, INSTANCE_ID
+            NODE_GROUP, NODE_ROLE (controller|login|compute on Slurm, worker on EKS),
+            PARTITION, FEATURES, INSTANCE_TYPE, INSTANCE_ID
         as KEY=value lines. PARTITION and FEATURES (comma-separated) are empty except on
-        compute nodes.
+        Slurm compute nodes; on EKS every node is a worker, PARTITION is always empty and
+        FEATURES lists its worker group's features.
     node_info.py --params PROVISIONING_PARAMETERS
-        Prints the cluster-wide settings the scripts need: REGION, FSX_ENABLED (true|false),
-        FSX_DNS_NAME_PARAMETER, FSX_MOUNT_NAME_PARAMETER, FSX_MOUNT_POINT, ENROOT_DATA_DIR,
-        PYXIS (true|false).
+        Prints the cluster-wide settings the scripts need: WORKLOAD_MANAGER (slurm|eks),
+        REGION, FSX_ENABLED (true|false), FSX_DNS_NAME_PARAMETER, FSX_MOUNT_NAME_PARAMETER,
+        FSX_MOUNT_POINT, then ENROOT_DATA_DIR and PYXIS (true|false) on Slurm, or
+        CONTAINERD_DATA_DIR and CONTAINERD_FALLBACK_DIR on EKS.
     node_info.py --check PROVISIONING_PARAMETERS
         Validates the file's structure and prints "OK: PATH".
+
+workload_manager "slurm" and "eks" have different rules: on EKS, controller_group,
+login_group, fsx_lustre (the FSx CSI driver mounts FSx into pods) and every partition_name
+are null, and container_runtime holds containerd_data_dir and fallback_data_dir.
 
 Every value printed matches [A-Za-z0-9_.,:/@%+=-]*, so a line is both safe to `source` and
 safe to read literally (lib.sh's load_kv does the latter). Invalid input exits with status
@@ -63,12 +69,14 @@ TOP_LEVEL_KEYS = (
 WORKER_KEYS = ("instance_group_name", "partition_name", "instance_type", "features")
 FSX_KEYS = ("dns_name_parameter", "mount_name_parameter", "mount_point")
 CONTAINER_KEYS = ("enroot_data_dir", "pyxis")
+EKS_CONTAINER_KEYS = ("containerd_data_dir", "fallback_data_dir")
+WORKLOAD_MANAGERS = ("slurm", "eks")
 GROUP_ALLOWED = "an instance group name: letters, digits and hyphens, at most 63 characters"
 SSM_ALLOWED = "an SSM parameter name starting with '/'"
 # What each key holds, for "missing" problems.
 DESCRIPTIONS = {
     "version": "1.x.y",
-    "workload_manager": "'slurm'",
+    "workload_manager": "'slurm' or 'eks'",
     "region": "an AWS region such as 'us-east-2'",
     "controller_group": GROUP_ALLOWED,
     "login_group": GROUP_ALLOWED + " or null",
@@ -82,6 +90,19 @@ DESCRIPTIONS = {
     "dns_name_parameter": SSM_ALLOWED,
     "mount_name_parameter": SSM_ALLOWED,
     "mount_point": "an absolute path other than '/'",
+}
+# On EKS (workload_manager "eks") these keys hold something else.
+EKS_NULL = "null when workload_manager is 'eks'"
+EKS_DESCRIPTIONS = {
+    **DESCRIPTIONS,
+    "controller_group": EKS_NULL,
+    "login_group": EKS_NULL,
+    "fsx_lustre": EKS_NULL,
+    "container_runtime": "an object with keys " + ", ".join(EKS_CONTAINER_KEYS),
+    "partition_name": EKS_NULL,
+    "features": "a list of feature names",
+    "containerd_data_dir": "an absolute path other than '/'",
+    "fallback_data_dir": "an absolute path other than '/'",
 }
 
 
@@ -112,8 +133,9 @@ def path_is_sane(path: str) -> bool:
 
 
 class Checker:
-    def __init__(self) -> None:
+    def __init__(self, descriptions: dict = DESCRIPTIONS) -> None:
         self.problems: list[str] = []
+        self.descriptions = descriptions
 
     def add(self, key: str, what: str, got: str, allowed: str) -> None:
         self.problems.append(problem(key, what, got, allowed))
@@ -121,7 +143,7 @@ class Checker:
     def keys(self, obj: dict, key: str, required: tuple, optional: tuple = ()) -> None:
         for name in required:
             if name not in obj:
-                self.add(f"{key}{name}", "missing", "nothing", DESCRIPTIONS.get(name, "a value"))
+                self.add(f"{key}{name}", "missing", "nothing", self.descriptions.get(name, "a value"))
         for name in obj:
             if name not in required and name not in optional:
                 self.add(key.rstrip(".") or "provisioning_parameters.json", "unknown key", show(name),
@@ -142,21 +164,31 @@ class Checker:
 
 def validate(params: object) -> dict:
     """Checks the structure of provisioning_parameters.json; raises Invalid listing every problem."""
-    check = Checker()
     if not isinstance(params, dict):
         raise Invalid([problem("provisioning_parameters.json", "not a JSON object", show(params), "a JSON object")])
+    # An unknown or missing workload_manager is reported below and checked with Slurm's rules.
+    eks = params.get("workload_manager") == "eks"
+    check = Checker(EKS_DESCRIPTIONS if eks else DESCRIPTIONS)
     check.keys(params, "", TOP_LEVEL_KEYS)
 
     version = params.get("version")
     if "version" in params and (not isinstance(version, str) or not VERSION.match(version)):
         check.add("version", "unsupported", show(version), "1.x.y")
-    if "workload_manager" in params and params["workload_manager"] != "slurm":
-        check.add("workload_manager", "unsupported", show(params["workload_manager"]), "'slurm'")
+    if "workload_manager" in params and params["workload_manager"] not in WORKLOAD_MANAGERS:
+        check.add("workload_manager", "unsupported", show(params["workload_manager"]), DESCRIPTIONS["workload_manager"])
     check.string(params, "", "region", REGION, DESCRIPTIONS["region"])
-    controller = check.string(params, "", "controller_group", GROUP_NAME, GROUP_ALLOWED)
-    login = check.string(params, "", "login_group", GROUP_NAME, GROUP_ALLOWED, nullable=True)
-    if controller is not None and controller == login:
-        check.add("login_group", "same as controller_group", show(login), "a different instance group or null")
+    if eks:
+        # EKS has no Slurm controller or login nodes: every instance group is a worker group.
+        controller = login = None
+        for name in ("controller_group", "login_group"):
+            if params.get(name) is not None:
+                check.add(name, "not used on EKS", show(params[name]), EKS_NULL)
+    else:
+        controller = check.string(params, "", "controller_group", GROUP_NAME, GROUP_ALLOWED)
+        login = check.string(params, "", "login_group", GROUP_NAME, GROUP_ALLOWED, nullable=True)
+        if controller is not None and controller == login:
+            check.add("login_group", "same as controller_group", show(login), "a different instance group or null")
+    feature_kind = "feature" if eks else "Slurm feature"
 
     workers = params.get("worker_groups")
     if "worker_groups" in params:
@@ -171,7 +203,10 @@ def validate(params: object) -> dict:
                 continue
             check.keys(group, key, WORKER_KEYS)
             name = check.string(group, key, "instance_group_name", GROUP_NAME, GROUP_ALLOWED)
-            check.string(group, key, "partition_name", PARTITION_NAME, DESCRIPTIONS["partition_name"])
+            if not eks:
+                check.string(group, key, "partition_name", PARTITION_NAME, DESCRIPTIONS["partition_name"])
+            elif group.get("partition_name") is not None:
+                check.add(f"{key}partition_name", "not used on EKS", show(group["partition_name"]), EKS_NULL)
             check.string(group, key, "instance_type", INSTANCE_TYPE, DESCRIPTIONS["instance_type"])
             if name is not None:
                 if name in seen:
@@ -183,17 +218,20 @@ def validate(params: object) -> dict:
             features = group.get("features")
             if "features" in group:
                 if not isinstance(features, list):
-                    check.add(f"{key}features", "invalid", show(features), "a list of Slurm feature names")
+                    check.add(f"{key}features", "invalid", show(features), f"a list of {feature_kind} names")
                 else:
                     for position, feature in enumerate(features):
                         if not isinstance(feature, str) or not FEATURE.match(feature):
                             check.add(f"{key}features[{position}]", "invalid", show(feature),
-                                      "a Slurm feature name: letters, digits, '_', '.' and '-'")
+                                      f"a {feature_kind} name: letters, digits, '_', '.' and '-'")
                     if len(set(map(str, features))) != len(features):
                         check.add(f"{key}features", "duplicate feature", show(features), "each feature once")
 
     fsx = params.get("fsx_lustre")
-    if fsx is not None:
+    if fsx is not None and eks:
+        check.add("fsx_lustre", "not used on EKS", show(fsx),
+                  EKS_NULL + ": the FSx CSI driver mounts FSx for Lustre into pods")
+    elif fsx is not None:
         if not isinstance(fsx, dict):
             check.add("fsx_lustre", "invalid", show(fsx), DESCRIPTIONS["fsx_lustre"])
         else:
@@ -205,7 +243,16 @@ def validate(params: object) -> dict:
                 check.add("fsx_lustre.mount_point", "invalid", show(mount_point), "an absolute path other than '/'")
 
     runtime = params.get("container_runtime")
-    if "container_runtime" in params:
+    if "container_runtime" in params and eks:
+        if not isinstance(runtime, dict):
+            check.add("container_runtime", "invalid", show(runtime), EKS_DESCRIPTIONS["container_runtime"])
+        else:
+            check.keys(runtime, "container_runtime.", EKS_CONTAINER_KEYS)
+            for name in EKS_CONTAINER_KEYS:
+                if name in runtime and (not isinstance(runtime[name], str) or not path_is_sane(runtime[name])):
+                    check.add(f"container_runtime.{name}", "invalid", show(runtime[name]),
+                              "an absolute path other than '/'")
+    elif "container_runtime" in params:
         if not isinstance(runtime, dict):
             check.add("container_runtime", "invalid", show(runtime), DESCRIPTIONS["container_runtime"])
         else:
@@ -296,7 +343,14 @@ def node_facts(resource_config_path: str, params_path: str) -> dict:
     name = group["Name"]
     workers = {w["instance_group_name"]: w for w in params["worker_groups"]}
     facts = {"NODE_GROUP": name, "NODE_ROLE": "", "PARTITION": "", "FEATURES": ""}
-    if name == params["controller_group"]:
+    if params["workload_manager"] == "eks":
+        # Every EKS node is a Kubernetes worker; there are no partitions.
+        if name not in workers:
+            raise Invalid([problem("instance group", "not in provisioning_parameters.json", show(name),
+                                   ", ".join(workers))])
+        facts["NODE_ROLE"] = "worker"
+        facts["FEATURES"] = ",".join(workers[name]["features"])
+    elif name == params["controller_group"]:
         facts["NODE_ROLE"] = "controller"
     elif name == params["login_group"]:
         facts["NODE_ROLE"] = "login"
@@ -321,15 +375,21 @@ def cluster_settings(params_path: str) -> dict:
     params = load_params(params_path)
     fsx = params["fsx_lustre"] or {}
     runtime = params["container_runtime"]
-    return {
+    settings = {
+        "WORKLOAD_MANAGER": params["workload_manager"],
         "REGION": params["region"],
         "FSX_ENABLED": "true" if fsx else "false",
         "FSX_DNS_NAME_PARAMETER": fsx.get("dns_name_parameter", ""),
         "FSX_MOUNT_NAME_PARAMETER": fsx.get("mount_name_parameter", ""),
         "FSX_MOUNT_POINT": fsx.get("mount_point", ""),
-        "ENROOT_DATA_DIR": runtime.get("enroot_data_dir", DEFAULT_ENROOT_DATA_DIR),
-        "PYXIS": "true" if runtime.get("pyxis", True) else "false",
     }
+    if params["workload_manager"] == "eks":
+        settings["CONTAINERD_DATA_DIR"] = runtime["containerd_data_dir"]
+        settings["CONTAINERD_FALLBACK_DIR"] = runtime["fallback_data_dir"]
+    else:
+        settings["ENROOT_DATA_DIR"] = runtime.get("enroot_data_dir", DEFAULT_ENROOT_DATA_DIR)
+        settings["PYXIS"] = "true" if runtime.get("pyxis", True) else "false"
+    return settings
 
 
 def emit(values: dict) -> None:

@@ -5,11 +5,15 @@
 #
 # Steps, in order (README.md has the details):
 #   validate         node_info.py --check provisioning_parameters.json
-#   node_info        which instance group this node is in, and its role
+#   node_info        which instance group this node is in, its role, the cluster-wide settings
 #   efa_env          install efa_env.sh as /etc/profile.d/moe-cdk-efa.sh   (all nodes)
+# then, with "workload_manager": "slurm":
 #   mount_fsx        mount_fsx.sh                                          (all nodes)
 #   setup_enroot     setup_enroot.sh                                       (login and compute)
 #   slurm_features   slurm_features.sh                                     (compute)
+# or, with "workload_manager": "eks" (no Slurm, enroot or pyxis; the FSx CSI driver mounts
+# FSx into pods):
+#   setup_containerd setup_containerd.sh                                   (all nodes)
 # HyperPod's managed Slurm configuration writes slurm.conf; nothing here touches it.
 # The first failing command stops the run with diagnostics (see lib.sh) and a non-zero exit.
 set -euo pipefail
@@ -24,10 +28,25 @@ main() {
   log "on_create.sh started in $(pwd) (log file ${MOE_LC_LOG})"
 
   run_step validate python3 ./node_info.py --check "${MOE_LC_PARAMS}"
-  run_step node_info load_node_facts
+  run_step node_info load_node
   log "instance ${MOE_INSTANCE_ID:-unknown} (${MOE_INSTANCE_TYPE}) in group ${MOE_NODE_GROUP}: role ${MOE_NODE_ROLE}"
 
   run_step efa_env install_efa_env
+  case "${MOE_WORKLOAD_MANAGER}" in
+    eks) eks_steps ;;
+    *) slurm_steps ;;
+  esac
+
+  log "on_create.sh finished in $((SECONDS - started))s"
+}
+
+# The node_info step: this node's facts (MOE_NODE_*) and the cluster-wide settings.
+load_node() {
+  load_node_facts
+  load_params
+}
+
+slurm_steps() {
   run_step mount_fsx bash ./mount_fsx.sh
   case "${MOE_NODE_ROLE}" in
     login | compute) run_step setup_enroot bash ./setup_enroot.sh ;;
@@ -37,8 +56,13 @@ main() {
     compute) run_step slurm_features bash ./slurm_features.sh ;;
     *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
   esac
+}
 
-  log "on_create.sh finished in $((SECONDS - started))s"
+eks_steps() {
+  log "skipping mount_fsx on EKS: the FSx CSI driver mounts FSx for Lustre into pods"
+  log "skipping setup_enroot on EKS: pods run under containerd; there is no enroot or pyxis"
+  log "skipping slurm_features on EKS: there is no Slurm; Kubernetes schedules the pods"
+  run_step setup_containerd bash ./setup_containerd.sh
 }
 
 # Copies efa_env.sh to /etc/profile.d, replacing the copy only when it differs.

@@ -109,6 +109,10 @@ setup_pyxis() {
 main() {
   install_err_trap
   load_params
+  if [[ "${MOE_WORKLOAD_MANAGER}" == "eks" ]]; then
+    log "workload_manager is eks: pods run under containerd and there is no enroot or pyxis; skipping"
+    return 0
+  fi
   require_enroot
   local dir="${MOE_ENROOT_DATA_DIR}"
   check_data_dir "${dir}"

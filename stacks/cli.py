@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--output", help="write the script here instead of stdout")
     render.set_defaults(run=_slurm_render)
 
-    from moe_cdk.stacks import plan, sagemaker_submit, synth_diff
+    from moe_cdk.stacks import eks_job, plan, sagemaker_submit, synth_diff
 
+    eks_job.add_parser(commands)
     plan.add_parser(commands)
     sagemaker_submit.add_parser(commands)
     synth_diff.add_parser(commands)

@@ -10,14 +10,23 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from moe_cdk.constructs.data_repository import DEFAULT_ASSOCIATIONS, DataRepositoryAssociation, association_problems
+from moe_cdk.constructs import cluster_software
+from moe_cdk.constructs.hyperpod_eks_cluster import EksInstanceGroup, EksNodeRole, Taint, eks_group_problems
 from moe_cdk.constructs.hyperpod_slurm_cluster import NodeType, SlurmInstanceGroup, group_problems
 from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
+from moe_cdk.constructs.lustre_volume import KUBERNETES_NAME
+from moe_cdk.constructs.training_eks_cluster import (
+    EndpointAccess,
+    addon_version_problems,
+    endpoint_problems,
+    kubernetes_version_problem,
+)
 from moe_cdk.constructs.training_network import availability_zone_problem, cidr_problems, retention_problem
 from moe_cdk.constructs.validation import problem
 from moe_cdk.training.schema import ConfigError, build, render_docs
@@ -48,9 +57,11 @@ class NodeRole(enum.Enum):
     CONTROLLER = "controller"
     LOGIN = "login"
     COMPUTE = "compute"
+    SYSTEM = "system"
 
 
 _NODE_TYPES = {NodeRole.CONTROLLER: NodeType.CONTROLLER, NodeRole.LOGIN: NodeType.LOGIN, NodeRole.COMPUTE: NodeType.COMPUTE}
+_EKS_ROLES = {NodeRole.COMPUTE: EksNodeRole.COMPUTE, NodeRole.SYSTEM: EksNodeRole.SYSTEM}
 
 
 class SlurmStrategy(enum.Enum):
@@ -68,7 +79,7 @@ class InstanceGroupConfig:
     name: str
     """Group name, as HyperPod shows it: letters, digits and inner hyphens, at most 63 characters."""
     role: NodeRole
-    """controller (the Slurm head node), login, or compute."""
+    """controller (the Slurm head node), login, compute, or system (EKS: nodes for operators and CoreDNS)."""
     instance_type: str
     """An instance type from the catalog, by its `ml.` or EC2 name, e.g. `ml.p5en.48xlarge`."""
     instance_count: int
@@ -79,10 +90,23 @@ class InstanceGroupConfig:
     """Extra EBS volume per node in GiB (HyperPod mounts it at /opt/sagemaker), 1 to 16384."""
     training_plan_arn: str | None = None
     """A SageMaker training plan that reserves this group's capacity. Default: on-demand."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """EKS only: Kubernetes labels on every node of the group."""
+    # The construct's own Taint dataclass: the same keys, defaults and checks.
+    taints: tuple[Taint, ...] = ()
+    """EKS only: Kubernetes taints on every node of the group; `moe-cdk eks render` adds the matching tolerations."""
+
+    def to_eks_props(self) -> EksInstanceGroup:
+        return EksInstanceGroup(
+            name=self.name, role=_EKS_ROLES.get(self.role, EksNodeRole.SYSTEM), instance_type=self.instance_type,
+            instance_count=self.instance_count, ebs_volume_size_gib=self.ebs_volume_size_gib,
+            training_plan_arn=self.training_plan_arn, labels=dict(self.labels),
+            taints=self.taints,
+        )
 
     def to_props(self) -> SlurmInstanceGroup:
         return SlurmInstanceGroup(
-            name=self.name, node_type=_NODE_TYPES[self.role], instance_type=self.instance_type,
+            name=self.name, node_type=_NODE_TYPES.get(self.role, NodeType.COMPUTE), instance_type=self.instance_type,
             instance_count=self.instance_count, partition=self.partition,
             ebs_volume_size_gib=self.ebs_volume_size_gib, training_plan_arn=self.training_plan_arn,
         )
@@ -127,13 +151,83 @@ class ClusterConfig:
     """External Slurm accounting database. Default: none."""
 
     def problems(self) -> Problems:
+        if self.orchestrator is Orchestrator.EKS:
+            yield from self._eks_problems()
+            return
         yield from group_problems([g.to_props() for g in self.instance_groups], require_efa=self.require_efa,
                                   slurm=self.orchestrator is Orchestrator.SLURM)
+        for i, g in enumerate(self.instance_groups):
+            if g.role is NodeRole.SYSTEM:
+                yield f"instance_groups[{i}].role", problem("system groups are for EKS clusters", got=g.role.value,
+                                                            allowed="controller, login or compute")
+            for key in ("labels", "taints"):
+                if getattr(g, key):
+                    yield f"instance_groups[{i}].{key}", problem("only EKS nodes have Kubernetes labels and taints",
+                                                                 got=getattr(g, key), allowed="none with this orchestrator")
         if self.orchestrator is Orchestrator.TRAINING_JOB:
             other = [g.name for g in self.instance_groups if g.role is not NodeRole.COMPUTE]
             if other or len(self.instance_groups) != 1:
                 yield "instance_groups", problem("a training job runs on exactly one compute group", got=[
                     (g.name, g.role.value) for g in self.instance_groups], allowed="one group with role: compute")
+
+
+    def _eks_problems(self) -> Problems:
+        for i, g in enumerate(self.instance_groups):
+            if g.role not in _EKS_ROLES:
+                yield f"instance_groups[{i}].role", problem("EKS clusters have no Slurm head or login nodes",
+                                                            got=g.role.value, allowed="compute or system")
+            if g.partition is not None:
+                yield f"instance_groups[{i}].partition", problem("Slurm partitions do not apply to EKS", got=g.partition,
+                                                                 allowed="no partition")
+        yield from eks_group_problems([g.to_eks_props() for g in self.instance_groups], require_efa=self.require_efa)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EksConfig:
+    """The EKS control plane and cluster software (orchestrator `eks` only)."""
+
+    kubernetes_version: str = cluster_software.DEFAULT_KUBERNETES_VERSION
+    """Kubernetes version, one HyperPod supports: see docs/eks-software.md."""
+    second_availability_zone: str | None = None
+    """EKS needs subnets in two zones: the zone besides `cluster.availability_zone` for the control plane. Required with orchestrator eks."""
+    endpoint_access: EndpointAccess = EndpointAccess.PRIVATE
+    """private (from the VPC only) or public-and-private (public endpoint limited to `public_access_cidrs`)."""
+    public_access_cidrs: tuple[str, ...] = ()
+    """IPv4 ranges allowed to the public endpoint; required with public-and-private, `0.0.0.0/0` refused."""
+    admin_role_arns: tuple[str, ...] = ()
+    """IAM roles given cluster-admin access (for kubectl)."""
+    addon_versions: dict[str, str] = field(default_factory=dict)
+    """Pinned EKS add-on versions by name, e.g. `vpc-cni: v1.19.2-eksbuild.1`. Default: EKS's default for the Kubernetes version."""
+    container_insights: bool = False
+    """Install CloudWatch Container Insights (the amazon-cloudwatch-observability add-on)."""
+    training_operator: bool = True
+    """Install the HyperPod training operator add-on, which runs HyperPodPyTorchJob (`moe-cdk eks render --hyperpod`)."""
+    observability: bool = True
+    """Create the Managed Prometheus workspace, its scraper and the Managed Grafana workspace."""
+    namespace: str = "moe"
+    """Kubernetes namespace for training jobs and the FSx volume claim."""
+    hyperpod_chart_directory: str | None = ".cache/hyperpod-helm-chart"
+    """The HyperPod dependencies chart that `make hyperpod-chart` stages, relative to the repository root; when missing, synth warns and skips it."""
+
+    def problems(self) -> Problems:
+        if (p := kubernetes_version_problem(self.kubernetes_version)):
+            yield "kubernetes_version", p
+        yield from endpoint_problems(self.endpoint_access, self.public_access_cidrs)
+        yield from addon_version_problems(self.addon_versions)
+        for i, arn in enumerate(self.admin_role_arns):
+            if not re.match(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$", arn):
+                yield f"admin_role_arns[{i}]", problem("not an IAM role ARN", got=arn, allowed="arn:aws:iam::<account>:role/<name>")
+        if not KUBERNETES_NAME.match(self.namespace):
+            yield "namespace", problem("not a Kubernetes namespace name", got=self.namespace,
+                                       allowed="lowercase letters, digits and inner hyphens")
+
+    @property
+    def hyperpod_chart_path(self) -> Path | None:
+        """The staged chart, if it is there."""
+        if self.hyperpod_chart_directory is None:
+            return None
+        path = REPO_ROOT / self.hyperpod_chart_directory
+        return path if (path / "Chart.yaml").is_file() else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,6 +366,8 @@ class Config:
     """Shared storage."""
     training: TrainingConfig = TrainingConfig()
     """The training run."""
+    eks: EksConfig = EksConfig()
+    """The EKS control plane, with orchestrator `eks`."""
 
     @property
     def lustre_availability_zone(self) -> str:
@@ -279,8 +375,11 @@ class Config:
 
     @property
     def availability_zones(self) -> list[str]:
-        """The zones the network needs subnets in: the cluster's, then the file system's if different."""
-        return list(dict.fromkeys([self.cluster.availability_zone, self.lustre_availability_zone]))
+        """The zones the network needs subnets in: the cluster's, the file system's, and with EKS the control plane's second zone."""
+        zones = [self.cluster.availability_zone, self.lustre_availability_zone]
+        if self.cluster.orchestrator is Orchestrator.EKS and self.eks.second_availability_zone:
+            zones.append(self.eks.second_availability_zone)
+        return list(dict.fromkeys(zones))
 
     def problems(self) -> Problems:
         if not _NAME.match(self.name):
@@ -300,6 +399,7 @@ class Config:
                 yield "storage.lustre.availability_zone", problem(
                     "an EFA-enabled file system must be in the cluster's zone",
                     got=lustre_zone, allowed=self.cluster.availability_zone)
+        yield from self._eks_problems()
         existing = self.network.existing_vpc
         if existing is None:
             for key, message in cidr_problems(
@@ -313,6 +413,23 @@ class Config:
                 if zone not in covered:
                     yield "network.existing_vpc.private_subnets", problem(
                         "no subnet in a zone the deployment uses", got=sorted(covered), allowed=f"a subnet in {zone}")
+
+
+    def _eks_problems(self) -> Problems:
+        second = self.eks.second_availability_zone
+        if self.cluster.orchestrator is not Orchestrator.EKS:
+            if self.eks != EksConfig():
+                yield "eks", problem("only used with orchestrator eks", got=self.cluster.orchestrator.value, allowed="eks")
+            return
+        if second is None:
+            yield "eks.second_availability_zone", problem(
+                "EKS needs subnets in two availability zones", got=None, allowed=f"a zone of {self.region} other than "
+                f"{self.cluster.availability_zone}")
+        elif (p := availability_zone_problem(second, self.region)):
+            yield "eks.second_availability_zone", p
+        elif second == self.cluster.availability_zone:
+            yield "eks.second_availability_zone", problem("must differ from cluster.availability_zone", got=second,
+                                                          allowed=f"a zone of {self.region} other than {second}")
 
 
 def parse_config(data: object) -> Config:

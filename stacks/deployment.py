@@ -10,6 +10,8 @@ from cdk_nag import AwsSolutionsChecks
 
 from moe_cdk.stacks.cluster_stack import SlurmClusterStack
 from moe_cdk.stacks.config import Config, Orchestrator
+from moe_cdk.stacks.eks_stack import EksStack
+from moe_cdk.stacks.hyperpod_eks_stack import HyperPodEksStack
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack
 from moe_cdk.stacks.training_job_stack import TrainingJobStack
@@ -45,6 +47,12 @@ def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
         stacks["cluster"] = SlurmClusterStack(app, f"{config.name}-cluster", config=config, env=env,
                                               network=network, storage=storage,
                                               description="moe-cdk: SageMaker HyperPod cluster orchestrated by Slurm")
+    elif config.cluster.orchestrator is Orchestrator.EKS:
+        stacks["eks"] = EksStack(app, f"{config.name}-eks", config=config, env=env, network=network, storage=storage,
+                                 description="moe-cdk: EKS control plane, cluster software, FSx volume and observability")
+        stacks["cluster"] = HyperPodEksStack(app, f"{config.name}-cluster", config=config, env=env, network=network,
+                                             storage=storage, eks_stack=stacks["eks"],
+                                             description="moe-cdk: SageMaker HyperPod cluster orchestrated by EKS")
     elif config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
         stacks["training-job"] = TrainingJobStack(app, f"{config.name}-training-job", config=config, env=env,
                                                   network=network, storage=storage,

@@ -6,13 +6,16 @@ Each sandbox is a temporary folder with
           a stock /etc/fstab and /etc/enroot/enroot.conf;
   lc/     a copy of lifecycle_scripts/ with a provisioning_parameters.json beside on_create.sh;
   bin/    stubs, first on PATH, for mount, mountpoint, modprobe, lctl, findmnt, aws, scontrol,
-          enroot, fi_info and hostname; each appends "NAME ARGS" to state/calls.log.
+          enroot, fi_info, hostname and systemctl; each appends "NAME ARGS" to state/calls.log.
 The stubs keep the mounted paths in state/mounts: `mount` adds its target (or fails with
 MOE_STUB_MOUNT_FAIL=1), `mountpoint -q` succeeds only for a listed path, and `mount` with no
 arguments prints them as a mount table.
 
 Mount points on command lines carry the sandbox prefix (root/fsx); /etc/fstab names the mount
 point as the node sees it (/fsx).
+
+The EKS variant ("workload_manager": "eks") uses tests/fixtures/eks_provisioning_parameters.json,
+the shape the CDK construct generates, and a stock /etc/containerd/config.toml.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ case "$1" in
   *) echo "${MOE_STUB_HOSTNAME:-ip-10-0-64-11}.us-east-2.compute.internal" ;;
 esac
 """,
+    "systemctl": "exit 0\n",
 }
 
 
@@ -505,3 +509,201 @@ def test_shellcheck_passes():
     result = subprocess.run([shellcheck, "-x", *shell_scripts], cwd=ROOT, capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- EKS ("workload_manager": "eks") ---------------------------------------------------------
+
+EKS_PARAMS = json.loads((Path(__file__).resolve().parent / "fixtures/eks_provisioning_parameters.json").read_text())
+CONTAINERD_CONFIG = "etc/containerd/config.toml"
+STOCK_CONTAINERD_CONFIG = """version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+sandbox_image = "602401143452.dkr.ecr.us-east-2.amazonaws.com/eks/pause:3.5"
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+default_runtime_name = "nvidia"
+discard_unpacked_layers = true
+"""
+
+
+def eks_resource_config() -> dict:
+    return {
+        "ClusterConfig": {"ClusterArn": "arn:aws:sagemaker:us-east-2:111122223333:cluster/eks", "ClusterName": "moe"},
+        "InstanceGroups": [
+            {"Name": "accelerated", "InstanceType": "ml.p5en.48xlarge", "Instances": [
+                {"InstanceName": "accelerated-1", "CustomerIpAddress": "10.0.80.11", "InstanceId": "i-0e01"}]},
+            {"Name": "system", "InstanceType": "ml.m5.2xlarge", "Instances": [
+                {"InstanceName": "system-1", "CustomerIpAddress": "10.0.80.21", "InstanceId": "i-0e02"}]},
+        ],
+    }
+
+
+def eks_sandbox(base: Path, instance_id: str = "i-0e01", config: str | None = STOCK_CONTAINERD_CONFIG) -> Sandbox:
+    """The sandbox of EKS node accelerated-1, with the AMI's containerd config.toml unless config is None."""
+    box = Sandbox(base, instance_id=instance_id, params=EKS_PARAMS, resource=eks_resource_config())
+    if config is not None:
+        box.write(CONTAINERD_CONFIG, config)
+    return box
+
+
+def with_root(config: str, root: str) -> str:
+    return config.replace('root = "/var/lib/containerd"', f'root = "{root}"')
+
+
+@pytest.fixture(scope="module")
+def eks_run(tmp_path_factory) -> tuple[Sandbox, subprocess.CompletedProcess]:
+    """One successful on_create.sh run on EKS node accelerated-1 (NVMe mounted), shared by read-only tests."""
+    box = eks_sandbox(tmp_path_factory.mktemp("eks"))
+    return box, succeeded(box.on_create())
+
+
+def test_eks_fixture_passes_check(tmp_path):
+    box = eks_sandbox(tmp_path)
+    assert succeeded(box.node_info("--check", str(box.lc / "provisioning_parameters.json"))).stdout.startswith("OK: ")
+
+
+@pytest.mark.parametrize("instance_id, group, features, instance_type", [
+    ("i-0e01", "accelerated", "efa,p5en,gpu", "ml.p5en.48xlarge"),
+    ("i-0e02", "system", "m5,cpu", "ml.m5.2xlarge"),
+])
+def test_eks_node_info_makes_every_group_a_worker(tmp_path, instance_id, group, features, instance_type):
+    box = eks_sandbox(tmp_path, instance_id=instance_id)
+    result = succeeded(box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
+                                     str(box.lc / "provisioning_parameters.json")))
+    assert result.stdout.splitlines() == [
+        f"NODE_GROUP={group}", "NODE_ROLE=worker", "PARTITION=", f"FEATURES={features}",
+        f"INSTANCE_TYPE={instance_type}", f"INSTANCE_ID={instance_id}",
+    ]
+
+
+def test_eks_params_prints_containerd_settings(tmp_path):
+    box = eks_sandbox(tmp_path)
+    result = succeeded(box.node_info("--params", str(box.lc / "provisioning_parameters.json")))
+    lines = result.stdout.splitlines()
+    assert "WORKLOAD_MANAGER=eks" in lines and "FSX_ENABLED=false" in lines
+    assert "CONTAINERD_DATA_DIR=/opt/dlami/nvme/containerd" in lines
+    assert "CONTAINERD_FALLBACK_DIR=/opt/sagemaker/containerd" in lines
+    assert not [line for line in lines if line.startswith(("ENROOT_", "PYXIS"))]
+
+
+def test_eks_node_puts_containerd_root_on_nvme(eks_run):
+    box, result = eks_run
+    assert box.read(CONTAINERD_CONFIG) == with_root(STOCK_CONTAINERD_CONFIG, "/opt/dlami/nvme/containerd")
+    assert (box.root / "opt/dlami/nvme/containerd").stat().st_mode & 0o7777 == 0o711
+    assert box.calls("systemctl") == ["systemctl restart containerd"]
+    assert "containerd data goes to the instance NVMe: /opt/dlami/nvme/containerd" in result.stdout
+
+
+def test_eks_node_installs_efa_env(eks_run):
+    box, _ = eks_run
+    assert box.read("etc/profile.d/moe-cdk-efa.sh") == (SCRIPTS / "efa_env.sh").read_text()
+
+
+def test_eks_node_leaves_fstab_enroot_and_slurm_alone(eks_run):
+    box, result = eks_run
+    assert box.read("etc/fstab") == STOCK_FSTAB
+    assert box.read("etc/enroot/enroot.conf") == STOCK_ENROOT_CONF
+    assert not (box.root / "etc/slurm").exists()
+    assert not (box.root / "fsx").exists()
+    for command in ("mount", "aws", "scontrol", "enroot", "modprobe"):
+        assert box.calls(command + " ") == [], command
+    for step in ("mount_fsx", "setup_enroot", "slurm_features"):
+        assert f"skipping {step} on EKS: " in result.stdout
+    log = box.read("var/log/provision/moe-cdk-lifecycle.log")
+    for step in ("validate", "node_info", "efa_env", "setup_containerd"):
+        assert f"[{step}] step finished in" in log
+
+
+def test_eks_node_falls_back_to_sagemaker_volume_without_nvme(tmp_path):
+    box = eks_sandbox(tmp_path)
+    (box.state / "mounts").write_text("")
+    result = succeeded(box.on_create())
+    assert box.read(CONTAINERD_CONFIG) == with_root(STOCK_CONTAINERD_CONFIG, "/opt/sagemaker/containerd")
+    assert (box.root / "opt/sagemaker/containerd").is_dir()
+    assert not (box.root / "opt/dlami/nvme/containerd").exists()
+    assert ("WARNING: /opt/dlami/nvme is not a mount point, so containerd data goes to /opt/sagemaker/containerd "
+            "(container_runtime.fallback_data_dir) instead of /opt/dlami/nvme/containerd") in result.stdout
+    assert box.calls("systemctl") == ["systemctl restart containerd"]
+
+
+def test_eks_second_run_changes_nothing(tmp_path):
+    box = eks_sandbox(tmp_path)
+    succeeded(box.on_create())
+    config = box.read(CONTAINERD_CONFIG)
+    second = succeeded(box.on_create())
+    assert box.read(CONTAINERD_CONFIG) == config
+    assert len(box.calls("systemctl")) == 1
+    assert 'already has root = "/opt/dlami/nvme/containerd"; not restarting containerd' in second.stdout
+    assert not list((box.root / "etc/containerd").glob("*.moe-cdk.*"))
+
+
+def test_eks_inserts_root_only_at_top_level(tmp_path):
+    config = 'version = 2\n\n[plugins."io.containerd.snapshotter.v1.example"]\n  root = "/var/lib/example"\n'
+    box = eks_sandbox(tmp_path, config=config)
+    succeeded(box.on_create())
+    assert box.read(CONTAINERD_CONFIG) == 'root = "/opt/dlami/nvme/containerd"\n' + config
+    assert box.calls("systemctl") == ["systemctl restart containerd"]
+
+
+def test_eks_missing_containerd_config_fails_with_diagnostics(tmp_path):
+    box = eks_sandbox(tmp_path, config=None)
+    result = box.on_create()
+    assert result.returncode != 0
+    assert "ERROR: /etc/containerd/config.toml does not exist. SageMaker HyperPod's EKS AMI ships" in result.stdout
+    assert "step:        setup_containerd" in result.stderr
+    assert result.stderr.count("moe-cdk lifecycle: FAILED") == 1
+    assert box.calls("systemctl") == []
+    assert not (box.root / "opt/dlami/nvme/containerd").exists()
+
+
+def test_setup_enroot_on_its_own_skips_eks(tmp_path):
+    box = eks_sandbox(tmp_path)
+    result = succeeded(box.run("bash", str(box.lc / "setup_enroot.sh")))
+    assert "workload_manager is eks" in result.stdout
+    assert box.read("etc/enroot/enroot.conf") == STOCK_ENROOT_CONF
+    assert box.calls("enroot") == []
+
+
+def test_compute_node_leaves_containerd_alone(compute_run):
+    box, _ = compute_run
+    assert box.calls("systemctl") == []
+    assert not (box.root / "etc/containerd").exists()
+
+
+def test_check_rejects_fsx_lustre_on_eks(tmp_path):
+    box = eks_sandbox(tmp_path)
+    box.write_params({**EKS_PARAMS, "fsx_lustre": PARAMS["fsx_lustre"]})
+    result = box.node_info("--check", str(box.lc / "provisioning_parameters.json"))
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith('fsx_lustre: not used on EKS (got {"dns_name_parameter": "/moe-cdk/moe/fsx/dns-name"')
+    assert line.endswith("; allowed null when workload_manager is 'eks': the FSx CSI driver mounts FSx for Lustre "
+                         "into pods)")
+
+
+def test_check_rejects_controller_group_on_eks(tmp_path):
+    box = eks_sandbox(tmp_path)
+    box.write_params({**EKS_PARAMS, "controller_group": "controller"})
+    result = box.node_info("--check", str(box.lc / "provisioning_parameters.json"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "controller_group: not used on EKS (got 'controller'; allowed null when workload_manager is 'eks')"
+    ]
+
+
+def test_check_rejects_slurm_container_runtime_on_eks(tmp_path):
+    box = eks_sandbox(tmp_path)
+    box.write_params({**EKS_PARAMS, "container_runtime": PARAMS["container_runtime"]})
+    result = box.node_info("--check", str(box.lc / "provisioning_parameters.json"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "container_runtime.containerd_data_dir: missing (got nothing; allowed an absolute path other than '/')",
+        "container_runtime.fallback_data_dir: missing (got nothing; allowed an absolute path other than '/')",
+        "container_runtime: unknown key (got 'enroot_data_dir'; allowed containerd_data_dir, fallback_data_dir)",
+        "container_runtime: unknown key (got 'pyxis'; allowed containerd_data_dir, fallback_data_dir)",
+    ]

@@ -211,7 +211,7 @@ def test_a_run_beyond_28_days_names_the_training_jobs_limit():
 
 
 def test_an_eks_configuration_is_recommended_eks():
-    result = plan(config_with(orchestrator="eks"))
+    result = plan(load_config(ROOT / "config/eks-p5en.yaml"))
     assert result.recommendation == "eks"
     assert any("eks" in reason for reason in result.reasons)
 

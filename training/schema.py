@@ -61,6 +61,9 @@ def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is tuple:
         return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is dict:
+        key, value = typing.get_args(tp)
+        return f"a mapping of {_describe(key)} to {_describe(value)}"
     if origin is types.UnionType or origin is typing.Union:
         return " or ".join("null" if a is type(None) else _describe(a) for a in typing.get_args(tp))
     return str(tp)
@@ -79,6 +82,13 @@ def _convert(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
             return ()
         item_type = typing.get_args(tp)[0]
         return tuple(_convert(item_type, item, f"{path}[{i}]", errors) for i, item in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            errors.append(f"{path}: {problem('must be a mapping', got=value, allowed=_describe(tp))}")
+            return {}
+        key_type, value_type = typing.get_args(tp)
+        return {_convert(key_type, k, f"{path}.{k}", errors): _convert(value_type, v, f"{path}.{k}", errors)
+                for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return build(tp, value, path, errors)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

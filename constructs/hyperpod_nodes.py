@@ -1,0 +1,261 @@
+"""What every HyperPod cluster needs, whoever orchestrates it: instance-group rules, the
+nodes' execution role, and lifecycle scripts delivered without a Lambda custom resource.
+
+The lifecycle folder (plus the generated ``provisioning_parameters.json``) is a CDK file
+asset. The stack holding the cluster publishes its file assets into the ``sagemaker-``
+lifecycle bucket (``lifecycle_synthesizer``), the only kind of bucket the managed
+``AmazonSageMakerClusterInstanceRolePolicy`` can read. HyperPod downloads the asset folder
+and runs a small generated entry script that unpacks the bundle and runs ``on_create.sh``.
+
+``HyperPodSlurmCluster`` and ``HyperPodEksCluster`` build on these; this module has no
+public construct of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2, aws_iam as iam, aws_s3_assets as s3_assets, aws_sagemaker as sagemaker
+from constructs import Construct
+
+from moe_cdk.constructs import instance_catalog
+from moe_cdk.constructs.validation import problem, raise_if_any
+
+# SageMaker API reference, ClusterInstanceGroupSpecification.InstanceGroupName.
+GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+# SageMaker API reference, ClusterLifeCycleConfig.SourceS3Uri: "Make sure that the S3 bucket
+# path starts with s3://sagemaker-" (what the managed instance policy can read).
+LIFECYCLE_BUCKET_PREFIX = "sagemaker-"
+# SageMaker API reference, ClusterEbsVolumeConfig.VolumeSizeInGB: 1 to 16384.
+EBS_RANGE_GIB = (1, 16384)
+MANAGED_INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
+ENTRY_SCRIPT = "on_create.sh"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HyperPodInstanceGroup:
+    """The fields every HyperPod instance group has, whoever orchestrates the cluster."""
+
+    name: str
+    """Instance group name: letters, digits and inner hyphens, at most 63 characters. Required."""
+    instance_type: str
+    """A catalog type, by its ``ml.`` or EC2 name. Required."""
+    instance_count: int
+    """Nodes in the group. Required."""
+    ebs_volume_size_gib: int = 500
+    """Extra EBS volume per node, mounted by HyperPod at /opt/sagemaker, in GiB. Default: 500."""
+    training_plan_arn: str | None = None
+    """A SageMaker training plan that reserves this group's capacity. Default: on-demand."""
+
+    @property
+    def spec(self) -> instance_catalog.InstanceSpec | None:
+        return instance_catalog.lookup(self.instance_type)
+
+    @property
+    def runs_training(self) -> bool:
+        """Whether training runs on this group (then it must have EFA when EFA is required)."""
+        raise NotImplementedError
+
+    def features(self) -> list[str]:
+        """Node features: ``efa`` when the type has EFA, the instance family, the accelerator kind."""
+        spec = self.spec
+        if spec is None:
+            return []
+        kind = {"nvidia-gpu": "gpu", "trainium": "trainium", "none": "cpu"}[spec.accelerator_kind.value]
+        return [*(["efa"] if spec.supports_efa else []), spec.ec2_name.split(".")[0], kind]
+
+
+def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_efa: bool) -> list[tuple[str, str]]:
+    """``(key, message)`` for the rules every HyperPod instance group follows."""
+    found: list[tuple[str, str]] = []
+    names = [g.name for g in groups]
+    for i, g in enumerate(groups):
+        key = f"instance_groups[{i}]"
+        if not GROUP_NAME.match(g.name):
+            found.append((f"{key}.name", problem("not a valid instance group name", got=g.name,
+                                                 allowed="letters, digits and inner hyphens, 1 to 63 characters")))
+        if g.name in names[:i]:
+            found.append((f"{key}.name", problem("duplicate group name", got=g.name, allowed="unique names")))
+        if g.spec is None:
+            found.append((f"{key}.instance_type", instance_catalog.unknown_instance_type_message(g.instance_type)))
+        elif require_efa and g.runs_training and not g.spec.supports_efa:
+            found.append((f"{key}.instance_type", problem("has no EFA, and EFA is required", got=g.instance_type,
+                                                          allowed="an EFA-capable type, e.g. ml.p5en.48xlarge")))
+        if g.instance_count < 1:
+            found.append((f"{key}.instance_count", problem("must be at least 1", got=g.instance_count, allowed="1 or more")))
+        low, high = EBS_RANGE_GIB
+        if not low <= g.ebs_volume_size_gib <= high:
+            found.append((f"{key}.ebs_volume_size_gib", problem("out of range", got=g.ebs_volume_size_gib,
+                                                                allowed=f"{low} to {high} GiB")))
+    return found
+
+
+def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
+                            life_cycle: sagemaker.CfnCluster.ClusterLifeCycleConfigProperty,
+                            **orchestrator_fields) -> sagemaker.CfnCluster.ClusterInstanceGroupProperty:
+    """One ``InstanceGroups`` entry: automatic deep health checks on accelerator groups, one
+    thread per core on GPU groups, the EBS volume; ``orchestrator_fields`` add
+    ``slurm_config`` or ``kubernetes_config``."""
+    spec = g.spec
+    return sagemaker.CfnCluster.ClusterInstanceGroupProperty(
+        instance_group_name=g.name,
+        instance_type=spec.sagemaker_name,
+        instance_count=g.instance_count,
+        execution_role=role.role_arn,
+        life_cycle_config=life_cycle,
+        # One thread per core on GPU groups: the trainer pins one process per GPU and
+        # hyper-threads add noise to its data loading (HyperPod ThreadsPerCore).
+        threads_per_core=1 if spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU else None,
+        on_start_deep_health_checks=["InstanceStress", "InstanceConnectivity"] if spec.is_accelerated else None,
+        instance_storage_configs=[sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
+            ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(volume_size_in_gb=g.ebs_volume_size_gib),
+        )],
+        training_plan_arn=g.training_plan_arn,
+        **orchestrator_fields,
+    )
+
+
+def nag_text(stack: cdk.Stack, value: str) -> str:
+    """``value`` as cdk-nag writes it in a finding id: pseudo parameters as ``<AWS::X>``."""
+    resolved = stack.resolve(value)
+    if isinstance(resolved, str):
+        return resolved
+    parts = resolved["Fn::Join"][1]
+    return "".join(p if isinstance(p, str) else f"<{p['Ref']}>" for p in parts)
+
+
+def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup,
+                   unscoped_actions: Sequence[str] = ()) -> iam.Role:
+    """The nodes' role: the managed instance policy, plus the network-interface permissions a
+    cluster in a custom VPC needs, plus ``unscoped_actions`` (actions without resource-level
+    permissions) on ``*``. Its three cdk-nag findings are acknowledged here."""
+    stack = cdk.Stack.of(scope)
+    role = iam.Role(
+        scope, "ExecutionRole",
+        assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(MANAGED_INSTANCE_POLICY)],
+        description=f"HyperPod nodes of {cluster_name}",
+    )
+    # SageMaker Developer Guide, "IAM role for SageMaker HyperPod": a cluster in a custom VPC
+    # needs these to attach its nodes' network interfaces. Creation is scoped to the cluster's
+    # subnet and security group; EC2's Describe* calls take no resource ARN.
+    eni_arn = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
+    role.add_to_policy(iam.PolicyStatement(
+        actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface",
+                 "ec2:DeleteNetworkInterfacePermission", "ec2:DetachNetworkInterface",
+                 "ec2:ModifyNetworkInterfaceAttribute", "ec2:CreateTags"],
+        resources=[
+            stack.format_arn(service="ec2", resource="subnet", resource_name=subnet.subnet_id),
+            stack.format_arn(service="ec2", resource="security-group", resource_name=security_group.security_group_id),
+            eni_arn,
+        ],
+    ))
+    unscoped = ["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
+                "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", *unscoped_actions]
+    role.add_to_policy(iam.PolicyStatement(actions=unscoped, resources=["*"]))
+    cdk.Validations.of(role.node.default_child).acknowledge(cdk.Acknowledgment(
+        id=f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{MANAGED_INSTANCE_POLICY}]",
+        reason="AWS requires this managed policy on HyperPod execution roles: it lets the HyperPod agents on "
+               "each node report health and read the sagemaker-* lifecycle bucket (SageMaker Developer Guide, "
+               "'IAM role for SageMaker HyperPod').",
+    ))
+    cdk.Validations.of(role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
+        cdk.Acknowledgment(
+            id="AwsSolutions-IAM5[Resource::*]",
+            reason=f"Only {', '.join(sorted(unscoped))} use '*': these actions do not support resource-level "
+                   "permissions (Service Authorization Reference).",
+        ),
+        cdk.Acknowledgment(
+            id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, eni_arn)}]",
+            reason="Network interfaces HyperPod creates for the nodes have no ARN before they exist; creation is "
+                   "also scoped to the cluster's one subnet and security group in the same statement.",
+        ),
+    )
+    return role
+
+
+def lifecycle_synthesizer(lifecycle_bucket_name: str, bundle_id: str) -> cdk.IStackSynthesizer:
+    """The synthesizer for the stack that holds a HyperPod cluster: its file assets (the
+    lifecycle bundle) go to ``s3://<lifecycle bucket>/lifecycle/<bundle_id>/`` with the
+    deploying credentials, so that folder holds exactly one bundle."""
+    return cdk.CliCredentialsStackSynthesizer(
+        file_assets_bucket_name=lifecycle_bucket_name, bucket_prefix=f"lifecycle/{bundle_id}/",
+    )
+
+
+def lifecycle_bundle_id(lifecycle_scripts_directory: str, parameters: dict) -> str:
+    """A content hash of the scripts and the provisioning parameters: the bundle's S3 folder name."""
+    digest = hashlib.sha256(json.dumps(parameters, sort_keys=True).encode())
+    for path in sorted(Path(lifecycle_scripts_directory).rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(lifecycle_scripts_directory)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def lifecycle_directory_problems(directory: str) -> list[str]:
+    if (Path(directory) / ENTRY_SCRIPT).is_file():
+        return []
+    return ["lifecycle_scripts_directory: " + problem(f"has no {ENTRY_SCRIPT}", got=directory,
+                                                      allowed="the lifecycle_scripts folder")]
+
+
+@dataclass(frozen=True)
+class PublishedLifecycle:
+    """The lifecycle bundle and entry-script assets, and the ``LifeCycleConfig`` that runs the entry script."""
+
+    bundle: s3_assets.Asset
+    entry: s3_assets.Asset
+    config: sagemaker.CfnCluster.ClusterLifeCycleConfigProperty
+
+
+def publish_lifecycle(scope: Construct, *, construct_name: str, directory: str, parameters: dict) -> PublishedLifecycle:
+    """Stage ``directory`` plus ``provisioning_parameters.json`` as one asset, with a generated
+    entry script beside it."""
+    bundle = s3_assets.Asset(scope, "LifecycleBundle", path=str(_stage_bundle(directory, parameters)))
+    entry = s3_assets.Asset(scope, "LifecycleEntry", path=str(_stage_entry_script(bundle.asset_hash)))
+    # No grant needed: the managed instance policy reads sagemaker-* buckets, which the
+    # lifecycle bucket is (checked here).
+    resolved = cdk.Stack.of(scope).resolve(bundle.s3_bucket_name)
+    name = resolved.get("Fn::Sub") if isinstance(resolved, dict) else resolved
+    if isinstance(name, str) and not name.startswith(LIFECYCLE_BUCKET_PREFIX):
+        raise_if_any(construct_name, ["lifecycle_scripts_directory: " + problem(
+            "is published to the stack's file-asset bucket, which HyperPod nodes can only read if its name starts "
+            "with 'sagemaker-'; give the stack lifecycle_synthesizer(...)",
+            got=name, allowed="a stack synthesizer whose file-asset bucket starts with sagemaker-")])
+    prefix = entry.s3_object_key[: -len(entry.asset_hash) - 3]
+    return PublishedLifecycle(bundle, entry, sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(
+        source_s3_uri=f"s3://{entry.s3_bucket_name}/{prefix}", on_create=f"{entry.asset_hash}.sh",
+    ))
+
+
+def _stage_bundle(directory: str, parameters: dict) -> Path:
+    staging = Path(tempfile.mkdtemp(prefix="moe-cdk-lifecycle-"))
+    shutil.copytree(directory, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (staging / "provisioning_parameters.json").write_text(json.dumps(parameters, indent=2) + "\n")
+    return staging
+
+
+def _stage_entry_script(bundle_hash: str) -> Path:
+    # Assets keep no file names, so HyperPod's OnCreate is this generated script, which
+    # unpacks the bundle published beside it and runs the real entry point.
+    path = Path(tempfile.mkdtemp(prefix="moe-cdk-entry-")) / "entry.sh"
+    path.write_text(f"""#!/usr/bin/env bash
+# Generated by moe-cdk: unpack the lifecycle bundle published beside this script, then run {ENTRY_SCRIPT}.
+set -euo pipefail
+here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+target="${{MOE_LC_TARGET:-/opt/moe-cdk/lifecycle}}"
+rm -rf "$target"
+mkdir -p "$target"
+python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$here/{bundle_hash}.zip" "$target"
+exec bash "$target/{ENTRY_SCRIPT}"
+""")
+    return path

@@ -1,0 +1,269 @@
+"""The Amazon EKS cluster that orchestrates a HyperPod cluster, with the software training needs.
+
+``aws_eks_v2`` without Auto Mode and without node groups: HyperPod brings the nodes. The API
+endpoint is private, or public only to the given CIDRs; every control-plane log type is on;
+Kubernetes secrets are encrypted with a rotating KMS key. The EKS add-ons and the pinned Helm
+charts of ``cluster_software`` are installed, with the device plugins scheduled only on the
+instance types that have the device. cdk-nag's EKS rules do not look at ``aws_eks_v2``
+clusters, so ``tests/test_training_eks_cluster.py`` asserts the same properties.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam, aws_kms as kms, aws_s3_assets as s3_assets
+from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
+from constructs import Construct
+
+from moe_cdk.constructs import cluster_software as software, instance_catalog
+from moe_cdk.constructs.validation import problem, raise_if_any
+
+
+class EndpointAccess(enum.Enum):
+    """Who can reach the Kubernetes API."""
+
+    PRIVATE = "private"
+    PUBLIC_AND_PRIVATE = "public-and-private"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingEksClusterProps:
+    cluster_name: str
+    """EKS cluster name. Required."""
+    vpc: ec2.IVpc
+    """The training VPC. Required."""
+    subnets: Sequence[ec2.ISubnet]
+    """Private subnets for the control plane's network interfaces, in at least two zones. Required."""
+    node_security_group: ec2.ISecurityGroup
+    """The HyperPod nodes' security group; the control plane and the nodes may reach each other. Required."""
+    instance_types: Sequence[str]
+    """Every instance type the HyperPod groups use; the device plugins follow them. Required."""
+    node_tolerations: Sequence[Mapping[str, str]] = ()
+    """Tolerations for the taints the HyperPod groups carry, added to every device plugin and exporter. Default: none."""
+    kubernetes_version: str = software.DEFAULT_KUBERNETES_VERSION
+    """A Kubernetes version HyperPod supports. Default: ``cluster_software.DEFAULT_KUBERNETES_VERSION``."""
+    endpoint_access: EndpointAccess = EndpointAccess.PRIVATE
+    """Private only, or also public to ``public_access_cidrs``. Default: private."""
+    public_access_cidrs: Sequence[str] = ()
+    """IPv4 ranges allowed to the public endpoint; required with PUBLIC_AND_PRIVATE. Default: none."""
+    admin_role_arns: Sequence[str] = ()
+    """IAM roles given cluster-admin access entries (the people who run kubectl). Default: none."""
+    addon_versions: Mapping[str, str] = field(default_factory=dict)
+    """Pinned versions by add-on name. Default: EKS's default version for the cluster version."""
+    container_insights: bool = False
+    """Install the CloudWatch Observability add-on (Container Insights). Default: False."""
+    hyperpod_chart_directory: str | None = None
+    """The HyperPod dependencies chart (``make hyperpod-chart``). Default: not installed, with a synth warning."""
+
+
+def endpoint_problems(endpoint_access: EndpointAccess, public_access_cidrs: Sequence[str]) -> list[tuple[str, str]]:
+    found = []
+    if endpoint_access is EndpointAccess.PRIVATE and public_access_cidrs:
+        found.append(("public_access_cidrs", problem("only used with a public endpoint", got=list(public_access_cidrs),
+                                                     allowed="[] with endpoint_access private")))
+    if endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not public_access_cidrs:
+        found.append(("public_access_cidrs", problem("a public endpoint must be restricted to known ranges", got=[],
+                                                     allowed="one or more IPv4 CIDRs, e.g. 203.0.113.0/24")))
+    for i, cidr in enumerate(public_access_cidrs):
+        try:
+            network = ipaddress.IPv4Network(cidr)
+        except ValueError:
+            found.append((f"public_access_cidrs[{i}]", problem("not an IPv4 CIDR", got=cidr, allowed="e.g. 203.0.113.0/24")))
+            continue
+        if network.prefixlen == 0:
+            found.append((f"public_access_cidrs[{i}]", problem("opens the API to the internet", got=cidr,
+                                                               allowed="a range narrower than /0")))
+    return found
+
+
+def kubernetes_version_problem(version: str) -> str | None:
+    if version in software.KUBERNETES_VERSIONS:
+        return None
+    return problem("not a Kubernetes version HyperPod supports with this kubectl layer", got=version,
+                   allowed=", ".join(software.KUBERNETES_VERSIONS))
+
+
+def addon_version_problems(addon_versions: Mapping[str, str]) -> list[tuple[str, str]]:
+    known = [a.name for a in (*software.ADDONS, software.CONTAINER_INSIGHTS, software.TRAINING_OPERATOR)]
+    return [(f"addon_versions.{name}", problem("not an add-on moe-cdk installs", got=name, allowed=", ".join(known)))
+            for name in addon_versions if name not in known]
+
+
+class TrainingEksCluster(Construct):
+    """An EKS control plane for HyperPod nodes, with its add-ons, device plugins and operators."""
+
+    def __init__(self, scope: Construct, id: str, props: TrainingEksClusterProps) -> None:
+        super().__init__(scope, id)
+        raise_if_any("TrainingEksCluster", self._problems(props))
+        self.props = props
+        self.specs = [instance_catalog.lookup(t) for t in props.instance_types]
+
+        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
+                                   description=f"Encrypts the Kubernetes secrets of {props.cluster_name}")
+        self.control_plane_security_group = ec2.SecurityGroup(
+            self, "ControlPlaneSecurityGroup", vpc=props.vpc, allow_all_outbound=False,
+            description=f"EKS control plane of {props.cluster_name}: HTTPS from the HyperPod nodes")
+        self._connect_nodes(props.node_security_group)
+        endpoint = (eks.EndpointAccess.PRIVATE if props.endpoint_access is EndpointAccess.PRIVATE
+                    else eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*props.public_access_cidrs))
+        subnets = ec2.SubnetSelection(subnets=list(props.subnets))
+        self.cluster = eks.Cluster(
+            self, "Cluster",
+            cluster_name=props.cluster_name,
+            version=eks.KubernetesVersion.of(props.kubernetes_version),
+            vpc=props.vpc,
+            vpc_subnets=[subnets],
+            security_group=self.control_plane_security_group,
+            endpoint_access=endpoint,
+            # HyperPod provides the nodes: no Auto Mode, no node group.
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            # vpc-cni, kube-proxy and CoreDNS come as managed add-ons below instead.
+            bootstrap_self_managed_addons=False,
+            cluster_logging=[eks.ClusterLoggingTypes.API, eks.ClusterLoggingTypes.AUDIT,
+                             eks.ClusterLoggingTypes.AUTHENTICATOR, eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+                             eks.ClusterLoggingTypes.SCHEDULER],
+            secrets_encryption_key=self.secrets_key,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=KubectlV33Layer(self, "KubectlLayer"), private_subnets=list(props.subnets)),
+        )
+        for i, arn in enumerate(props.admin_role_arns):
+            self.cluster.grant_access(f"Admin{i}", arn, [eks.AccessPolicy.from_access_policy_name(
+                "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER)])
+
+        self._acknowledge_findings()
+        self.addons = {a.name: self._addon(a) for a in software.ADDONS}
+        if props.container_insights:
+            self.addons[software.CONTAINER_INSIGHTS.name] = self._container_insights()
+        self.charts = self._charts()
+
+    def _acknowledge_findings(self) -> None:
+        """cdk-nag findings on the roles and functions aws_eks_v2 creates, each with its reason."""
+        stack = cdk.Stack.of(self)
+        managed = "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{}]"
+        cdk.Validations.of(self.cluster.role.node.default_child).acknowledge(cdk.Acknowledgment(
+            id=managed.format("AmazonEKSClusterPolicy"),
+            reason="The EKS service role policy AWS requires on every cluster role (Amazon EKS User Guide, 'Amazon EKS "
+                   "cluster IAM role')."))
+        provider = self.cluster.node.find_child("KubectlProvider")
+        handler = provider.node.find_child("Handler")
+        framework = provider.node.find_child("Provider").node.find_child("framework-onEvent")
+        lambda_reason = ("The AWS managed Lambda execution policy for CloudWatch Logs (and VPC network interfaces): the "
+                         "kubectl handler and its provider framework are aws-cdk-lib's own functions and run in the "
+                         "VPC to reach the private API endpoint.")
+        for function in (handler, framework):
+            cdk.Validations.of(function.role.node.default_child).acknowledge(
+                cdk.Acknowledgment(id=managed.format("service-role/AWSLambdaBasicExecutionRole"), reason=lambda_reason),
+                cdk.Acknowledgment(id=managed.format("service-role/AWSLambdaVPCAccessExecutionRole"), reason=lambda_reason))
+        has_ecr_public = stack.get_logical_id(handler.node.find_child("HasEcrPublic"))
+        ecr_public = ('{"Fn::If":["%s",{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},'
+                      '":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}') % has_ecr_public
+        pull_reason = "Read-only image pulls that aws_eks_v2 gives its kubectl handler for Helm charts stored in ECR."
+        cdk.Validations.of(handler.role.node.default_child).acknowledge(
+            cdk.Acknowledgment(id=managed.format("AmazonEC2ContainerRegistryReadOnly"), reason=pull_reason),
+            cdk.Acknowledgment(id=f"AwsSolutions-IAM4[Policy::{ecr_public}]", reason=pull_reason))
+        cdk.Validations.of(handler.node.default_child).acknowledge(cdk.Acknowledgment(
+            id="AwsSolutions-L1",
+            reason="aws-cdk-lib pins the kubectl handler's runtime to the version its bundled code is tested with; "
+                   "it follows aws-cdk-lib upgrades."))
+        handler_arn = stack.get_logical_id(handler.node.default_child)
+        cdk.Validations.of(framework.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(cdk.Acknowledgment(
+            id=f"AwsSolutions-IAM5[Resource::<{handler_arn}.Arn>:*]",
+            reason="The provider framework may invoke every version of the one kubectl handler function (its ARN "
+                   "followed by :*), nothing else."))
+
+    def _connect_nodes(self, nodes: ec2.ISecurityGroup) -> None:
+        # Nodes call the API server on 443; the control plane calls kubelets (10250) and
+        # webhooks on the nodes, so it may reach them on any port.
+        ec2.CfnSecurityGroupIngress(self, "NodesToControlPlane", group_id=self.control_plane_security_group.security_group_id,
+                                    ip_protocol="tcp", from_port=443, to_port=443, source_security_group_id=nodes.security_group_id,
+                                    description="Kubernetes API from the HyperPod nodes")
+        ec2.CfnSecurityGroupIngress(self, "ControlPlaneToNodes", group_id=nodes.security_group_id, ip_protocol="-1",
+                                    source_security_group_id=self.control_plane_security_group.security_group_id,
+                                    description="kubelet and webhooks from the EKS control plane")
+        ec2.CfnSecurityGroupEgress(self, "ControlPlaneEgress", group_id=self.control_plane_security_group.security_group_id,
+                                   ip_protocol="-1", destination_security_group_id=nodes.security_group_id,
+                                   description="kubelet and webhooks on the HyperPod nodes")
+
+    def _addon(self, addon: software.Addon, **extra) -> eks.CfnAddon:
+        resource = eks.CfnAddon(
+            self, f"Addon-{addon.name}", cluster_name=self.cluster.cluster_name, addon_name=addon.name,
+            addon_version=self.props.addon_versions.get(addon.name, addon.version), resolve_conflicts="OVERWRITE", **extra)
+        resource.node.add_dependency(self.cluster)
+        return resource
+
+    def _container_insights(self) -> eks.CfnAddon:
+        # [CW]: the agent's service account gets CloudWatchAgentServerPolicy through Pod Identity.
+        role = iam.Role(self, "ContainerInsightsRole", assumed_by=pod_identity_principal(),
+                        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")])
+        cdk.Validations.of(role.node.default_child).acknowledge(cdk.Acknowledgment(
+            id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/CloudWatchAgentServerPolicy]",
+            reason="The policy AWS documents for the CloudWatch Observability add-on's agent; it writes metrics and "
+                   "logs only."))
+        addon = self._addon(software.CONTAINER_INSIGHTS, pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
+            role_arn=role.role_arn, service_account="cloudwatch-agent")])
+        addon.node.add_dependency(self.addons["eks-pod-identity-agent"])
+        return addon
+
+    def _charts(self) -> dict[str, eks.HelmChart]:
+        specs = self.specs
+        wanted = [
+            (software.NVIDIA_DEVICE_PLUGIN, software.gpu_instance_types(specs), software.nvidia_plugin_values),
+            (software.EFA_DEVICE_PLUGIN, software.efa_instance_types(specs), software.efa_plugin_values),
+            (software.NEURON_DEVICE_PLUGIN, software.neuron_instance_types(specs), software.neuron_plugin_values),
+            (software.DCGM_EXPORTER, software.gpu_instance_types(specs), software.dcgm_exporter_values),
+        ]
+        charts = {}
+        for chart, types, values in wanted:
+            if not types:  # no node of this kind: nothing to advertise
+                continue
+            charts[chart.name] = eks.HelmChart(
+                self, f"Chart-{chart.name}", cluster=self.cluster, chart=chart.chart, repository=chart.repository,
+                version=chart.version, namespace=chart.namespace, release=chart.name,
+                values=values(specs, self.props.node_tolerations),
+                create_namespace=False)
+        directory = self.props.hyperpod_chart_directory
+        if directory is None:
+            cdk.Annotations.of(self).add_warning_v2(
+                "moe-cdk:hyperpod-chart",
+                "The HyperPod dependencies chart is not staged, so the cluster gets no health-monitoring agent, deep "
+                "health checks or Kubeflow training operator. Run `make hyperpod-chart` before deploying.")
+        else:
+            charts["hyperpod-dependencies"] = eks.HelmChart(
+                self, "Chart-hyperpod-dependencies", cluster=self.cluster, release="hyperpod-dependencies",
+                chart_asset=s3_assets.Asset(self, "HyperPodChart", path=directory), namespace="kube-system",
+                values=software.HYPERPOD_CHART_VALUES, create_namespace=False)
+        for chart in charts.values():
+            # The plugins' pods need the CNI and DNS to start.
+            chart.node.add_dependency(*self.addons.values())
+        return charts
+
+    @staticmethod
+    def _problems(props: TrainingEksClusterProps) -> list[str]:
+        found = [f"{key}: {message}" for key, message in endpoint_problems(props.endpoint_access, props.public_access_cidrs)]
+        found += [f"{key}: {message}" for key, message in addon_version_problems(props.addon_versions)]
+        if (p := kubernetes_version_problem(props.kubernetes_version)):
+            found.append(f"kubernetes_version: {p}")
+        zones = {s.availability_zone for s in props.subnets}
+        if len(props.subnets) < 2 or len(zones) < 2:
+            found.append("subnets: " + problem("EKS needs subnets in at least two availability zones",
+                                               got=sorted(zones), allowed="private subnets in two or more zones"))
+        for i, name in enumerate(props.instance_types):
+            if instance_catalog.lookup(name) is None:
+                found.append(f"instance_types[{i}]: {instance_catalog.unknown_instance_type_message(name)}")
+        directory = props.hyperpod_chart_directory
+        if directory is not None and not (Path(directory) / "Chart.yaml").is_file():
+            found.append("hyperpod_chart_directory: " + problem("has no Chart.yaml", got=directory,
+                                                                allowed="the folder `make hyperpod-chart` writes"))
+        return found
+
+
+def pod_identity_principal() -> iam.IPrincipal:
+    """EKS Pod Identity's principal, with the session tagging it performs."""
+    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com"))

@@ -1,0 +1,63 @@
+"""The EKS control plane for HyperPod, its software, the FSx volume, and observability."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+from moe_cdk.constructs.lustre_volume import LustreVolume, LustreVolumeProps
+from moe_cdk.constructs.training_eks_cluster import TrainingEksCluster, TrainingEksClusterProps
+from moe_cdk.constructs.training_observability import TrainingObservability, TrainingObservabilityProps
+from moe_cdk.stacks.config import Config
+from moe_cdk.stacks.network_stack import NetworkStack
+from moe_cdk.stacks.storage_stack import StorageStack
+
+
+class EksStack(Stack):
+    """``TrainingEksCluster`` from ``config.eks``, the Lustre file system as a PersistentVolumeClaim,
+    and (``eks.observability``) Managed Prometheus with its scraper and Managed Grafana."""
+
+    def __init__(self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack,
+                 **kwargs) -> None:
+        super().__init__(scope, id, **kwargs)
+        eks_config = config.eks
+        zones = [config.cluster.availability_zone, eks_config.second_availability_zone]
+        subnets = [network.network.subnet_in(zone) for zone in zones]
+        chart = eks_config.hyperpod_chart_path
+        self.training_cluster = TrainingEksCluster(self, "Eks", TrainingEksClusterProps(
+            cluster_name=config.name,
+            vpc=network.network.vpc,
+            subnets=subnets,
+            node_security_group=network.node_security_group.security_group,
+            instance_types=[g.instance_type for g in config.cluster.instance_groups],
+            node_tolerations=[t.toleration() for g in config.cluster.instance_groups for t in g.to_eks_props().taints],
+            kubernetes_version=eks_config.kubernetes_version,
+            endpoint_access=eks_config.endpoint_access,
+            public_access_cidrs=eks_config.public_access_cidrs,
+            admin_role_arns=eks_config.admin_role_arns,
+            addon_versions=eks_config.addon_versions,
+            container_insights=eks_config.container_insights,
+            hyperpod_chart_directory=None if chart is None else str(chart),
+        ))
+        cluster = self.training_cluster.cluster
+        lustre = storage.lustre
+        self.volume = LustreVolume(self, "LustreVolume", LustreVolumeProps(
+            cluster=cluster, file_system_id=lustre.file_system_id, dns_name=lustre.dns_name, mount_name=lustre.mount_name,
+            storage_capacity_gib=config.storage.lustre.storage_capacity_gib, namespace=eks_config.namespace,
+        ))
+        # The driver must exist before a pod can mount the volume; the claim itself only needs the API.
+        self.volume.node.add_dependency(self.training_cluster.addons["aws-fsx-csi-driver"])
+        CfnOutput(self, "EksClusterName", value=cluster.cluster_name)
+        CfnOutput(self, "EksClusterArn", value=cluster.cluster_arn)
+        CfnOutput(self, "KubeconfigCommand",
+                  value=f"aws eks update-kubeconfig --region {config.region} --name {cluster.cluster_name}")
+        CfnOutput(self, "FsxClaim", value=f"{self.volume.namespace}/{self.volume.claim_name}")
+        self.observability = None
+        if eks_config.observability:
+            self.observability = TrainingObservability(self, "Observability", TrainingObservabilityProps(
+                name=config.name, cluster_arn=cluster.cluster_arn, subnets=subnets,
+                security_group=network.node_security_group.security_group,
+            ))
+            CfnOutput(self, "PrometheusWorkspaceId", value=self.observability.workspace.attr_workspace_id)
+            CfnOutput(self, "PrometheusQueryUrl", value=self.observability.workspace.attr_prometheus_endpoint)
+            CfnOutput(self, "GrafanaUrl", value=self.observability.grafana.attr_endpoint)

