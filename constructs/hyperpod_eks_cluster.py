@@ -5,6 +5,10 @@ groups carry Kubernetes labels and taints, automatic node recovery, and deep hea
 on accelerator groups, as in the Slurm construct; lifecycle scripts arrive the same way
 (``hyperpod_nodes``), with ``workload_manager: eks`` in their parameters. Optionally the
 HyperPod training operator add-on is installed once the nodes exist, for HyperPodPyTorchJob.
+
+No EKS access entry is created for the execution role: HyperPod creates the nodes' access
+entries itself (SageMaker API reference, ``ClusterMetadata.EksRoleAccessEntries``: "created
+by HyperPod on your behalf"), which is why the cluster's authentication mode must include API.
 """
 
 from __future__ import annotations

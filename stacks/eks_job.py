@@ -35,6 +35,7 @@ import yaml
 from moe_cdk.constructs import cluster_software, instance_catalog
 from moe_cdk.constructs.lustre_volume import KUBERNETES_NAME
 from moe_cdk.stacks.config import REPO_ROOT, Config, NodeRole, Orchestrator, load_config
+from moe_cdk.training.config import load_train_config
 from moe_cdk.training.schema import ConfigError, problem, report_problems
 
 CONTAINER = "pytorch"  # the container name the Kubeflow training operator looks for
@@ -207,8 +208,11 @@ def render_hyperpod_job(spec: EksJobSpec) -> dict:
     agent, installed in the image) and restarts the job when the trainer's progress line
     stops appearing (SageMaker Developer Guide, "Use the training operator to run jobs").
     """
+    # Flags as in the guide's sample entry point: the agent's server for the operator, and the
+    # ranks' output teed to /tmp/hyperpod, where the log monitoring reads it.
     command = ["hyperpodrun", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.devices_per_node}",
-               "--server-host=0.0.0.0", "--server-port=8080", "--tee=3", "-m", "moe_cdk.training.train_cli"]
+               "--server-host=0.0.0.0", "--server-port=8080", "--tee=3", "--log_dir=/tmp/hyperpod",
+               "-m", "moe_cdk.training.train_cli"]
     template = _pod_template(spec, command, _trainer_args(spec), extra_ports=[{"name": "agent", "containerPort": 8080}])
     return {
         "apiVersion": "sagemaker.amazonaws.com/v1",
@@ -275,7 +279,7 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
                                                  allowed=f"1 to {chosen.instance_count}")])
     spec = instance_catalog.lookup(chosen.instance_type)
     gpu = spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU
-    profile = yaml.safe_load((REPO_ROOT / config.training.profile).read_text())
+    profile = load_train_config(REPO_ROOT / config.training.profile)
     props = chosen.to_eks_props()
     return EksJobSpec(
         name=name or PurePosixPath(config.training.profile).stem,
@@ -287,12 +291,12 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
         device_resource=cluster_software.GPU_RESOURCE if gpu else cluster_software.NEURON_RESOURCE,
         efa_per_node=spec.efa_interfaces,
         train_config=str(PurePosixPath("/opt/moe-cdk") / config.training.profile),
-        num_experts=profile.get("moe", {}).get("num_experts", 4),
-        expert_parallel=profile.get("parallel", {}).get("expert", 1),
+        num_experts=profile.moe.num_experts,
+        expert_parallel=profile.parallel.expert,
         train_args=tuple(train_args),
         node_labels=dict(props.labels),
         tolerations=tuple(t.toleration() for t in props.taints),
-        metrics_port=profile.get("metrics", {}).get("prometheus_port"),
+        metrics_port=profile.metrics.prometheus_port,
         backoff_limit=backoff_limit,
         startup_timeout_s=startup_timeout_s,
         stall_timeout_s=stall_timeout_s,

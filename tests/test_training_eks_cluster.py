@@ -164,3 +164,13 @@ def test_bad_props_are_all_reported():
     assert [p.split(":")[0] for p in problems] == [
         "public_access_cidrs[0]", "public_access_cidrs[1]", "addon_versions.bogus", "kubernetes_version", "instance_types[0]"]
     assert "opens the API to the internet" in problems[0]
+
+
+def test_admin_roles_get_cluster_admin_access_entries():
+    role = "arn:aws:iam::123456789012:role/platform-admins"
+    _, stack, _ = _build(admin_role_arns=[role])
+    entries = Template.from_stack(stack).find_resources("AWS::EKS::AccessEntry")
+    (entry,) = [e["Properties"] for e in entries.values() if e["Properties"]["PrincipalArn"] == role]
+    (policy,) = entry["AccessPolicies"]
+    assert policy["AccessScope"] == {"Type": "cluster"}
+    assert "AmazonEKSClusterAdminPolicy" in json.dumps(policy["PolicyArn"])
