@@ -58,14 +58,15 @@ def helm_binary(target: Path = HELM) -> Path:
     return target
 
 
-def stage(destination: Path, *, ref: str = cluster_software.HYPERPOD_CHART_REF) -> Path:
-    """Clone, copy and vendor the chart into ``destination``, replacing it only when all of that worked."""
+def stage(destination: Path, *, repository: str = cluster_software.HYPERPOD_CHART_REPOSITORY,
+          ref: str = cluster_software.HYPERPOD_CHART_REF) -> Path:
+    """Fetch, copy and vendor the chart into ``destination``, replacing it only when all of that worked."""
     helm = helm_binary()
     with tempfile.TemporaryDirectory(prefix="moe-cdk-hyperpod-chart-") as work:
         checkout = Path(work) / "cli"
-        log(f"fetching {cluster_software.HYPERPOD_CHART_REPOSITORY} at {ref}")
+        log(f"fetching {repository} at {ref}")
         for command in (["init", "--quiet", str(checkout)],
-                        ["-C", str(checkout), "fetch", "--quiet", "--depth", "1", cluster_software.HYPERPOD_CHART_REPOSITORY, ref],
+                        ["-C", str(checkout), "fetch", "--quiet", "--depth", "1", repository, ref],
                         ["-C", str(checkout), "checkout", "--quiet", "FETCH_HEAD"]):
             subprocess.run(["git", *command], check=True)
         chart = Path(work) / "chart"
@@ -73,7 +74,7 @@ def stage(destination: Path, *, ref: str = cluster_software.HYPERPOD_CHART_REF) 
         log("vendoring the chart's dependencies (helm dependency build)")
         env = {**os.environ, **{k: str(Path(work) / k.lower()) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}}
         subprocess.run([str(helm), "dependency", "build", str(chart)], check=True, env=env)
-        (chart / ".moe-cdk-ref").write_text(f"{cluster_software.HYPERPOD_CHART_REPOSITORY} {ref}\n")
+        (chart / ".moe-cdk-ref").write_text(f"{repository} {ref}\n")
         if destination.exists():
             shutil.rmtree(destination)
         destination.parent.mkdir(parents=True, exist_ok=True)
