@@ -32,6 +32,8 @@ Sources (checked 2026-11-30):
 - [DCGM] NVIDIA dcgm-exporter, deployment/Chart.yaml and its Helm repository
   https://nvidia.github.io/dcgm-exporter/helm-charts; chart 4.8.4 as pinned by published
   deployments.
+- [NODE-EXPORTER] prometheus-community/helm-charts, charts/prometheus-node-exporter (a host
+  network DaemonSet on port 9100); chart 4.24.0 as pinned by published deployments.
 - [CW] Amazon CloudWatch User Guide, "Install the CloudWatch agent with the Amazon CloudWatch
   Observability EKS add-on": ``amazon-cloudwatch-observability``, service account
   amazon-cloudwatch/cloudwatch-agent, policy CloudWatchAgentServerPolicy.
@@ -105,7 +107,10 @@ NEURON_DEVICE_PLUGIN = Chart("neuron-device-plugin", "neuron-helm-chart", "oci:/
                              "1.10.0", "kube-system", "Advertises aws.amazon.com/neuron on Trainium nodes", "NEURON")
 DCGM_EXPORTER = Chart("dcgm-exporter", "dcgm-exporter", "https://nvidia.github.io/dcgm-exporter/helm-charts",
                       "4.8.4", "kube-system", "GPU metrics (utilisation, memory, XID errors) for Prometheus", "DCGM")
-CHARTS = (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, NEURON_DEVICE_PLUGIN, DCGM_EXPORTER)
+NODE_EXPORTER = Chart("prometheus-node-exporter", "prometheus-node-exporter", "https://prometheus-community.github.io/helm-charts",
+                      "4.24.0", "kube-system", "Node metrics (CPU, memory, disks, network, InfiniBand-class counters) on every node",
+                      "NODE-EXPORTER")
+CHARTS = (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, NEURON_DEVICE_PLUGIN, DCGM_EXPORTER, NODE_EXPORTER)
 
 # [HP-HELM]: the HyperPod dependencies chart, staged from its GitHub release by
 # `make hyperpod-chart`. Its health-monitoring agent, deep health checks, job auto-restart
@@ -176,6 +181,13 @@ def dcgm_exporter_values(specs: Sequence[instance_catalog.InstanceSpec], tolerat
     return {"affinity": _affinity(gpu_instance_types(specs)), "tolerations": _tolerations((GPU_RESOURCE,), tolerations),
             "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"},
             "serviceMonitor": {"enabled": False}}
+
+
+def node_exporter_values(specs: Sequence[instance_catalog.InstanceSpec], tolerations: Sequence[dict] = ()) -> dict:
+    """On every node whatever its taints; annotated for the managed scraper."""
+    return {"tolerations": [{"operator": "Exists"}],
+            "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9100"},
+            "prometheus": {"monitor": {"enabled": False}}}
 
 
 def reference_table() -> str:

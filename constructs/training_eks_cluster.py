@@ -218,6 +218,7 @@ class TrainingEksCluster(Construct):
             (software.EFA_DEVICE_PLUGIN, software.efa_instance_types(specs), software.efa_plugin_values),
             (software.NEURON_DEVICE_PLUGIN, software.neuron_instance_types(specs), software.neuron_plugin_values),
             (software.DCGM_EXPORTER, software.gpu_instance_types(specs), software.dcgm_exporter_values),
+            (software.NODE_EXPORTER, list(self.props.instance_types), software.node_exporter_values),
         ]
         charts = {}
         for chart, types, values in wanted:

@@ -3,8 +3,8 @@ scraper inside the EKS cluster, and an Amazon Managed Grafana workspace that rea
 
 The scraper (``AWS::APS::Scraper``) discovers pods through Kubernetes and keeps the ones
 annotated ``prometheus.io/scrape: "true"``: the trainer (``moe-cdk eks render`` and the
-Helm chart annotate it) and the DCGM exporter. It also scrapes every node's kubelet and
-cAdvisor. With the cluster's API authentication mode, EKS gives the scraper its access
+Helm chart annotate it), the DCGM exporter and the node exporter. It also scrapes every
+node's kubelet and cAdvisor. With the cluster's API authentication mode, EKS gives the scraper its access
 entry itself (Amazon Managed Service for Prometheus User Guide, "Using an AWS managed
 collector"). The dashboard for the trainer's metrics is
 ``charts/moe-training/dashboards/moe-training.json``; Grafana has no CloudFormation resource

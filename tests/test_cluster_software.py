@@ -43,3 +43,9 @@ def test_plugins_tolerate_the_configured_taints():
     for values in (cluster_software.nvidia_plugin_values(SPECS, [custom]), cluster_software.efa_plugin_values(SPECS, [custom]),
                    cluster_software.dcgm_exporter_values(SPECS, [custom])):
         assert custom in values["tolerations"]
+
+
+def test_node_exporter_runs_on_every_node_and_is_scraped():
+    values = cluster_software.node_exporter_values(SPECS)
+    assert values["tolerations"] == [{"operator": "Exists"}]
+    assert values["podAnnotations"]["prometheus.io/scrape"] == "true"

@@ -150,7 +150,7 @@ def test_experts_come_from_the_training_profile(spec):
 
 def test_metrics_port_is_annotated_for_the_scraper(spec):
     metadata = pods(render_pytorchjob(spec))[0]["metadata"]
-    assert metadata["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"}
+    assert metadata["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9410"}
 
 
 @pytest.mark.parametrize("instance_type", ["ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge"])

@@ -127,7 +127,7 @@ def test_neuron_plugin_only_with_trainium_groups():
     _, stack, _ = _build(instance_types=("ml.m5.2xlarge", "ml.p5en.48xlarge"))
     charts = {r["Properties"]["Chart"] for r in resources_of_type(Template.from_stack(stack).to_json(),
                                                                  "Custom::AWSCDK-EKS-HelmChart").values()}
-    assert charts == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter"}
+    assert charts == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter", "prometheus-node-exporter"}
 
 
 def test_charts_are_pinned_to_the_catalog_versions(built):
