@@ -20,16 +20,10 @@ from moe_cdk.constructs.hyperpod_nodes import (
     execution_role,
     instance_group_problems,
     instance_group_property,
-    lifecycle_bundle_id,
     lifecycle_directory_problems,
-    lifecycle_synthesizer,
     publish_lifecycle,
 )
 from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
-
-__all__ = ["AccountingDatabase", "FsxMount", "HyperPodSlurmCluster", "HyperPodSlurmClusterProps", "NodeType",
-           "SlurmConfigStrategy", "SlurmInstanceGroup", "group_problems", "lifecycle_bundle_id",
-           "lifecycle_synthesizer", "provisioning_parameters"]
 
 
 class NodeType(enum.Enum):

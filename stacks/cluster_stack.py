@@ -13,10 +13,9 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
     SlurmConfigStrategy,
-    lifecycle_bundle_id,
-    lifecycle_synthesizer,
     provisioning_parameters,
 )
+from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
 from moe_cdk.stacks.config import Config
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack, fsx_parameter_names, lifecycle_bucket_name

@@ -97,6 +97,8 @@ class InstanceGroupConfig:
     """EKS only: Kubernetes taints on every node of the group; `moe-cdk eks render` adds the matching tolerations."""
 
     def to_eks_props(self) -> EksInstanceGroup:
+        # A Slurm-only role is reported on its own (ClusterConfig._eks_problems); as a system
+        # group it draws no second, EFA-related error.
         return EksInstanceGroup(
             name=self.name, role=_EKS_ROLES.get(self.role, EksNodeRole.SYSTEM), instance_type=self.instance_type,
             instance_count=self.instance_count, ebs_volume_size_gib=self.ebs_volume_size_gib,
@@ -169,7 +171,6 @@ class ClusterConfig:
             if other or len(self.instance_groups) != 1:
                 yield "instance_groups", problem("a training job runs on exactly one compute group", got=[
                     (g.name, g.role.value) for g in self.instance_groups], allowed="one group with role: compute")
-
 
     def _eks_problems(self) -> Problems:
         for i, g in enumerate(self.instance_groups):

@@ -268,8 +268,9 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
                          stall_timeout_s: int = 900, startup_timeout_s: int = 1800) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
-    catalog, the experts from the training profile; nothing is typed twice. Raises
-    ``ConfigError`` naming the option when the group does not exist."""
+    catalog, the experts and metrics port from the training profile as the trainer reads it;
+    nothing is typed twice. Raises ``ConfigError`` naming the option when the group does not
+    exist or has no accelerators."""
     compute = [g for g in config.cluster.instance_groups if g.role is NodeRole.COMPUTE]
     chosen = next((g for g in compute if g.name == group), None) if group else compute[0]
     if chosen is None:
@@ -278,6 +279,9 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
         raise ConfigError(["--nodes: " + problem(f"more nodes than group {chosen.name} has", got=nodes,
                                                  allowed=f"1 to {chosen.instance_count}")])
     spec = instance_catalog.lookup(chosen.instance_type)
+    if not spec.is_accelerated:
+        raise ConfigError(["--group: " + problem(f"group {chosen.name} has no accelerators to train on",
+                                                 got=spec.sagemaker_name, allowed="a GPU or Trainium compute group")])
     gpu = spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU
     profile = load_train_config(REPO_ROOT / config.training.profile)
     props = chosen.to_eks_props()

@@ -162,9 +162,16 @@ def test_efa_and_device_requests_follow_the_instance_type(instance_type):
                                                             "vpc.amazonaws.com/efa": spec.efa_interfaces}
 
 
-def test_a_type_without_efa_requests_none():
-    config = config_with_compute("ml.m5.2xlarge", require_efa=False)
-    assert "vpc.amazonaws.com/efa" not in container(render_pytorchjob(job_spec_from_config(config, image=IMAGE)))["resources"]["limits"]
+def test_no_efa_resource_without_efa_devices(spec):
+    resources = container(render_pytorchjob(dataclasses.replace(spec, efa_per_node=0)))["resources"]
+    assert "vpc.amazonaws.com/efa" not in resources["limits"] and "vpc.amazonaws.com/efa" not in resources["requests"]
+
+
+def test_a_group_without_accelerators_is_refused():
+    with pytest.raises(ConfigError) as error:
+        job_spec_from_config(config_with_compute("ml.m5.2xlarge", require_efa=False), image=IMAGE)
+    assert error.value.errors == ["--group: group gpu has no accelerators to train on "
+                                  "(got 'ml.m5.2xlarge'; allowed a GPU or Trainium compute group)"]
 
 
 def test_hyperpod_job_detects_hangs_from_the_progress_line(spec, caplog):

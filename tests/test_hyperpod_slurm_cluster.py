@@ -18,10 +18,9 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     HyperPodSlurmClusterProps,
     NodeType,
     SlurmInstanceGroup,
-    lifecycle_bundle_id,
-    lifecycle_synthesizer,
     provisioning_parameters,
 )
+from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
 from moe_cdk.constructs.validation import PropsError
 
 GROUPS = (
