@@ -240,13 +240,15 @@ class CheckpointManager:
         dist.barrier()
 
     def _prune(self) -> None:
-        complete = [(s, p) for s, p in self.step_dirs() if self.problem_with(p) is None]
+        # One listing and one check per folder: on Lustre each check stats every shard file.
+        checked = [(step, path, self.problem_with(path) is None) for step, path in self.step_dirs()]
+        complete = [(step, path) for step, path, ok in checked if ok]
         newest_complete = complete[0][0] if complete else -1
         for step, path in complete[self.keep_last:]:
             shutil.rmtree(path, ignore_errors=True)
             log.info("removed old checkpoint %s", path)
-        for step, path in self.step_dirs():
-            if step < newest_complete and self.problem_with(path) is not None:
+        for step, path, ok in checked:
+            if step < newest_complete and not ok:
                 shutil.rmtree(path, ignore_errors=True)
                 log.info("removed incomplete checkpoint %s", path)
 

@@ -106,7 +106,6 @@ class JsonTokenizer:
             token_id = self._tokenizer.token_to_id(token)
             if token_id is not None:
                 self._eod = int(token_id)
-                self.eod_token = token
                 break
         else:
             allowed = "a vocabulary with one of " + ", ".join(repr(t) for t in EOD_CANDIDATES)

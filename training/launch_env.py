@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_cdk.training.schema import problem
+
 DEFAULT_MASTER_PORT = 29500
 """The rendezvous port when the launcher names none (torchrun's own default)."""
 
@@ -208,7 +210,7 @@ class _Reader:
         self.problems: list[str] = []
 
     def add(self, key: str, what: str, *, got: object, allowed: str) -> None:
-        self.problems.append(f"{key}: {what} (got {got!r}; allowed {allowed})")
+        self.problems.append(f"{key}: {problem(what, got=got, allowed=allowed)}")
 
     def integer(
         self,

@@ -39,9 +39,12 @@ class MoEProbe:
 
         self.layers = [m for m in model.modules() if isinstance(m, MoELayer)]
         self.num_experts = num_experts
-        self.tokens = torch.zeros(len(self.layers), num_experts, dtype=torch.float64)
-        self.entropy_sum = torch.zeros(len(self.layers), dtype=torch.float64)
-        self.entropy_count = torch.zeros(len(self.layers), dtype=torch.float64)
+        # On the model's device: nothing is copied to the host until ``collect``, and NCCL
+        # reduces device tensors only.
+        device = next(model.parameters()).device
+        self.tokens = torch.zeros(len(self.layers), num_experts, dtype=torch.float64, device=device)
+        self.entropy_sum = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
+        self.entropy_count = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
         self.dispatch_seconds = 0.0
         for index, layer in enumerate(self.layers):
             layer.router.register_forward_hook(self._count_tokens(index))
@@ -53,7 +56,7 @@ class MoEProbe:
     def _count_tokens(self, index: int):
         def hook(module, inputs, output):
             routing_map = output[1]
-            self.tokens[index] += routing_map.detach().sum(dim=0).to("cpu", torch.float64)
+            self.tokens[index] += routing_map.detach().sum(dim=0).to(torch.float64)
         return hook
 
     def _watch_logits(self, index: int, gating):
@@ -62,7 +65,7 @@ class MoEProbe:
             with torch.no_grad():
                 logp = torch.log_softmax(logits.detach().float(), dim=-1)
                 entropy = -(logp.exp() * logp).sum(dim=-1)
-                self.entropy_sum[index] += entropy.sum().to("cpu", torch.float64)
+                self.entropy_sum[index] += entropy.sum().to(torch.float64)
                 self.entropy_count[index] += entropy.numel()
             return logits
         return wrapped

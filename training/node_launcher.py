@@ -15,6 +15,7 @@ get ``grace_s`` seconds to notice, then SIGTERM, then SIGKILL.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -35,18 +36,10 @@ def exit_code(returncode: int) -> int:
 
 
 def rank_environ(env: LaunchEnv, local_rank: int, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of local rank ``local_rank``: torchrun's variables for this node's place."""
-    environ = dict(os.environ if base is None else base)
-    environ.update({
-        "RANK": str(env.node_rank * env.local_world_size + local_rank),
-        "WORLD_SIZE": str(env.num_nodes * env.local_world_size),
-        "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(env.local_world_size),
-        "GROUP_RANK": str(env.node_rank),
-        "MASTER_ADDR": env.master_addr,
-        "MASTER_PORT": str(env.master_port),
-    })
-    return environ
+    """The environment of local rank ``local_rank``: torchrun's variables for this node's place.
+    ``env`` stands for local rank 0 of the node, so the rank's place is an offset from it."""
+    rank = dataclasses.replace(env, rank=env.rank + local_rank, local_rank=local_rank)
+    return {**(os.environ if base is None else base), **rank.torch_env(), "GROUP_RANK": str(env.node_rank)}
 
 
 def run_node(env: LaunchEnv, command: Sequence[str], *, grace_s: float = 60.0, poll_s: float = 0.2) -> int:

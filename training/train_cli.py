@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.exit_codes import EXIT_CONFIG, EXIT_FAILED_RETRYABLE
     from moe_cdk.training.launch_env import LaunchEnvError, detect
-    from moe_cdk.training.trainer import EXIT_CONFIG, EXIT_FAILED_RETRYABLE
 
     try:
         config = load_train_config(args.config, overrides_from(args))

@@ -25,19 +25,13 @@ from moe_cdk.training import cpu_compat
 from moe_cdk.training.checkpoint import CheckpointManager
 from moe_cdk.training.config import Precision, TrainConfig, check_layout
 from moe_cdk.training.launch_env import LaunchEnv
+from moe_cdk.training.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
 from moe_cdk.training.model import build_model, flops_per_token
 from moe_cdk.training.schema import ConfigError, problem
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
-"""Bad configuration or input: permanent, never retried."""
-EXIT_PREEMPTED = 143
-"""Stopped by SIGTERM or SIGUSR1 after saving a checkpoint (128 + SIGTERM): retryable."""
-EXIT_FAILED_RETRYABLE = 134
-"""An unexpected failure (a lost peer, a device error): retryable, resumes from the last checkpoint."""
 
 
 class StopRequested:
@@ -62,7 +56,6 @@ class StopRequested:
 class Runtime:
     rank: int
     world_size: int
-    local_rank: int
     device: torch.device
     data_parallel_size: int
     data_parallel_rank: int
@@ -92,7 +85,7 @@ def setup(config: TrainConfig, env: LaunchEnv) -> Runtime:
     model_parallel_cuda_manual_seed(config.optim.seed)
     bf16 = config.optim.precision is Precision.BF16 or (config.optim.precision is Precision.AUTO and on_gpu)
     return Runtime(
-        rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
+        rank=env.rank, world_size=env.world_size,
         device=torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu"),
         data_parallel_size=data_parallel, data_parallel_rank=parallel_state.get_data_parallel_rank(), bf16=bf16,
     )
@@ -128,18 +121,21 @@ def sync_gradients(model: torch.nn.Module) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None and _is_expert(p) == expert]
         size = dist.get_world_size(group)
         if grads and size > 1:
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=group)
-            flat /= size
-            for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                grad.copy_(synced)
+            _all_reduce(grads, group, divide_by=size)
     if parallel_state.get_tensor_model_parallel_world_size() > 1:
         grads = [p.grad for p in model.parameters() if p.grad is not None and getattr(p, "sequence_parallel", False)]
         if grads:
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=parallel_state.get_tensor_model_parallel_group())
-            for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                grad.copy_(synced)
+            _all_reduce(grads, parallel_state.get_tensor_model_parallel_group())
+
+
+def _all_reduce(grads: list[torch.Tensor], group, *, divide_by: int = 1) -> None:
+    """Sum ``grads`` over ``group`` in one flat collective (then divide), in place."""
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    if divide_by != 1:
+        flat /= divide_by
+    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        grad.copy_(synced)
 
 
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
@@ -178,15 +174,16 @@ def _causal_mask(seq_length: int, device) -> torch.Tensor:
     return torch.triu(torch.ones(1, 1, seq_length, seq_length, dtype=torch.bool, device=device), diagonal=1)
 
 
-def _train_step(model, batches, runtime: Runtime, mask: torch.Tensor, num_microbatches: int) -> list[float]:
-    """Forward and backward over ``num_microbatches`` micro-batches; returns their LM losses.
+def _train_step(model, batches, runtime: Runtime, mask: torch.Tensor, num_microbatches: int) -> list[torch.Tensor]:
+    """Forward and backward over ``num_microbatches`` micro-batches; returns their LM losses,
+    on the device (reading them would make the host wait for each backward pass).
 
     Gradients accumulate as the mean over micro-batches; megatron's MoE auxiliary losses
     are scaled the same way (what megatron's own schedules do).
     """
     from megatron.core.transformer.moe.router import MoEAuxLossAutoScaler
 
-    MoEAuxLossAutoScaler.set_loss_scale(torch.ones(1, device=runtime.device) / num_microbatches)
+    MoEAuxLossAutoScaler.set_loss_scale(torch.full((1,), 1.0 / num_microbatches, device=runtime.device))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if runtime.bf16 else contextlib.nullcontext()
     losses = []
     for _ in range(num_microbatches):
@@ -197,7 +194,7 @@ def _train_step(model, batches, runtime: Runtime, mask: torch.Tensor, num_microb
             per_token = model(tokens, positions, mask, labels=labels)
         loss = (per_token.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1)
         (loss / num_microbatches).backward()
-        losses.append(float(loss.detach()))
+        losses.append(loss.detach())
     return losses
 
 
@@ -266,11 +263,11 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
     dp_group = parallel_state.get_data_parallel_group()
     exit_code = EXIT_OK
     recorded_step = step
+    model.train()
     try:
         while step < config.max_steps:
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            model.train()
             losses = _train_step(model, batches, runtime, mask, num_microbatches)
             sync_gradients(model)
             grad_norm = clip_gradients(model, o.grad_clip)
@@ -303,7 +300,8 @@ def _record(step, steps, num_microbatches, losses, probe, dp_group, runtime, gra
             tokens_per_step, flops, peak_tflops) -> dict:
     """One metrics record. Loss, throughput and grad norm are the last step's; the MoE figures
     are per-step averages over the ``steps`` steps since the previous record."""
-    loss = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64)
+    # On the device: NCCL reduces device tensors only.
+    loss = torch.stack(losses).double().mean().reshape(1)
     if runtime.data_parallel_size > 1:
         dist.all_reduce(loss, group=dp_group)
         loss /= runtime.data_parallel_size
