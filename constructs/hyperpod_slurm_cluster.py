@@ -7,7 +7,8 @@ The lifecycle scripts reach the nodes as described in ``hyperpod_nodes``: a file
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import aws_cdk as cdk
@@ -24,6 +25,9 @@ from moe_cdk.constructs.hyperpod_nodes import (
     publish_lifecycle,
 )
 from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
+
+
+SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+$")
 
 
 class NodeType(enum.Enum):
@@ -67,11 +71,18 @@ class AccountingDatabase:
     endpoint: str
     """Database host name. Required."""
     secret_arn: str
-    """Secrets Manager secret with the credentials. Required."""
+    """ARN of the Secrets Manager secret with the database credentials. Required."""
     name: str = "slurm_acct_db"
     """Database name. Default: slurm_acct_db."""
     port: int = 3306
     """Database port. Default: 3306."""
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if not is_unresolved(self.secret_arn) and not SECRET_ARN.match(self.secret_arn):
+            yield "secret_arn", problem("not a Secrets Manager secret ARN", got=self.secret_arn,
+                                        allowed="arn:aws:secretsmanager:<region>:<account>:secret:<name>")
+        if not 1 <= self.port <= 65535:
+            yield "port", problem("not a TCP port", got=self.port, allowed="1 to 65535")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +239,8 @@ class HyperPodSlurmCluster(Construct):
     def _problems(props: HyperPodSlurmClusterProps) -> list[str]:
         found = [f"{key}: {message}" for key, message in group_problems(props.instance_groups, require_efa=props.require_efa)]
         found += lifecycle_directory_problems(props.lifecycle_scripts_directory)
+        if props.accounting_database is not None:
+            found += [f"accounting_database.{key}: {message}" for key, message in props.accounting_database.problems()]
         fsx, zone = props.fsx, props.subnet.availability_zone
         if fsx is not None and fsx.efa_enabled and not is_unresolved(zone) and fsx.availability_zone != zone:
             found.append("fsx.availability_zone: " + problem("an EFA-enabled file system must be in the cluster's zone",

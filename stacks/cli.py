@@ -74,17 +74,12 @@ def job_spec_from_config(config: Config, args: argparse.Namespace):
     """The sbatch job for a compute group of ``config``: node count, GPUs, partition and
     constraint come from the configuration and the instance catalog, never typed again."""
     from moe_cdk.constructs import instance_catalog
-    from moe_cdk.stacks.config import NodeRole
     from moe_cdk.stacks.slurm_job import SlurmJobSpec
 
     if args.local == bool(args.image):
         raise ConfigError(["--image: " + problem("give an image, or --local for a CPU-only cluster, not both",
                                                  got=args.image, allowed="--image URI, or --local")])
-    compute = [g for g in config.cluster.instance_groups if g.role is NodeRole.COMPUTE]
-    group = next((g for g in compute if g.name == args.group), None) if args.group else compute[0]
-    if group is None:
-        raise ConfigError(["--group: " + problem("unknown compute group", got=args.group,
-                                                 allowed=", ".join(g.name for g in compute))])
+    group = config.cluster.compute_group(args.group)
     spec = instance_catalog.lookup(group.instance_type)
     gpus = spec.accelerator_count if spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU else None
     return SlurmJobSpec(

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, IStackSynthesizer, Stack
 from constructs import Construct
 
+from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
-    AccountingDatabase,
     FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
     SlurmConfigStrategy,
     provisioning_parameters,
 )
-from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
-from moe_cdk.stacks.config import Config
+from moe_cdk.stacks.config import REPO_ROOT, Config
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack, fsx_parameter_names, lifecycle_bucket_name
 
-LIFECYCLE_SCRIPTS = Path(__file__).resolve().parent.parent / "lifecycle_scripts"
+LIFECYCLE_SCRIPTS = REPO_ROOT / "lifecycle_scripts"
+
+
+def hyperpod_synthesizer(config: Config, parameters: dict) -> IStackSynthesizer:
+    """The synthesizer of a stack holding a HyperPod cluster: its file assets go to the
+    lifecycle bucket, in a folder named after the scripts and ``parameters``."""
+    return lifecycle_synthesizer(lifecycle_bucket_name(config), lifecycle_bundle_id(str(LIFECYCLE_SCRIPTS), parameters))
 
 
 def _fsx_mount(config: Config, storage: StorageStack) -> FsxMount:
@@ -41,12 +44,10 @@ class SlurmClusterStack(Stack):
                  **kwargs) -> None:
         groups = [g.to_props() for g in config.cluster.instance_groups]
         fsx = _fsx_mount(config, storage)
-        bundle_id = lifecycle_bundle_id(str(LIFECYCLE_SCRIPTS), provisioning_parameters(
-            instance_groups=groups, region=config.region, fsx=fsx))
-        super().__init__(scope, id, synthesizer=lifecycle_synthesizer(lifecycle_bucket_name(config), bundle_id), **kwargs)
+        parameters = provisioning_parameters(instance_groups=groups, region=config.region, fsx=fsx)
+        super().__init__(scope, id, synthesizer=hyperpod_synthesizer(config, parameters), **kwargs)
         # The lifecycle bucket must exist before this stack's assets are published into it.
         self.add_stack_dependency(storage)
-        accounting = config.cluster.accounting_database
         self.cluster = HyperPodSlurmCluster(self, "Cluster", HyperPodSlurmClusterProps(
             cluster_name=config.name,
             instance_groups=groups,
@@ -57,8 +58,7 @@ class SlurmClusterStack(Stack):
             fsx=fsx,
             require_efa=config.cluster.require_efa,
             slurm_config_strategy=SlurmConfigStrategy[config.cluster.slurm_config_strategy.name],
-            accounting_database=None if accounting is None else AccountingDatabase(
-                endpoint=accounting.endpoint, secret_arn=accounting.secret_arn, name=accounting.name, port=accounting.port),
+            accounting_database=config.cluster.accounting_database,
         ))
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

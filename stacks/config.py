@@ -18,9 +18,10 @@ import yaml
 from moe_cdk.constructs.data_repository import DEFAULT_ASSOCIATIONS, DataRepositoryAssociation, association_problems
 from moe_cdk.constructs import cluster_software
 from moe_cdk.constructs.hyperpod_eks_cluster import EksInstanceGroup, EksNodeRole, Taint, eks_group_problems
-from moe_cdk.constructs.hyperpod_slurm_cluster import NodeType, SlurmInstanceGroup, group_problems
+from moe_cdk.constructs.hyperpod_slurm_cluster import AccountingDatabase, NodeType, SlurmInstanceGroup, group_problems
 from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
 from moe_cdk.constructs.lustre_volume import KUBERNETES_NAME
+from moe_cdk.constructs.training_image import IMAGE_CHECKOUT_DIR
 from moe_cdk.constructs.training_eks_cluster import (
     EndpointAccess,
     addon_version_problems,
@@ -38,7 +39,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9-]{0,22}[A-Za-z0-9])?$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 # SageMaker API reference, ClusterInstanceGroupSpecification.InstanceGroupName.
-_GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
 _SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")
 
@@ -115,27 +115,6 @@ class InstanceGroupConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AccountingDatabaseConfig:
-    """An external MySQL-compatible database for Slurm accounting (slurmdbd)."""
-
-    endpoint: str
-    """Database host name."""
-    secret_arn: str
-    """ARN of the Secrets Manager secret with the database credentials."""
-    name: str = "slurm_acct_db"
-    """Database name."""
-    port: int = 3306
-    """Database port."""
-
-    def problems(self) -> Problems:
-        if not re.match(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+$", self.secret_arn):
-            yield "secret_arn", problem("not a Secrets Manager secret ARN", got=self.secret_arn,
-                                        allowed="arn:aws:secretsmanager:<region>:<account>:secret:<name>")
-        if not 1 <= self.port <= 65535:
-            yield "port", problem("not a TCP port", got=self.port, allowed="1 to 65535")
-
-
-@dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """The training capacity and who orchestrates it."""
 
@@ -149,7 +128,8 @@ class ClusterConfig:
     """The node groups. Slurm: exactly one controller group of one node, at most one login group, one or more compute groups. Training jobs: one compute group."""
     slurm_config_strategy: SlurmStrategy = SlurmStrategy.MANAGED
     """Who owns slurm.conf: managed (HyperPod), overwrite or merge."""
-    accounting_database: AccountingDatabaseConfig | None = None
+    # The construct's own dataclass: the same keys, defaults and checks.
+    accounting_database: AccountingDatabase | None = None
     """External Slurm accounting database. Default: none."""
 
     def problems(self) -> Problems:
@@ -171,6 +151,16 @@ class ClusterConfig:
             if other or len(self.instance_groups) != 1:
                 yield "instance_groups", problem("a training job runs on exactly one compute group", got=[
                     (g.name, g.role.value) for g in self.instance_groups], allowed="one group with role: compute")
+
+    def compute_group(self, name: str | None = None) -> InstanceGroupConfig:
+        """The compute group called ``name`` (the first one when None), for the job commands;
+        raises ``ConfigError`` on the ``--group`` option when there is none such."""
+        compute = [g for g in self.instance_groups if g.role is NodeRole.COMPUTE]
+        chosen = next((g for g in compute if g.name == name), None) if name else compute[0]
+        if chosen is None:
+            raise ConfigError(["--group: " + problem("unknown compute group", got=name,
+                                                     allowed=", ".join(g.name for g in compute))])
+        return chosen
 
     def _eks_problems(self) -> Problems:
         for i, g in enumerate(self.instance_groups):
@@ -345,8 +335,18 @@ class TrainingConfig:
     profile: str = "training/configs/moe-8x1b.yaml"
     """Trainer configuration (a `moe-train` YAML), relative to the repository root."""
 
+    @property
+    def path(self) -> Path:
+        """The profile in this checkout."""
+        return REPO_ROOT / self.profile
+
+    @property
+    def image_path(self) -> str:
+        """The profile as a job in the training image sees it."""
+        return f"{IMAGE_CHECKOUT_DIR}/{self.profile}"
+
     def problems(self) -> Problems:
-        if not (REPO_ROOT / self.profile).is_file():
+        if not self.path.is_file():
             yield "profile", problem("no such trainer configuration", got=self.profile,
                                      allowed="a YAML file under training/configs/")
 

@@ -9,14 +9,13 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from moe_cdk.stacks.cluster_stack import SlurmClusterStack
-from moe_cdk.stacks.config import Config, Orchestrator
+from moe_cdk.stacks.config import REPO_ROOT, Config, Orchestrator
 from moe_cdk.stacks.eks_stack import EksStack
 from moe_cdk.stacks.hyperpod_eks_stack import HyperPodEksStack
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack
 from moe_cdk.stacks.training_job_stack import TrainingJobStack
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = "config/default.yaml"
 
 

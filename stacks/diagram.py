@@ -26,6 +26,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moe_cdk.training.schema import problem
+
 EXIT_INVALID = 2
 TAG_DEPLOYMENT = "moe-cdk:deployment"
 INTERNET = "internet"
@@ -85,7 +87,7 @@ class Stack:
 
 
 def _no_app(cdk_out: Path) -> DiagramError:
-    return DiagramError(f"--cdk-out: no synthesized app (got '{cdk_out}'; allowed a folder written by make synth)")
+    return DiagramError("--cdk-out: " + problem("no synthesized app", got=str(cdk_out), allowed="a folder written by make synth"))
 
 
 def load_stacks(cdk_out: Path) -> list[Stack]:

@@ -34,7 +34,7 @@ import yaml
 
 from moe_cdk.constructs import cluster_software, instance_catalog
 from moe_cdk.constructs.lustre_volume import KUBERNETES_NAME
-from moe_cdk.stacks.config import REPO_ROOT, Config, NodeRole, Orchestrator, load_config
+from moe_cdk.stacks.config import Config, Orchestrator, load_config
 from moe_cdk.training.config import load_train_config
 from moe_cdk.training.schema import ConfigError, problem, report_problems
 
@@ -117,7 +117,7 @@ class EksJobSpec:
 def _pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_ports: list[dict] = ()) -> dict:
     resources = {spec.device_resource: spec.devices_per_node}
     if spec.efa_per_node:
-        resources["vpc.amazonaws.com/efa"] = spec.efa_per_node
+        resources[cluster_software.EFA_RESOURCE] = spec.efa_per_node
     annotations = {}
     ports = list(extra_ports)
     if spec.metrics_port is not None:
@@ -144,7 +144,7 @@ def _pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_p
     pod_spec = {
         "hostNetwork": True,
         "dnsPolicy": "ClusterFirstWithHostNet",
-        "nodeSelector": {"node.kubernetes.io/instance-type": spec.instance_type, **spec.node_labels},
+        "nodeSelector": {cluster_software.INSTANCE_TYPE_LABEL: spec.instance_type, **spec.node_labels},
         "terminationGracePeriodSeconds": spec.termination_grace_s,
         "containers": [container],
         "volumes": [
@@ -271,10 +271,7 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
     catalog, the experts and metrics port from the training profile as the trainer reads it;
     nothing is typed twice. Raises ``ConfigError`` naming the option when the group does not
     exist or has no accelerators."""
-    compute = [g for g in config.cluster.instance_groups if g.role is NodeRole.COMPUTE]
-    chosen = next((g for g in compute if g.name == group), None) if group else compute[0]
-    if chosen is None:
-        raise ConfigError(["--group: " + problem("unknown compute group", got=group, allowed=", ".join(g.name for g in compute))])
+    chosen = config.cluster.compute_group(group)
     if nodes is not None and not 1 <= nodes <= chosen.instance_count:
         raise ConfigError(["--nodes: " + problem(f"more nodes than group {chosen.name} has", got=nodes,
                                                  allowed=f"1 to {chosen.instance_count}")])
@@ -283,8 +280,7 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
         raise ConfigError(["--group: " + problem(f"group {chosen.name} has no accelerators to train on",
                                                  got=spec.sagemaker_name, allowed="a GPU or Trainium compute group")])
     gpu = spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU
-    profile = load_train_config(REPO_ROOT / config.training.profile)
-    props = chosen.to_eks_props()
+    profile = load_train_config(config.training.path)
     return EksJobSpec(
         name=name or PurePosixPath(config.training.profile).stem,
         namespace=config.eks.namespace,
@@ -294,12 +290,12 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
         devices_per_node=spec.accelerator_count,
         device_resource=cluster_software.GPU_RESOURCE if gpu else cluster_software.NEURON_RESOURCE,
         efa_per_node=spec.efa_interfaces,
-        train_config=str(PurePosixPath("/opt/moe-cdk") / config.training.profile),
+        train_config=config.training.image_path,
         num_experts=profile.moe.num_experts,
         expert_parallel=profile.parallel.expert,
         train_args=tuple(train_args),
-        node_labels=dict(props.labels),
-        tolerations=tuple(t.toleration() for t in props.taints),
+        node_labels=dict(chosen.labels),
+        tolerations=tuple(t.toleration() for t in chosen.taints),
         metrics_port=profile.metrics.prometheus_port,
         backoff_limit=backoff_limit,
         startup_timeout_s=startup_timeout_s,

@@ -30,7 +30,7 @@ class EksStack(Stack):
             subnets=subnets,
             node_security_group=network.node_security_group.security_group,
             instance_types=[g.instance_type for g in config.cluster.instance_groups],
-            node_tolerations=[t.toleration() for g in config.cluster.instance_groups for t in g.to_eks_props().taints],
+            node_tolerations=[t.toleration() for g in config.cluster.instance_groups for t in g.taints],
             kubernetes_version=eks_config.kubernetes_version,
             endpoint_access=eks_config.endpoint_access,
             public_access_cidrs=eks_config.public_access_cidrs,

@@ -27,8 +27,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from moe_cdk.constructs import cluster_software
+from moe_cdk.stacks.config import REPO_ROOT, Orchestrator, load_config
+from moe_cdk.training.schema import ConfigError, report_problems
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 HELM = REPO_ROOT / ".cache/bin/helm"
 
 
@@ -84,9 +85,6 @@ def stage(destination: Path, *, repository: str = cluster_software.HYPERPOD_CHAR
 
 
 def main(argv: list[str] | None = None) -> int:
-    from moe_cdk.stacks.config import Orchestrator, load_config
-    from moe_cdk.training.schema import ConfigError, report_problems
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="configuration; nothing is staged unless its orchestrator is eks")
     args = parser.parse_args(argv)

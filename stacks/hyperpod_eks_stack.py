@@ -6,12 +6,11 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_eks_cluster import HyperPodEksCluster, HyperPodEksClusterProps, provisioning_parameters
-from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
-from moe_cdk.stacks.cluster_stack import LIFECYCLE_SCRIPTS
+from moe_cdk.stacks.cluster_stack import LIFECYCLE_SCRIPTS, hyperpod_synthesizer
 from moe_cdk.stacks.config import Config
 from moe_cdk.stacks.eks_stack import EksStack
 from moe_cdk.stacks.network_stack import NetworkStack
-from moe_cdk.stacks.storage_stack import StorageStack, lifecycle_bucket_name
+from moe_cdk.stacks.storage_stack import StorageStack
 
 
 class HyperPodEksStack(Stack):
@@ -22,9 +21,8 @@ class HyperPodEksStack(Stack):
     def __init__(self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack,
                  eks_stack: EksStack, **kwargs) -> None:
         groups = [g.to_eks_props() for g in config.cluster.instance_groups]
-        bundle_id = lifecycle_bundle_id(str(LIFECYCLE_SCRIPTS), provisioning_parameters(instance_groups=groups,
-                                                                                       region=config.region))
-        super().__init__(scope, id, synthesizer=lifecycle_synthesizer(lifecycle_bucket_name(config), bundle_id), **kwargs)
+        parameters = provisioning_parameters(instance_groups=groups, region=config.region)
+        super().__init__(scope, id, synthesizer=hyperpod_synthesizer(config, parameters), **kwargs)
         self.add_stack_dependency(storage)
         self.cluster = HyperPodEksCluster(self, "Cluster", HyperPodEksClusterProps(
             cluster_name=config.name,

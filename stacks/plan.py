@@ -309,7 +309,7 @@ def plan(config: Config, *, train_config_path: str | None = None, mfu: float = D
         raise PlanError([f"--mfu: model FLOPs utilisation out of range (got {mfu!r}; allowed 0 < mfu <= 1)"])
     notes: list[str] = []
     profile = train_config_path or config.training.profile
-    path = Path(train_config_path) if train_config_path else REPO_ROOT / config.training.profile
+    path = Path(train_config_path) if train_config_path else config.training.path
     try:
         train = load_train_config(path, train_overrides)
     except ConfigError as error:

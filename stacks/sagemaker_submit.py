@@ -31,7 +31,6 @@ FSX_DATASETS = "/fsx/datasets/"
 CHANNEL_DIR = "/opt/ml/input/data/train/"
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 TENSORBOARD_DIR = "/opt/ml/output/tensorboard"
-IMAGE_CONFIG_ROOT = "/opt/moe-cdk"  # where training/Dockerfile installs the repository's training/
 OUTPUT_KEYS = ("RoleArn", "SubnetIds", "SecurityGroupIds", "DataBucketName", "FileSystemId",
                "FileSystemMountName", "TrainingImageUri")
 
@@ -122,12 +121,12 @@ def build_request(config: Config, outputs: dict[str, str], options: SubmitOption
     problems = options.problems()
     if problems:
         raise ConfigError(problems)
-    train = load_train_config(Path(__file__).resolve().parent.parent / config.training.profile)
+    train = load_train_config(config.training.path)
     (group,) = config.cluster.instance_groups
     bucket = outputs["DataBucketName"]
     run = options.run_name
     prefixes = [_in_channel(p, f"training.profile data.prefixes[{i}]") for i, p in enumerate(train.data.prefixes)]
-    arguments = ["--config", f"{IMAGE_CONFIG_ROOT}/{config.training.profile}",
+    arguments = ["--config", config.training.image_path,
                  "--checkpoint-dir", CHECKPOINT_DIR,
                  "--set", f"data.prefixes=[{', '.join(prefixes)}]",
                  "--set", f"data.cache_dir={CHECKPOINT_DIR}/index-cache",

@@ -3,7 +3,6 @@ HyperPod lifecycle bucket and the training image."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_s3 as s3, aws_ssm as ssm
 from constructs import Construct
@@ -13,9 +12,8 @@ from moe_cdk.constructs.efa_security_group import EfaSecurityGroup
 from moe_cdk.constructs.lustre_storage import LustreStorage, LustreStorageProps
 from moe_cdk.constructs.training_image import TrainingImage, TrainingImageProps
 from moe_cdk.constructs.training_network import TrainingNetwork
-from moe_cdk.stacks.config import Config
+from moe_cdk.stacks.config import REPO_ROOT, Config
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def lifecycle_bucket_name(config: Config) -> str:

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_cdk.training.schema import problem
+
 EXIT_INVALID = 2
 VALUE_WIDTH = 80
 _ABSENT = object()
@@ -194,7 +196,7 @@ def synth_revision(ref: str | None, config: str, outdir: Path, repo: Path) -> di
 
 
 def _bad_ref_line(ref: str) -> str:
-    return f"BASE_REF: not a revision (got {ref!r}; allowed a commit, branch or tag)"
+    return "BASE_REF: " + problem("not a revision", got=ref, allowed="a commit, branch or tag")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,12 +296,18 @@ def _is_security_group_type(type_: str) -> bool:
     return type_.startswith("AWS::EC2::SecurityGroup")
 
 
+def _set_flags(change: ResourceChange, types: list[str], names: set[str]) -> ResourceChange:
+    """Flag ``change`` as IAM / security group when one of ``types`` is, or ``names`` holds such a property."""
+    change.iam = any(_is_iam_type(t) for t in types) or bool(names & IAM_PROPERTY_NAMES)
+    change.security_group = (any(_is_security_group_type(t) for t in types)
+                             or bool(names & SECURITY_GROUP_PROPERTY_NAMES))
+    return change
+
+
 def _flag(change: ResourceChange) -> ResourceChange:
     """Set the IAM and security-group flags of a modified or replaced resource from its changed paths."""
     names = set().union(*(_path_names(c.path) for c in change.changes)) if change.changes else set()
-    change.iam = _is_iam_type(change.type) or bool(names & IAM_PROPERTY_NAMES)
-    change.security_group = _is_security_group_type(change.type) or bool(names & SECURITY_GROUP_PROPERTY_NAMES)
-    return change
+    return _set_flags(change, [change.type], names)
 
 
 def _resources(template: dict) -> dict[str, dict]:
@@ -312,10 +320,7 @@ def _whole(resource: dict, logical_id: str, kind: str) -> ResourceChange:
     """An added or removed resource; flagged when it is IAM / security group or carries a policy or rules."""
     properties = resource.get("Properties") or {}
     change = ResourceChange(logical_id, resource.get("Type", "?"), kind)
-    keys = set(properties)
-    change.iam = _is_iam_type(change.type) or bool(keys & IAM_PROPERTY_NAMES)
-    change.security_group = _is_security_group_type(change.type) or bool(keys & SECURITY_GROUP_PROPERTY_NAMES)
-    return change
+    return _set_flags(change, [change.type], set(properties))
 
 
 def _diff_resource(logical_id: str, old: dict, new: dict) -> ResourceChange | None:
@@ -326,9 +331,7 @@ def _diff_resource(logical_id: str, old: dict, new: dict) -> ResourceChange | No
         change = ResourceChange(logical_id, new_type, "replaced",
                                 changes=[PropertyChange("Type", old_type, new_type)],
                                 replacement_reasons=[f"Type {old_type} -> {new_type}"])
-        change.iam = _is_iam_type(old_type) or _is_iam_type(new_type)
-        change.security_group = _is_security_group_type(old_type) or _is_security_group_type(new_type)
-        return change
+        return _set_flags(change, [old_type, new_type], set())
     changes: list[PropertyChange] = []
     for key in sorted(set(old) | set(new)):
         if key == "Type":
@@ -500,8 +503,8 @@ def run(args: argparse.Namespace) -> int:
     """``moe-cdk diff``: Markdown of BASE_REF's templates against the working tree's."""
     repo = _repo_root(Path.cwd())
     if repo is None:
-        return _report([f"moe-cdk diff: not inside a git checkout (got {str(Path.cwd())!r}; allowed a git working tree)"],
-                       EXIT_INVALID)
+        return _report(["moe-cdk diff: " + problem("not inside a git checkout", got=str(Path.cwd()),
+                                                   allowed="a git working tree")], EXIT_INVALID)
     commit = resolve_revision(repo, args.base_ref)
     if commit is None:
         return _report([_bad_ref_line(args.base_ref)], EXIT_INVALID)

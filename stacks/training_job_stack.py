@@ -7,6 +7,7 @@ import aws_cdk as cdk
 from aws_cdk import CfnOutput, Stack, aws_iam as iam
 from constructs import Construct
 
+from moe_cdk.constructs.hyperpod_nodes import nag_text
 from moe_cdk.stacks.config import Config
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack, data_bucket_name
@@ -32,19 +33,21 @@ class TrainingJobStack(Stack):
     def __init__(self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack,
                  **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
-        bucket = data_bucket_name(config)
-        bucket_arn = f"arn:{cdk.Aws.PARTITION}:s3:::{bucket.replace('${AWS::AccountId}', cdk.Aws.ACCOUNT_ID)}"
+        bucket = data_bucket_name(config).replace("${AWS::AccountId}", cdk.Aws.ACCOUNT_ID)
+        bucket_arn = f"arn:{cdk.Aws.PARTITION}:s3:::{bucket}"
+        object_arns = {prefix: f"{bucket_arn}/{prefix}/*" for prefix in PREFIXES}
+        log_group_arn = f"arn:{cdk.Aws.PARTITION}:logs:{self.region}:{cdk.Aws.ACCOUNT_ID}:log-group:/aws/sagemaker/TrainingJobs:*"
         self.role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
                              description=f"SageMaker training jobs of {config.name}")
         for prefix, (actions, _) in PREFIXES.items():
-            self.role.add_to_policy(iam.PolicyStatement(actions=list(actions), resources=[f"{bucket_arn}/{prefix}/*"]))
+            self.role.add_to_policy(iam.PolicyStatement(actions=list(actions), resources=[object_arns[prefix]]))
         self.role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[bucket_arn]))
         storage.training_image.grant_pull(self.role)
         # SageMaker Developer Guide, "CreateTrainingJob API: Execution Role Permissions": logs
         # go to the /aws/sagemaker/TrainingJobs group, and a job in a VPC attaches network interfaces.
         self.role.add_to_policy(iam.PolicyStatement(
             actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-            resources=[f"arn:{cdk.Aws.PARTITION}:logs:{self.region}:{cdk.Aws.ACCOUNT_ID}:log-group:/aws/sagemaker/TrainingJobs:*"],
+            resources=[log_group_arn],
         ))
         self.role.add_to_policy(iam.PolicyStatement(
             actions=["cloudwatch:PutMetricData"], resources=["*"],
@@ -57,30 +60,29 @@ class TrainingJobStack(Stack):
                      "fsx:DescribeFileSystems"],
             resources=["*"],
         ))
-        self._acknowledge_findings(bucket)
+        self._acknowledge_findings(object_arns, log_group_arn)
 
         subnet = network.network.subnet_in(config.cluster.availability_zone)
         CfnOutput(self, "RoleArn", value=self.role.role_arn)
         CfnOutput(self, "SubnetIds", value=subnet.subnet_id)
         CfnOutput(self, "SecurityGroupIds", value=network.node_security_group.security_group_id)
-        CfnOutput(self, "DataBucketName", value=bucket.replace("${AWS::AccountId}", cdk.Aws.ACCOUNT_ID))
+        CfnOutput(self, "DataBucketName", value=bucket)
         CfnOutput(self, "FileSystemId", value=storage.lustre.file_system_id)
         CfnOutput(self, "FileSystemMountName", value=storage.lustre.mount_name)
         CfnOutput(self, "TrainingImageUri", value=storage.training_image.image_uri)
 
-    def _acknowledge_findings(self, bucket: str) -> None:
+    def _acknowledge_findings(self, object_arns: dict[str, str], log_group_arn: str) -> None:
         """Each wildcard this role keeps, on its one policy, with the reason a reviewer needs."""
         policy = self.role.node.find_child("DefaultPolicy").node.default_child
-        nag_bucket = bucket.replace("${AWS::AccountId}", "<AWS::AccountId>")
         cdk.Validations.of(policy).acknowledge(
             cdk.Acknowledgment(id="AwsSolutions-IAM5[Resource::*]", reason=(
                 "ecr:GetAuthorizationToken, EC2 Describe* and fsx:DescribeFileSystems take no resource ARN; the ENI "
                 "actions a VPC training job needs act on interfaces that do not exist yet; cloudwatch:PutMetricData "
                 "is limited to SageMaker's training namespace by a condition.")),
             cdk.Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:{self.region}:<AWS::AccountId>:log-group:/aws/sagemaker/TrainingJobs:*]",
+                id=f"AwsSolutions-IAM5[Resource::{nag_text(self, log_group_arn)}]",
                 reason="Each training job writes its own log streams in SageMaker's fixed log group."),
-            *(cdk.Acknowledgment(id=f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{nag_bucket}/{prefix}/*]",
+            *(cdk.Acknowledgment(id=f"AwsSolutions-IAM5[Resource::{nag_text(self, object_arns[prefix])}]",
                                  reason=f"Objects under {prefix}/: {why}.")
               for prefix, (_, why) in PREFIXES.items()),
         )

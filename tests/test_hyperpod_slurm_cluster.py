@@ -169,3 +169,11 @@ def test_efa_file_system_in_another_zone_is_rejected(scripts):
                    dns_name_parameter="/a", mount_name_parameter="/b")
     with pytest.raises(PropsError, match=r"fsx.availability_zone: an EFA-enabled file system must be in the cluster's zone \(got 'us-east-2b'; allowed us-east-2a\)"):
         _build(scripts, fsx=fsx)
+
+
+def test_bad_accounting_database_is_reported_by_prop(scripts):
+    from moe_cdk.constructs.hyperpod_slurm_cluster import AccountingDatabase
+
+    with pytest.raises(PropsError) as error:
+        _build(scripts, accounting_database=AccountingDatabase(endpoint="db", secret_arn="nope", port=0))
+    assert [p.split(":")[0] for p in error.value.problems] == ["accounting_database.secret_arn", "accounting_database.port"]
