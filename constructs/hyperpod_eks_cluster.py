@@ -29,10 +29,10 @@ from moe_cdk.constructs.hyperpod_nodes import (
     instance_group_problems,
     instance_group_property,
     lifecycle_directory_problems,
-    nag_text,
     publish_lifecycle,
 )
-from moe_cdk.constructs.training_eks_cluster import pod_identity_principal
+from moe_cdk.constructs.nag import nag_text
+from moe_cdk.constructs.training_eks_cluster import pod_identity_role
 from moe_cdk.constructs.validation import problem, raise_if_any
 
 # Kubernetes label keys and values ("Labels and Selectors"): an optional DNS-subdomain
@@ -139,11 +139,7 @@ def provisioning_parameters(*, instance_groups: Sequence[EksInstanceGroup], regi
         "region": region,
         "controller_group": None,
         "login_group": None,
-        "worker_groups": [
-            {"instance_group_name": g.name, "partition_name": None,
-             "instance_type": g.spec.sagemaker_name if g.spec else g.instance_type, "features": g.features()}
-            for g in instance_groups
-        ],
+        "worker_groups": [g.worker_parameters() for g in instance_groups],
         "fsx_lustre": None,
         "container_runtime": {"containerd_data_dir": "/opt/dlami/nvme/containerd",
                               "fallback_data_dir": "/opt/sagemaker/containerd"},
@@ -240,12 +236,9 @@ class HyperPodEksCluster(Construct):
     def _training_operator(self) -> eks.CfnAddon:
         # [HP-TO] in cluster_software: the add-on needs a HyperPod cluster, cert-manager and
         # the Pod Identity agent; its controller gets the managed policy through Pod Identity.
-        role = iam.Role(self, "TrainingOperatorRole", assumed_by=pod_identity_principal(),
-                        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(TRAINING_OPERATOR_POLICY)])
-        cdk.Validations.of(role.node.default_child).acknowledge(cdk.Acknowledgment(
-            id=f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{TRAINING_OPERATOR_POLICY}]",
-            reason="The policy AWS documents for the HyperPod training operator's service account; it reads the "
-                   "HyperPod cluster's node and job state."))
+        role = pod_identity_role(self, "TrainingOperatorRole", TRAINING_OPERATOR_POLICY,
+                                 reason="The policy AWS documents for the HyperPod training operator's service account; "
+                                        "it reads the HyperPod cluster's node and job state.")
         addon = eks.CfnAddon(
             self, "TrainingOperator", cluster_name=self.props.eks_cluster.cluster_name,
             addon_name=software.TRAINING_OPERATOR.name, addon_version=self.props.training_operator_version,

@@ -27,6 +27,7 @@ from aws_cdk import aws_ec2 as ec2, aws_iam as iam, aws_s3_assets as s3_assets, 
 from constructs import Construct
 
 from moe_cdk.constructs import instance_catalog
+from moe_cdk.constructs.nag import managed_policy_finding, nag_text
 from moe_cdk.constructs.validation import problem, raise_if_any
 
 # SageMaker API reference, ClusterInstanceGroupSpecification.InstanceGroupName.
@@ -63,6 +64,17 @@ class HyperPodInstanceGroup:
     def runs_training(self) -> bool:
         """Whether training runs on this group (then it must have EFA when EFA is required)."""
         raise NotImplementedError
+
+    @property
+    def partition_name(self) -> str | None:
+        """The Slurm partition of the group; None outside Slurm."""
+        return None
+
+    def worker_parameters(self) -> dict:
+        """This group's ``worker_groups`` entry in provisioning_parameters.json."""
+        return {"instance_group_name": self.name, "partition_name": self.partition_name,
+                "instance_type": self.spec.sagemaker_name if self.spec else self.instance_type,
+                "features": self.features()}
 
     def features(self) -> list[str]:
         """Node features: ``efa`` when the type has EFA, the instance family, the accelerator kind."""
@@ -123,15 +135,6 @@ def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
     )
 
 
-def nag_text(stack: cdk.Stack, value: str) -> str:
-    """``value`` as cdk-nag writes it in a finding id: pseudo parameters as ``<AWS::X>``."""
-    resolved = stack.resolve(value)
-    if isinstance(resolved, str):
-        return resolved
-    parts = resolved["Fn::Join"][1]
-    return "".join(p if isinstance(p, str) else f"<{p['Ref']}>" for p in parts)
-
-
 def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup,
                    unscoped_actions: Sequence[str] = ()) -> iam.Role:
     """The nodes' role: the managed instance policy, plus the network-interface permissions a
@@ -162,7 +165,7 @@ def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, 
                 "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", *unscoped_actions]
     role.add_to_policy(iam.PolicyStatement(actions=unscoped, resources=["*"]))
     cdk.Validations.of(role.node.default_child).acknowledge(cdk.Acknowledgment(
-        id=f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{MANAGED_INSTANCE_POLICY}]",
+        id=managed_policy_finding(MANAGED_INSTANCE_POLICY),
         reason="AWS requires this managed policy on HyperPod execution roles: it lets the HyperPod agents on "
                "each node report health and read the sagemaker-* lifecycle bucket (SageMaker Developer Guide, "
                "'IAM role for SageMaker HyperPod').",

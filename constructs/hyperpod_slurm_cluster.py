@@ -139,11 +139,7 @@ def provisioning_parameters(*, instance_groups: Sequence[SlurmInstanceGroup], re
         "region": region,
         "controller_group": by_type[NodeType.CONTROLLER][0].name if by_type[NodeType.CONTROLLER] else None,
         "login_group": by_type[NodeType.LOGIN][0].name if by_type[NodeType.LOGIN] else None,
-        "worker_groups": [
-            {"instance_group_name": g.name, "partition_name": g.partition_name,
-             "instance_type": g.spec.sagemaker_name if g.spec else g.instance_type, "features": g.features()}
-            for g in by_type[NodeType.COMPUTE]
-        ],
+        "worker_groups": [g.worker_parameters() for g in by_type[NodeType.COMPUTE]],
         "fsx_lustre": None if fsx is None else {
             "dns_name_parameter": fsx.dns_name_parameter, "mount_name_parameter": fsx.mount_name_parameter,
             "mount_point": fsx.mount_point,

@@ -22,6 +22,7 @@ from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
 from constructs import Construct
 
 from moe_cdk.constructs import cluster_software as software, instance_catalog
+from moe_cdk.constructs.nag import managed_policy_finding
 from moe_cdk.constructs.validation import problem, raise_if_any
 
 
@@ -146,9 +147,8 @@ class TrainingEksCluster(Construct):
     def _acknowledge_findings(self) -> None:
         """cdk-nag findings on the roles and functions aws_eks_v2 creates, each with its reason."""
         stack = cdk.Stack.of(self)
-        managed = "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{}]"
         cdk.Validations.of(self.cluster.role.node.default_child).acknowledge(cdk.Acknowledgment(
-            id=managed.format("AmazonEKSClusterPolicy"),
+            id=managed_policy_finding("AmazonEKSClusterPolicy"),
             reason="The EKS service role policy AWS requires on every cluster role (Amazon EKS User Guide, 'Amazon EKS "
                    "cluster IAM role')."))
         provider = self.cluster.node.find_child("KubectlProvider")
@@ -159,14 +159,14 @@ class TrainingEksCluster(Construct):
                          "VPC to reach the private API endpoint.")
         for function in (handler, framework):
             cdk.Validations.of(function.role.node.default_child).acknowledge(
-                cdk.Acknowledgment(id=managed.format("service-role/AWSLambdaBasicExecutionRole"), reason=lambda_reason),
-                cdk.Acknowledgment(id=managed.format("service-role/AWSLambdaVPCAccessExecutionRole"), reason=lambda_reason))
+                cdk.Acknowledgment(id=managed_policy_finding("service-role/AWSLambdaBasicExecutionRole"), reason=lambda_reason),
+                cdk.Acknowledgment(id=managed_policy_finding("service-role/AWSLambdaVPCAccessExecutionRole"), reason=lambda_reason))
         has_ecr_public = stack.get_logical_id(handler.node.find_child("HasEcrPublic"))
         ecr_public = ('{"Fn::If":["%s",{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},'
                       '":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}') % has_ecr_public
         pull_reason = "Read-only image pulls that aws_eks_v2 gives its kubectl handler for Helm charts stored in ECR."
         cdk.Validations.of(handler.role.node.default_child).acknowledge(
-            cdk.Acknowledgment(id=managed.format("AmazonEC2ContainerRegistryReadOnly"), reason=pull_reason),
+            cdk.Acknowledgment(id=managed_policy_finding("AmazonEC2ContainerRegistryReadOnly"), reason=pull_reason),
             cdk.Acknowledgment(id=f"AwsSolutions-IAM4[Policy::{ecr_public}]", reason=pull_reason))
         cdk.Validations.of(handler.node.default_child).acknowledge(cdk.Acknowledgment(
             id="AwsSolutions-L1",
@@ -200,12 +200,9 @@ class TrainingEksCluster(Construct):
 
     def _container_insights(self) -> eks.CfnAddon:
         # [CW]: the agent's service account gets CloudWatchAgentServerPolicy through Pod Identity.
-        role = iam.Role(self, "ContainerInsightsRole", assumed_by=pod_identity_principal(),
-                        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")])
-        cdk.Validations.of(role.node.default_child).acknowledge(cdk.Acknowledgment(
-            id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/CloudWatchAgentServerPolicy]",
-            reason="The policy AWS documents for the CloudWatch Observability add-on's agent; it writes metrics and "
-                   "logs only."))
+        role = pod_identity_role(self, "ContainerInsightsRole", "CloudWatchAgentServerPolicy",
+                                 reason="The policy AWS documents for the CloudWatch Observability add-on's agent; it "
+                                        "writes metrics and logs only.")
         addon = self._addon(software.CONTAINER_INSIGHTS, pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
             role_arn=role.role_arn, service_account="cloudwatch-agent")])
         addon.node.add_dependency(self.addons["eks-pod-identity-agent"])
@@ -265,6 +262,12 @@ class TrainingEksCluster(Construct):
         return found
 
 
-def pod_identity_principal() -> iam.IPrincipal:
-    """EKS Pod Identity's principal, with the session tagging it performs."""
-    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com"))
+def pod_identity_role(scope: Construct, id: str, managed_policy: str, *, reason: str) -> iam.Role:
+    """A role for one service account through EKS Pod Identity (whose principal tags its
+    sessions), holding the AWS managed policy its add-on documents; ``reason`` acknowledges
+    that policy in cdk-nag."""
+    role = iam.Role(scope, id, assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+                    managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(managed_policy)])
+    cdk.Validations.of(role.node.default_child).acknowledge(
+        cdk.Acknowledgment(id=managed_policy_finding(managed_policy), reason=reason))
+    return role

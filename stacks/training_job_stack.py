@@ -7,7 +7,7 @@ import aws_cdk as cdk
 from aws_cdk import CfnOutput, Stack, aws_iam as iam
 from constructs import Construct
 
-from moe_cdk.constructs.hyperpod_nodes import nag_text
+from moe_cdk.constructs.nag import nag_text
 from moe_cdk.stacks.config import Config
 from moe_cdk.stacks.network_stack import NetworkStack
 from moe_cdk.stacks.storage_stack import StorageStack, data_bucket_name
