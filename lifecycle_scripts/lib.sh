@@ -8,6 +8,9 @@
 #   run_step NAME cmd...           run cmd as the step NAME (used in log lines and the ERR trap)
 #   install_err_trap               on the first failing command, print diagnostics and exit
 #   load_node_facts / load_params  node_info.py's KEY=value lines into MOE_<KEY> variables
+#   replace_if_changed NEW TARGET MODE
+#                                  move NEW over TARGET (chmod MODE first) unless they are equal
+#   on_nvme DIR / nvme_mounted     DIR is on the instance NVMe / the NVMe is mounted
 #
 # Environment (all optional; the tests use them to run in a sandbox):
 #   MOE_LC_ROOT                prefix for every system path ("" on a real node)
@@ -195,4 +198,30 @@ MOE_FSX_MOUNT_POINT="" MOE_ENROOT_DATA_DIR="" MOE_PYXIS=""
 MOE_WORKLOAD_MANAGER="" MOE_CONTAINERD_DATA_DIR="" MOE_CONTAINERD_FALLBACK_DIR=""
 load_params() {
   load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" --params "${MOE_LC_PARAMS}"
+}
+
+# replace_if_changed NEW TARGET MODE: when NEW (a file written beside TARGET) equals TARGET,
+# remove NEW and return 1; otherwise chmod NEW to MODE (an octal mode, or
+# --reference=FILE) and move it over TARGET in one rename, returning 0.
+replace_if_changed() {
+  local new="$1" target="$2" mode="$3"
+  if [[ -f "${target}" ]] && cmp -s -- "${new}" "${target}"; then
+    rm -f -- "${new}"
+    return 1
+  fi
+  chmod "${mode}" -- "${new}"
+  mv -f -- "${new}" "${target}"
+}
+
+# The instance-store NVMe of GPU and Trainium instances on HyperPod's AMIs.
+MOE_NVME_MOUNT="/opt/dlami/nvme"
+
+# on_nvme DIR: DIR is the NVMe mount point or below it.
+on_nvme() {
+  [[ "$1" == "${MOE_NVME_MOUNT}" || "$1" == "${MOE_NVME_MOUNT}/"* ]]
+}
+
+# nvme_mounted: the NVMe is mounted (so data under it does not land on the root volume).
+nvme_mounted() {
+  mountpoint -q "${MOE_LC_ROOT}${MOE_NVME_MOUNT}"
 }

@@ -67,15 +67,14 @@ eks_steps() {
 
 # Copies efa_env.sh to /etc/profile.d, replacing the copy only when it differs.
 install_efa_env() {
-  local target="${MOE_LC_ROOT}/etc/profile.d/moe-cdk-efa.sh"
-  if [[ -f "${target}" ]] && cmp -s -- ./efa_env.sh "${target}"; then
+  local target="${MOE_LC_ROOT}/etc/profile.d/moe-cdk-efa.sh" tmp
+  mkdir -p -- "$(dirname -- "${target}")"
+  tmp="$(mktemp "${target}.moe-cdk.XXXXXX")"
+  cp -- ./efa_env.sh "${tmp}"
+  if ! replace_if_changed "${tmp}" "${target}" 644; then
     log "${target} is already up to date"
     return 0
   fi
-  mkdir -p -- "$(dirname -- "${target}")"
-  cp -- ./efa_env.sh "${target}.moe-cdk.tmp"
-  chmod 644 -- "${target}.moe-cdk.tmp"
-  mv -f -- "${target}.moe-cdk.tmp" "${target}"
   log "installed ${target}"
 }
 

@@ -21,7 +21,6 @@ MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "${MOE_LC_DIR}/lib.sh"
 
-readonly NVME_MOUNT="/opt/dlami/nvme"
 readonly CONTAINERD_CONFIG="/etc/containerd/config.toml"
 
 # Set by choose_data_dir and write_config.
@@ -30,15 +29,15 @@ CONFIG_CHANGED=false
 
 choose_data_dir() {
   local wanted="${MOE_CONTAINERD_DATA_DIR}" fallback="${MOE_CONTAINERD_FALLBACK_DIR}"
-  if [[ "${wanted}" != "${NVME_MOUNT}" && "${wanted}" != "${NVME_MOUNT}/"* ]]; then
+  if ! on_nvme "${wanted}"; then
     DATA_DIR="${wanted}"
-    log "containerd data goes to ${wanted} (container_runtime.containerd_data_dir; not under ${NVME_MOUNT})"
-  elif mountpoint -q "${MOE_LC_ROOT}${NVME_MOUNT}"; then
+    log "containerd data goes to ${wanted} (container_runtime.containerd_data_dir; not under ${MOE_NVME_MOUNT})"
+  elif nvme_mounted; then
     DATA_DIR="${wanted}"
     log "containerd data goes to the instance NVMe: ${wanted}"
   else
     DATA_DIR="${fallback}"
-    warn "${NVME_MOUNT} is not a mount point, so containerd data goes to ${fallback} (container_runtime.fallback_data_dir) instead of ${wanted} (container_runtime.containerd_data_dir)"
+    warn "${MOE_NVME_MOUNT} is not a mount point, so containerd data goes to ${fallback} (container_runtime.fallback_data_dir) instead of ${wanted} (container_runtime.containerd_data_dir)"
   fi
 }
 
@@ -80,13 +79,10 @@ write_config() {
   local dir="$1" conf="$2" tmp
   tmp="$(mktemp "${conf}.moe-cdk.XXXXXX")"
   desired_config "${dir}" "${conf}" >"${tmp}"
-  if cmp -s -- "${tmp}" "${conf}"; then
-    rm -f -- "${tmp}"
+  if ! replace_if_changed "${tmp}" "${conf}" --reference="${conf}"; then
     log "${conf} already has root = \"${dir}\"; not restarting containerd"
     return 0
   fi
-  chmod --reference="${conf}" -- "${tmp}"
-  mv -f -- "${tmp}" "${conf}"
   CONFIG_CHANGED=true
   log "${conf}: root = \"${dir}\""
 }

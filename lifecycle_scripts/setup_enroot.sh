@@ -13,7 +13,6 @@ MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "${MOE_LC_DIR}/lib.sh"
 
-readonly NVME_MOUNT="/opt/dlami/nvme"
 readonly BEGIN_MARK="# BEGIN moe-cdk"
 readonly END_MARK="# END moe-cdk"
 
@@ -27,14 +26,14 @@ require_enroot() {
 # check_data_dir DIR: warn when DIR is meant for the NVMe but the NVMe is not mounted.
 check_data_dir() {
   local dir="$1"
-  if [[ "${dir}" == "${NVME_MOUNT}" || "${dir}" == "${NVME_MOUNT}/"* ]]; then
-    if mountpoint -q "${MOE_LC_ROOT}${NVME_MOUNT}"; then
+  if on_nvme "${dir}"; then
+    if nvme_mounted; then
       log "enroot data goes to the instance NVMe: ${dir}"
     else
-      warn "${NVME_MOUNT} is not a mount point, so ${dir} is on the ROOT VOLUME; container images may fill it"
+      warn "${MOE_NVME_MOUNT} is not a mount point, so ${dir} is on the ROOT VOLUME; container images may fill it"
     fi
   else
-    log "enroot data goes to ${dir} (container_runtime.enroot_data_dir; not under ${NVME_MOUNT})"
+    log "enroot data goes to ${dir} (container_runtime.enroot_data_dir; not under ${MOE_NVME_MOUNT})"
   fi
 }
 
@@ -63,13 +62,10 @@ write_enroot_conf() {
       !inside { print }
     ' "${conf}" >>"${tmp}"
   fi
-  if [[ -f "${conf}" ]] && cmp -s -- "${tmp}" "${conf}"; then
-    rm -f -- "${tmp}"
+  if ! replace_if_changed "${tmp}" "${conf}" 644; then
     log "${conf} is already up to date"
     return 0
   fi
-  chmod 644 -- "${tmp}"
-  mv -f -- "${tmp}" "${conf}"
   log "wrote ENROOT_RUNTIME_PATH, ENROOT_CACHE_PATH, ENROOT_DATA_PATH and ENROOT_TEMP_PATH under ${dir} to ${conf}"
 }
 
