@@ -14,7 +14,7 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def init_single_process(expert_parallel: int = 1) -> None:
+def init_single_process() -> None:
     """A one-rank gloo (CPU) or NCCL (GPU) group with megatron's parallel state, as the trainer sets it up."""
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -28,7 +28,7 @@ def init_single_process(expert_parallel: int = 1) -> None:
     os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 500))
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(expert_model_parallel_size=expert_parallel)
+    parallel_state.initialize_model_parallel()
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0)
 

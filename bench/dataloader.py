@@ -30,6 +30,7 @@ def main() -> None:
     from moe_cdk.training import data
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.model import build_model
+    from moe_cdk.training.trainer import causal_mask
 
     config = load_train_config(args.config)
     init_single_process()
@@ -56,7 +57,7 @@ def main() -> None:
     device = next(model.parameters()).device
     tokens = torch.randint(0, 256, (micro, seq + 1), device=device)
     positions = torch.arange(seq, device=device).expand(micro, seq)
-    mask = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool, device=device), diagonal=1)
+    mask = causal_mask(seq, device)
 
     def train_step():
         optimizer.zero_grad()

@@ -37,8 +37,9 @@ def main() -> int:
         print("gpu_mfu.py needs a CUDA GPU (none found); run it on a p5en node or any H100/H200.", file=sys.stderr)
         return 1
     from moe_cdk.training.config import load_train_config
-    from moe_cdk.training.metrics import default_peak_tflops
+    from moe_cdk.training.metrics import default_peak_tflops, peak_memory_gib
     from moe_cdk.training.model import build_model, flops_per_token
+    from moe_cdk.training.trainer import causal_mask
 
     config = load_train_config(ROOT / "training/configs/mixtral-8x7b.yaml", [
         f"model.num_layers={args.layers}", f"model.seq_length={args.seq_length}",
@@ -51,7 +52,7 @@ def main() -> int:
     seq, micro = args.seq_length, args.micro_batch
     tokens = torch.randint(0, vocab, (micro, seq + 1), device="cuda")
     positions = torch.arange(seq, device="cuda").expand(micro, seq)
-    mask = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool, device="cuda"), diagonal=1)
+    mask = causal_mask(seq, "cuda")
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -65,7 +66,7 @@ def main() -> int:
     achieved = tokens_per_s * flops_per_token(config, vocab) / 1e12
     rows = [{"device": torch.cuda.get_device_name(), "layers": args.layers, "tokens_per_s": tokens_per_s,
              "achieved_tflops": achieved, "peak_tflops": peak, "mfu": achieved / peak,
-             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}]
+             "peak_memory_gib": peak_memory_gib()}]
     report("gpu_mfu", rows, {"seq_length": seq, "micro_batch": micro,
                              "note": "one GPU, expert-parallel 1: no all-to-all; the embedding and output layer are included"})
     return 0

@@ -144,12 +144,6 @@ def _model():
     return model
 
 
-def expert_parameter_count(train: TrainConfig) -> int:
-    """Every expert weight of the model: layers x experts x (gate, up and down projections of a SwiGLU MLP)."""
-    m = train.model
-    return m.num_layers * train.moe.num_experts * 3 * m.hidden_size * m.ffn_hidden_size
-
-
 def activation_bytes_per_layer(train: TrainConfig) -> float:
     """Activations one transformer layer keeps for the backward pass, per device, in bytes.
 
@@ -208,7 +202,7 @@ def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, d
     model = _model()
     p, m = train.parallel, train.model
     counts = model.parameter_counts(train, vocab_size)
-    expert = expert_parameter_count(train)
+    expert = counts.expert
     dense = counts.total - expert
     per_device = dense / p.tensor + expert / (p.expert * p.tensor)
     in_flight = 1  # pipeline parallel is 1

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_cdk.stacks.config import Config, load_config
+from moe_cdk.stacks.config import Config, Orchestrator, load_config
 from moe_cdk.training.config import load_train_config
 from moe_cdk.training.schema import ConfigError, problem, report_problems
 
@@ -246,7 +246,7 @@ def add_parser(subcommands) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
-        if config.cluster.orchestrator.value != "training-job":
+        if config.cluster.orchestrator is not Orchestrator.TRAINING_JOB:
             raise ConfigError(["cluster.orchestrator: " + problem("submit needs a training-job configuration",
                                                                   got=config.cluster.orchestrator.value, allowed="training-job")])
         stack_name = f"{config.name}-training-job"

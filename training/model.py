@@ -109,6 +109,8 @@ class ParameterCounts:
     """Every parameter of the full model (all stages, all experts)."""
     active: int
     """Parameters one token uses: the dense ones plus top_k of num_experts experts."""
+    expert: int
+    """Every expert weight (all layers, all experts); ``total - expert`` are the dense ones."""
 
 
 def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
@@ -127,6 +129,7 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     return ParameterCounts(
         total=dense + layers * moe.num_experts * expert,
         active=dense + layers * moe.top_k * expert,
+        expert=layers * moe.num_experts * expert,
     )
 
 

@@ -169,7 +169,7 @@ def _lr_lambda(step: int, *, warmup: int, decay: int, ratio: float) -> float:
     return ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _causal_mask(seq_length: int, device) -> torch.Tensor:
+def causal_mask(seq_length: int, device) -> torch.Tensor:
     # Explicit, so megatron does not build one on "cuda" (True = masked out).
     return torch.triu(torch.ones(1, 1, seq_length, seq_length, dtype=torch.bool, device=device), diagonal=1)
 
@@ -256,7 +256,7 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
     sink = MetricsSink(rank=runtime.rank, jsonl=config.metrics.file, prometheus_port=config.metrics.prometheus_port,
                        tensorboard_dir=config.metrics.tensorboard_dir, readiness_file=config.metrics.readiness_file,
                        liveness_file=config.metrics.liveness_file, max_steps=config.max_steps)
-    mask = _causal_mask(config.model.seq_length, runtime.device)
+    mask = causal_mask(config.model.seq_length, runtime.device)
     tokens_per_step = o.global_batch_size * config.model.seq_length
     flops = flops_per_token(config, tokenizer.vocab_size)
     peak_tflops = config.metrics.peak_tflops_per_device or default_peak_tflops()
