@@ -35,7 +35,8 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from moe_cdk.constructs import instance_catalog  # noqa: E402
 from moe_cdk.constructs.instance_catalog import AcceleratorKind  # noqa: E402
 from moe_cdk.stacks.config import REPO_ROOT, Config, NodeRole, Orchestrator, load_config  # noqa: E402
-from moe_cdk.training.config import TrainConfig, check_layout, load_train_config  # noqa: E402
+from moe_cdk.training.config import TrainConfig, load_train_config  # noqa: E402
+from moe_cdk.training.parallel import plan_layout  # noqa: E402
 from moe_cdk.training.schema import ConfigError, report_problems  # noqa: E402
 
 GIB = 2**30
@@ -196,7 +197,7 @@ def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, d
     Raises ``PlanError`` when the parallel layout does not fit ``world_size``.
     """
     try:
-        data = check_layout(train, world_size)
+        data = plan_layout(train, world_size).data
     except ConfigError as error:
         raise PlanError([f"training.profile: {line}" for line in error.errors]) from None
     model = _model()
@@ -206,7 +207,7 @@ def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, d
     dense = counts.total - expert
     per_device = dense / p.tensor + expert / (p.expert * p.tensor)
     in_flight = 1  # pipeline parallel is 1
-    padded_vocab = model.padded_vocab_size(vocab_size, p.tensor)
+    padded_vocab = model.padded_vocab_size(vocab_size)
     logits = m.seq_length * train.optim.micro_batch_size * padded_vocab * 4 / p.tensor
     activations = (activation_bytes_per_layer(train) * m.num_layers * in_flight + logits) / GIB
     parameters = per_device * WEIGHT_BYTES / GIB

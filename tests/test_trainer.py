@@ -2,54 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from trainer_runs import ENV, ROOT, TINY, final_parameters, records, run_training, train_command
 
-from conftest import ROOT
 from moe_cdk.training.checkpoint import MARKER, CheckpointManager
-
-TINY = ROOT / "training/configs/tiny.yaml"
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def data_prefix(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
-
-
-def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:
-    launcher = [sys.executable, "-m", "moe_cdk.training.train_cli"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        f"--master_port={29600 + random.randint(0, 300)}", "-m", "moe_cdk.training.train_cli"]
-    return [*launcher, "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
-            "--metrics-file", str(run_dir / "metrics.jsonl"), "--set", f"data.prefixes=[{data_prefix}]",
-            "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]", *extra]
-
-
-def run_training(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    return subprocess.run(train_command(run_dir, data_prefix, *extra, nproc=nproc), cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def final_parameters(checkpoint: Path, out: Path) -> dict[str, torch.Tensor]:
-    dcp_to_torch_save(str(checkpoint), str(out))
-    state = torch.load(out, weights_only=False)
-    return {k: v for k, v in state.items()
-            if k.startswith(("decoder.", "embedding.", "output_layer.")) and isinstance(v, torch.Tensor)}
 
 
 @pytest.fixture(scope="module")

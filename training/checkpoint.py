@@ -7,8 +7,11 @@ checkpoint whose marker exists and whose files all have their recorded sizes is 
 newer ones that fail the check are skipped with a warning naming them. The newest
 ``keep_last`` complete checkpoints are kept.
 
-Saved: model and optimizer (sharded like the model), learning-rate scheduler, every rank's
-RNG states, the data position and the step.
+Saved: the model and megatron's optimizer state (sharded like the model, so both reshard
+to any TP/EP/PP/DP layout on load), the learning-rate scheduler, the data position, the step,
+the layout, and every rank's RNG states. RNG states belong to a rank of one layout: they are
+restored when the layout is unchanged and re-derived from the seed and the step otherwise.
+A step-0 checkpoint (the initial weights) holds no optimizer state.
 """
 
 from __future__ import annotations
@@ -57,23 +60,42 @@ def _set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Give every parameter its AdamW state (zeros), so that a load has a template to fill."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            if not optimizer.state[param]:
-                optimizer.state[param] = {
-                    "step": torch.tensor(0.0),
-                    "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
-                    "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
-                }
+def _rederive_rng_state(seed: int, step: int) -> None:
+    """RNG states for a rank of a new layout: deterministic in the seed and the step."""
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    random.seed(seed + step)
+    np.random.seed((seed + step) % 2**32)
+    torch.manual_seed(seed + step)
+    model_parallel_cuda_manual_seed(seed + step)
 
 
-def _restore_step_counts(optimizer_state: dict, step: int) -> None:
-    # AdamW's per-parameter step is not sharded (excluded from the checkpoint); it equals
-    # the number of optimizer steps taken, which the checkpoint records.
-    for param_state in optimizer_state["state"].values():
-        param_state["step"] = torch.tensor(float(step))
+# The optimizer state in a form that reshards: the distributed optimizer's parameter-space
+# format, and no per-sub-optimizer key prefix (megatron splits dense and expert parameters
+# into separate optimizers only when expert parallelism is on, so the prefix would tie a
+# checkpoint to its expert-parallel size).
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space", "chained_optim_avoid_prefix": True}
+
+
+def _check_optimizer_structure(path: Path, common: dict, layout) -> None:
+    """Refuse, with a clear error, the one layout change whose optimizer state does not
+    reshard yet: megatron keeps one optimizer while the experts are not split
+    (parallel.expert 1) and two (dense, expert) once they are, and the saved state's
+    structure follows that count. Step-0 checkpoints hold no optimizer state."""
+    from moe_cdk.training.schema import ConfigError, problem
+
+    saved = common.get("layout", {}).get("expert", 1)
+    if int(common.get("step", 0)) > 0 and (saved > 1) != (layout.expert > 1):
+        raise ConfigError(["parallel.expert: " + problem(
+            f"{path} was saved with parallel.expert {saved}, and its optimizer state resumes only under "
+            + ("parallel.expert 1" if saved == 1 else "parallel.expert 2 or more"),
+            got=layout.expert, allowed="1" if saved == 1 else "2 or more")])
+
+
+def _layout_key(layout) -> dict:
+    """What must match for saved per-rank RNG states to mean the same ranks."""
+    return {"world_size": layout.world_size, "tensor": layout.tensor, "pipeline": layout.pipeline,
+            "virtual_pipeline": layout.virtual_pipeline, "expert": layout.expert, "expert_tensor": layout.expert_tensor}
 
 
 @dataclass(frozen=True)
@@ -106,9 +128,11 @@ def _start_writer_manager_with_signals_blocked() -> None:
 class CheckpointManager:
     """Saves, finds, loads and prunes the checkpoints of one run."""
 
-    def __init__(self, root: str | Path, *, keep_last: int, async_save: bool = False) -> None:
+    def __init__(self, root: str | Path, *, keep_last: int, layout, seed: int, async_save: bool = False) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
+        self.layout = layout
+        self.seed = seed
         # Async save first copies every tensor to host memory, then writes in the
         # background. On CPU there is no copy: the writer would read parameters while the
         # optimizer changes them. So CPU runs save synchronously.
@@ -119,7 +143,6 @@ class CheckpointManager:
         self._async_queue = None
         self._pending: tuple[int, Path] | None = None
         _start_writer_manager_with_signals_blocked()
-
     # -- finding ------------------------------------------------------------------------
 
     def step_dirs(self) -> list[tuple[int, Path]]:
@@ -160,29 +183,28 @@ class CheckpointManager:
 
     # -- saving -------------------------------------------------------------------------
 
-    def _sharded_state(self, model, optimizer, scheduler, *, step: int, consumed_samples: int) -> dict:
+    def _sharded_state(self, trainable, *, step: int, consumed_samples: int, rng: bool, is_loading: bool = False) -> dict:
         from megatron.core.dist_checkpointing.mapping import ShardedObject
-        from megatron.core.dist_checkpointing.optimizer import (
-            get_param_id_to_sharded_param_map,
-            optim_state_to_sharding_state,
-        )
 
-        model_state = model.sharded_state_dict()
-        optim_state = optimizer.state_dict()
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        id_map = get_param_id_to_sharded_param_map(model_state, params)
-        optim_state_to_sharding_state(optim_state, id_map, exclude_keys=("step",))
-        world, rank = dist.get_world_size(), dist.get_rank()
-        return {
+        # Chunk keys are local, but every tensor is stored under its global name (layer
+        # numbers include the stage offset), so any chunking of the layers can load it.
+        model_state = {f"chunk{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(trainable.chunks)}
+        state = {
             "model": model_state,
-            "optimizer": optim_state,
-            "rng": ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0),
-            "scheduler": scheduler.state_dict(),
+            "scheduler": trainable.scheduler.state_dict(),
             "step": step,
             "consumed_samples": consumed_samples,
+            "layout": _layout_key(self.layout),
         }
+        if step > 0:
+            state["optimizer"] = trainable.optimizer.sharded_state_dict(
+                model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
+        if rng:
+            world, rank = dist.get_world_size(), dist.get_rank()
+            state["rng"] = ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0)
+        return state
 
-    def save(self, model, optimizer, scheduler, *, step: int, consumed_samples: int) -> None:
+    def save(self, trainable, *, step: int, consumed_samples: int) -> None:
         """Write ``step-<step>``; with async_save the files are written in the background and the
         marker follows once they are done (``wait()`` finishes it)."""
         from megatron.core import dist_checkpointing
@@ -195,7 +217,7 @@ class CheckpointManager:
                 shutil.rmtree(path)  # an unfinished earlier attempt at the same step
             path.mkdir(parents=True)
         dist.barrier()
-        state = self._sharded_state(model, optimizer, scheduler, step=step, consumed_samples=consumed_samples)
+        state = self._sharded_state(trainable, step=step, consumed_samples=consumed_samples, rng=True)
         if self.async_save:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
@@ -254,26 +276,45 @@ class CheckpointManager:
 
     # -- loading ------------------------------------------------------------------------
 
-    def load_latest(self, model, optimizer, scheduler) -> Restored | None:
-        """Restore the newest loadable checkpoint into model, optimizer, scheduler and RNGs."""
+    def _candidates(self) -> list[tuple[int, Path]]:
+        """Rank 0's list of complete checkpoints, the same on every rank (each rank checking
+        for itself could pick a different one while a save is being pruned)."""
+        found = [self.latest_complete() if self.rank == 0 else None]
+        if dist.get_world_size() > 1:
+            dist.broadcast_object_list(found, src=0)
+        return found[0]
+
+    def load_latest(self, trainable) -> Restored | None:
+        """Restore the newest loadable checkpoint into the model, optimizer, scheduler and RNGs,
+        under this run's layout whatever the layout it was saved with."""
         from megatron.core import dist_checkpointing
 
-        for step, path in self.latest_complete():
+        for step, path in self._candidates():
             started = time.perf_counter()
-            _init_optimizer_state(optimizer)
-            template = self._sharded_state(model, optimizer, scheduler, step=step, consumed_samples=0)
+            common = dist_checkpointing.load_common_state_dict(str(path))
+            _check_optimizer_structure(path, common, self.layout)
             try:
+                same_layout = common.get("layout") == _layout_key(self.layout)
+                template = self._sharded_state(trainable, step=int(common["step"]), consumed_samples=0,
+                                               rng=same_layout, is_loading=True)
                 state = dist_checkpointing.load(template, str(path))
             except Exception as error:  # a corrupt file that still has its recorded size
                 if dist.get_world_size() > 1:
                     raise
                 log.warning("skipping checkpoint %s: %s", path, error)
                 continue
-            model.load_state_dict(state["model"])
-            _restore_step_counts(state["optimizer"], int(state["step"]))
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            _set_rng_state(state["rng"])
+            for i, chunk in enumerate(trainable.chunks):
+                chunk.module.load_state_dict(state["model"][f"chunk{i}"])
+            if "optimizer" in state:
+                trainable.optimizer.load_state_dict(state["optimizer"])
+            trainable.scheduler.load_state_dict(state["scheduler"])
+            if same_layout:
+                _set_rng_state(state["rng"])
+            else:
+                _rederive_rng_state(self.seed, int(state["step"]))
+                if self.rank == 0:
+                    log.warning("%s was saved under another layout (%s): per-rank RNG states re-derived from the seed and step %d",
+                                path, common.get("layout"), int(state["step"]))
             log.info("resumed from %s in %.2fs", path, time.perf_counter() - started)
             return Restored(step=int(state["step"]), consumed_samples=int(state["consumed_samples"]), path=path)
         return None

@@ -3,7 +3,7 @@
 ``load_train_config(path, overrides)`` returns a ``TrainConfig`` or raises ``ConfigError``
 with every problem, one ``section.key: what (got X; allowed Y)`` line each, the same
 format as the infrastructure configuration. Checks that need the world size
-(``check_layout``) run once the launch environment is known, before anything is built.
+(``parallel.plan_layout``) run once the launch environment is known, before anything is built.
 """
 
 from __future__ import annotations
@@ -28,11 +28,51 @@ class Dispatcher(enum.Enum):
 
 
 class Precision(enum.Enum):
-    """Parameter and compute precision."""
+    """Parameter and compute precision. bf16 is megatron's: bf16 parameters and compute, with
+    fp32 main weights and gradient reduction in the optimizer."""
 
     AUTO = "auto"
     FP32 = "fp32"
     BF16 = "bf16"
+
+
+class Spec(enum.Enum):
+    """The layer implementation megatron builds the model from."""
+
+    AUTO = "auto"
+    TRANSFORMER_ENGINE = "transformer_engine"
+    LOCAL = "local"
+
+
+class Toggle(enum.Enum):
+    """auto, or on (true) or off (false)."""
+
+    AUTO = "auto"
+    ON = True
+    OFF = False
+
+
+class RouterDtype(enum.Enum):
+    """Precision of the router's gating and its probabilities."""
+
+    DEFAULT = "default"
+    FP32 = "fp32"
+    FP64 = "fp64"
+
+
+class RecomputeGranularity(enum.Enum):
+    """Activation recompute: none, or megatron's selective recompute of chosen modules."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+
+
+class RecomputeModule(enum.Enum):
+    """Modules megatron's selective recompute can recompute in the backward pass."""
+
+    CORE_ATTN = "core_attn"
+    MOE_ACT = "moe_act"
+    LAYERNORM = "layernorm"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +97,8 @@ class ModelConfig:
     """Hidden and attention dropout."""
     rotary_base: int = 10000
     """RoPE base."""
+    spec: Spec = Spec.AUTO
+    """Layer implementation: `transformer_engine`, `local` (megatron-core's own modules), or `auto` (Transformer Engine where it imports and a GPU is present)."""
 
     def problems(self) -> Problems:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
@@ -89,6 +131,12 @@ class MoEConfig:
     """Expert capacity as a multiple of the balanced load; tokens over it are dropped. Default: dropless."""
     token_dispatcher: Dispatcher = Dispatcher.ALLTOALL
     """alltoall or allgather."""
+    grouped_gemm: bool = False
+    """Run a rank's experts as one grouped GEMM (megatron's `moe_grouped_gemm`): TEGroupedMLP under the Transformer Engine spec; the local spec needs the `grouped_gemm` package."""
+    permute_fusion: bool = False
+    """Fused token permutation (megatron's `moe_permute_fusion`; needs Transformer Engine)."""
+    router_dtype: RouterDtype = RouterDtype.DEFAULT
+    """Router precision (megatron's `moe_router_dtype`): default (the compute dtype), fp32 or fp64."""
 
     def problems(self) -> Problems:
         if self.num_experts < 2:
@@ -104,21 +152,78 @@ class MoEConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
-    """How the model is split across processes. The data-parallel size is what is left: world / (tensor x pipeline)."""
+    """How the model is split across processes (training/parallel.py). The dense layers are
+    data-parallel over world / (tensor x pipeline) ranks, the experts over
+    world / (expert x expert_tensor x pipeline)."""
 
     tensor: int = 1
-    """Tensor-parallel size."""
+    """Tensor-parallel size of the dense layers."""
     pipeline: int = 1
-    """Pipeline-parallel size. moe-train runs one pipeline stage (1) for now."""
+    """Pipeline-parallel size: the layers are split into this many consecutive stages."""
+    virtual_pipeline: int | None = None
+    """Model chunks per pipeline stage for the interleaved schedule (megatron's virtual pipeline). Default: none."""
     expert: int = 1
     """Expert-parallel size: the experts of a layer are spread over this many ranks."""
+    expert_tensor: int | None = None
+    """Tensor-parallel size inside each expert (megatron's `expert_tensor_parallel_size`). Keep expert x expert_tensor within one node's NVLink domain. Default: 1 when the experts are split (expert > 1), else tensor."""
+    sequence: Toggle = Toggle.AUTO
+    """Sequence parallelism over the tensor-parallel group. `auto`: on whenever tensor > 1, which megatron's MoE layer requires for training."""
 
     def problems(self) -> Problems:
-        for key in ("tensor", "pipeline", "expert"):
-            if getattr(self, key) < 1:
+        for key in ("tensor", "pipeline", "expert", "expert_tensor"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 yield key, problem("must be at least 1", got=getattr(self, key), allowed="1 or more")
-        if self.pipeline > 1:
-            yield "pipeline", problem("pipeline parallelism is not supported by moe-train yet", got=self.pipeline, allowed="1")
+        if self.virtual_pipeline is not None:
+            if self.virtual_pipeline < 2:
+                yield "virtual_pipeline", problem("must be at least 2, or null", got=self.virtual_pipeline, allowed="2 or more, or null")
+            elif self.pipeline < 2:
+                yield "virtual_pipeline", problem("needs pipeline parallelism", got=self.virtual_pipeline,
+                                                  allowed="null while parallel.pipeline is 1")
+        if self.expert == 1 and self.expert_tensor is not None and self.expert_tensor != self.tensor:
+            # megatron-core 0.16.1 marks expert weights as expert-parallel only when
+            # expert_model_parallel_size > 1 (transformer/moe/experts.py, tensor_parallel/layers.py),
+            # so with expert 1 their gradients are reduced over the dense data-parallel group,
+            # which misses the tensor-parallel ranks that routed other tokens when expert_tensor < tensor.
+            yield "expert_tensor", problem("with parallel.expert 1, megatron-core reduces expert gradients correctly only when expert_tensor equals tensor",
+                                           got=self.expert_tensor, allowed=f"null or {self.tensor}, or parallel.expert > 1")
+        if self.sequence is Toggle.ON and self.tensor == 1:
+            yield "sequence", problem("sequence parallelism splits over the tensor-parallel group, which has one rank",
+                                      got=True, allowed="auto or false while parallel.tensor is 1")
+        if self.sequence is Toggle.OFF and self.tensor > 1:
+            # megatron/core/transformer/moe/moe_layer.py (0.16.1) raises in the training
+            # forward when the attention is tensor-parallel without sequence parallelism.
+            yield "sequence", problem("megatron's MoE layer trains with tensor parallelism only under sequence parallelism",
+                                      got=False, allowed="auto or true while parallel.tensor > 1")
+
+    @property
+    def expert_tensor_size(self) -> int:
+        """The expert tensor-parallel size, with its default resolved."""
+        if self.expert_tensor is not None:
+            return self.expert_tensor
+        return 1 if self.expert > 1 else self.tensor
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether sequence parallelism is on."""
+        return self.tensor > 1 if self.sequence is Toggle.AUTO else bool(self.sequence.value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecomputeConfig:
+    """Activation recompute: trade compute for activation memory."""
+
+    granularity: RecomputeGranularity = RecomputeGranularity.NONE
+    """`none`, or `selective` (recompute only `modules` in the backward pass; megatron's `recompute_granularity`)."""
+    modules: tuple[RecomputeModule, ...] = ()
+    """With `selective`: any of core_attn, moe_act, layernorm (megatron's `recompute_modules`)."""
+
+    def problems(self) -> Problems:
+        if self.granularity is RecomputeGranularity.SELECTIVE and not self.modules:
+            yield "modules", problem("selective recompute needs at least one module", got=[],
+                                     allowed="any of " + ", ".join(m.value for m in RecomputeModule))
+        if self.granularity is RecomputeGranularity.NONE and self.modules:
+            yield "modules", problem("modules are recomputed only with granularity selective",
+                                     got=[m.value for m in self.modules], allowed="[] while granularity is none")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +283,8 @@ class OptimConfig:
     """Seed for initialisation, dropout and data order."""
     precision: Precision = Precision.AUTO
     """auto (bf16 on GPU, fp32 on CPU), fp32 or bf16."""
+    distributed_optimizer: bool = False
+    """Shard fp32 main weights and Adam state over the data-parallel ranks (megatron's distributed optimizer; GPU only)."""
 
     def problems(self) -> Problems:
         for key in ("micro_batch_size", "global_batch_size"):
@@ -204,6 +311,8 @@ class CheckpointConfig:
     """Complete checkpoints to keep, at least 2."""
     async_save: bool = False
     """Write checkpoints in the background while training continues (GPU only; CPU runs save synchronously)."""
+    save_initial: bool = False
+    """Save `step-0` (the initial weights, no optimizer state) before the first step of a new run, so that it can be repeated from the same weights under another layout."""
 
     def problems(self) -> Problems:
         if self.save_interval < 1:
@@ -230,7 +339,7 @@ class MetricsConfig:
     liveness_file: str | None = None
     """Touched with every metrics record (every log_interval steps); the liveness probe checks its age. Default: none."""
     peak_tflops_per_device: float | None = None
-    """Peak dense TFLOP/s of one device, the MFU denominator. Default: from the GPU model (H200/H100 989, A100 312); none on CPU."""
+    """Peak dense TFLOP/s of one device, the MFU denominator. Default: from the GPU model (H100/H200 SXM 989, NVL 835, H100 PCIe 756, A100 312); none on CPU."""
 
     def problems(self) -> Problems:
         if self.log_interval < 1:
@@ -259,6 +368,8 @@ class TrainConfig:
     """Checkpoints."""
     metrics: MetricsConfig = MetricsConfig()
     """Metrics."""
+    recompute: RecomputeConfig = RecomputeConfig()
+    """Activation recompute."""
 
     def problems(self) -> Problems:
         if self.max_steps < 1:
@@ -266,37 +377,13 @@ class TrainConfig:
         if self.moe.num_experts % self.parallel.expert:
             yield "parallel.expert", problem("must divide moe.num_experts", got=self.parallel.expert,
                                              allowed=f"a divisor of {self.moe.num_experts}")
-        if self.model.num_layers % self.parallel.pipeline:
-            yield "parallel.pipeline", problem("must divide model.num_layers", got=self.parallel.pipeline,
+        stages = self.parallel.pipeline * (self.parallel.virtual_pipeline or 1)
+        if self.model.num_layers % stages:
+            yield "parallel.pipeline", problem("pipeline x virtual_pipeline must divide model.num_layers", got=stages,
                                                allowed=f"a divisor of {self.model.num_layers}")
         if self.model.num_attention_heads % self.parallel.tensor:
             yield "parallel.tensor", problem("must divide model.num_attention_heads", got=self.parallel.tensor,
                                              allowed=f"a divisor of {self.model.num_attention_heads}")
-
-
-def check_layout(config: TrainConfig, world_size: int) -> int:
-    """The data-parallel size for ``world_size`` processes; raises ``ConfigError`` when the layout does not fit."""
-    p, errors = config.parallel, []
-    model_parallel = p.tensor * p.pipeline
-    if world_size % model_parallel:
-        errors.append("parallel: " + problem(
-            "tensor x pipeline must divide the world size", got=f"{p.tensor} x {p.pipeline} for {world_size} processes",
-            allowed=f"a product dividing {world_size}"))
-    elif world_size % (p.expert * p.tensor * p.pipeline):
-        # Experts are split over `expert` ranks, each with the same tensor split (megatron's
-        # expert-tensor-parallel size defaults to the tensor-parallel size).
-        errors.append("parallel.expert: " + problem(
-            "expert x tensor x pipeline must divide the world size", got=p.expert,
-            allowed=f"a value with expert x {model_parallel} dividing {world_size}"))
-    data_parallel = max(world_size // model_parallel, 1)
-    per_step = config.optim.micro_batch_size * data_parallel
-    if config.optim.global_batch_size % per_step:
-        errors.append("optim.global_batch_size: " + problem(
-            f"must be a multiple of micro_batch_size x data-parallel size ({config.optim.micro_batch_size} x {data_parallel})",
-            got=config.optim.global_batch_size, allowed=f"a multiple of {per_step}"))
-    if errors:
-        raise ConfigError(errors)
-    return data_parallel
 
 
 def _apply_override(data: dict, assignment: str, errors: list[str]) -> None:

@@ -13,10 +13,24 @@ found for megatron-core 0.16.1 on Python 3.11 with the CPU build of torch 2.13:
 - ``token_dispatcher.maybe_move_tensor_to_cpu``: converts only CUDA tensors to numpy, so
   on CPU the alltoall split sizes stay tensors, which ``all_to_all_single`` rejects. On
   CPU it converts CPU tensors when numpy is asked for.
-- ``moe_utils.te_general_gemm``: referenced by the router's gating linear but only
-  defined when Transformer Engine is installed (a NameError otherwise).
 - Megatron's CUDA RNG tracker: replaced by a tracker with the same state names that
   keeps CPU generator states, so dropout forks and checkpointed RNG states work.
+- ``device="cuda"`` in tensor factories: the pipeline schedules
+  (pipeline_parallel/schedules.py, p2p_communication.py), the optimizer's loss-scale and
+  overflow buffers (optimizer/optimizer.py) and the grad buffer's warm-up tensor
+  (distributed/param_and_grad_buffer.py) create tensors on "cuda". ``cuda_factories_on_cpu()``
+  is a ``TorchFunctionMode`` that sends those factory calls to the CPU; the trainer enters it
+  around megatron's step and the construction of its DDP and optimizer.
+- ``clip_grad_by_total_norm_fp32`` (optimizer/clip_grads.py) asserts every gradient is a
+  ``torch.cuda.FloatTensor``. On CPU the same scaling runs with the same assertion for a CPU
+  fp32 tensor.
+
+On every machine, CUDA or not, ``activate()`` also binds ``moe_utils.te_general_gemm`` to
+None when Transformer Engine is absent: the router's gating linear
+(transformer/moe/moe_utils.py) tests it against None but it is only defined when
+Transformer Engine imports, so a GPU without Transformer Engine raised NameError.
+
+None of these changes the arithmetic: each answers a device call or an assertion.
 
 Callers must also pass an explicit causal attention mask (with ``attention_mask=None``
 megatron builds one on "cuda") and build the model with ``add_bias_linear=False``.
@@ -94,25 +108,65 @@ def _cpu_rng_tracker_class():
     return CpuRNGStatesTracker
 
 
+class _CudaFactoriesOnCpu(torch.overrides.TorchFunctionMode):
+    """Sends tensor factory calls that name the "cuda" device to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def cuda_factories_on_cpu():
+    """A context in which ``device="cuda"`` means the CPU; a no-op context where CUDA exists."""
+    return contextlib.nullcontext() if torch.cuda.is_available() else _CudaFactoriesOnCpu()
+
+
+def _clip_grad_by_total_norm_fp32_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """megatron's clip_grad_by_total_norm_fp32 (optimizer/clip_grads.py) for CPU tensors:
+    the same fp32 check, and the same scale by max_norm / (total_norm + 1e-6) below 1."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    name = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, name).detach() for p in parameters if getattr(p, name, None) is not None]
+    for grad in grads:
+        assert grad.dtype == torch.float32, f"gradient clipping expects fp32 main gradients, got {grad.dtype}"
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0 and grads:
+        torch._foreach_mul_(grads, clip_coeff)
+
+
+def _bind_missing_te_general_gemm() -> None:
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def activate() -> bool:
-    """Patch megatron-core for CPU when CUDA is absent. Returns True if it patched. Idempotent."""
+    """Patch megatron-core for this machine: the Transformer Engine gap everywhere, the CPU
+    shims when CUDA is absent. Returns True if the CPU shims are on. Idempotent."""
     global _active
+    _bind_missing_te_general_gemm()
     if torch.cuda.is_available():
         return False
     if _active:
         return True
+    from megatron.core.optimizer import optimizer as moptimizer
     from megatron.core.tensor_parallel import random as mrandom
-    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+    from megatron.core.transformer.moe import token_dispatcher
 
     torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.default_stream = lambda device=None: _CpuStream()
     torch.cuda.Stream = _CpuStream
     torch.cuda.Event = lambda *args, **kwargs: _CpuEvent()
     torch.cuda.current_stream = lambda device=None: _CpuStream()
     torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
     torch.cuda.synchronize = lambda device=None: None
     token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+    moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu
     mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _active = True

@@ -531,11 +531,17 @@ def make_dataloader(
     num_workers: int,
     prefetch_factor: int | None,
     pin_memory: bool,
+    seed: int = 0,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader that takes its micro-batches from ``sampler``."""
+    """A DataLoader that takes its micro-batches from ``sampler``.
+
+    It draws its workers' base seed from a generator of its own (seeded with ``seed``), not
+    from torch's default generator, which holds the restored RNG state of a resumed run:
+    drawing from it would shift every dropout mask after a resume."""
     kwargs: dict[str, Any] = {}
     if num_workers > 0 and prefetch_factor is not None:
         kwargs["prefetch_factor"] = prefetch_factor
     return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory, **kwargs
+        dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed), **kwargs
     )

@@ -5,7 +5,8 @@ counts the tokens each expert receives (from the router's routing map), the rout
 entropy (from its logits), and the wall time of the forward token dispatch and combine
 (the all-to-all, or all-gather, communication). ``MetricsSink`` writes each step's record
 to a JSONL file, serves the latest one for Prometheus, mirrors it to TensorBoard, touches
-the readiness and liveness files, and shows progress on rank 0.
+the readiness and liveness files, and shows progress on rank 0. ``dispatch_time_s`` is the
+forward dispatch and combine only (the backward all-to-all runs inside autograd).
 """
 
 from __future__ import annotations
@@ -26,32 +27,75 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+class _Timer:
+    """Wall time of device work between ``start()`` and ``stop()``, without making the host
+    wait: on a GPU each interval is a pair of CUDA events, read at ``seconds()`` (log time);
+    on the CPU the work is done when the call returns, so the host clock measures it."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+        self._pairs: list = []
+        self._open = None
+        self._host_s = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self._open = torch.cuda.Event(enable_timing=True)
+            self._open.record()
+        else:
+            self._open = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pairs.append((self._open, end))
+        else:
+            self._host_s += time.perf_counter() - self._open
+
+    def seconds(self) -> float:
+        """Total since the last call, then reset. Waits only for the last recorded event."""
+        total = self._host_s
+        if self._pairs:
+            self._pairs[-1][1].synchronize()
+            total += sum(start.elapsed_time(end) for start, end in self._pairs) / 1000.0
+        self._pairs, self._host_s = [], 0.0
+        return total
 
 
 class MoEProbe:
-    """Per-step expert load, router entropy and dispatch time for every MoE layer of a model."""
+    """Per-step expert load, router entropy and dispatch time for every MoE layer of a model.
 
-    def __init__(self, model: torch.nn.Module, num_experts: int) -> None:
+    Works on this rank's model chunks; each layer is recorded under its global layer number,
+    and ``collect`` sums over every rank, so the record holds every layer of every pipeline
+    stage and every token routed anywhere (each data-parallel rank routes its own tokens, and
+    under sequence parallelism each tensor-parallel rank its own share of them).
+    """
+
+    def __init__(self, chunks, num_layers: int, num_experts: int) -> None:
         from megatron.core.transformer.moe.moe_layer import MoELayer
+        from megatron.core.transformer.transformer_layer import TransformerLayer
 
-        self.layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+        self.num_layers = num_layers
         self.num_experts = num_experts
         # On the model's device: nothing is copied to the host until ``collect``, and NCCL
         # reduces device tensors only.
-        device = next(model.parameters()).device
-        self.tokens = torch.zeros(len(self.layers), num_experts, dtype=torch.float64, device=device)
-        self.entropy_sum = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
-        self.entropy_count = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
-        self.dispatch_seconds = 0.0
-        for index, layer in enumerate(self.layers):
-            layer.router.register_forward_hook(self._count_tokens(index))
-            layer.router.gating = self._watch_logits(index, layer.router.gating)
-            dispatcher = layer.token_dispatcher
-            dispatcher.token_dispatch = self._timed(dispatcher.token_dispatch)
-            dispatcher.token_combine = self._timed(dispatcher.token_combine)
+        device = next(chunks[0].parameters()).device
+        self.tokens = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=device)
+        self.entropy_sum = torch.zeros(num_layers, dtype=torch.float64, device=device)
+        self.entropy_count = torch.zeros(num_layers, dtype=torch.float64, device=device)
+        self.timer = _Timer()
+        for chunk in chunks:
+            for layer in chunk.modules():
+                if isinstance(layer, TransformerLayer) and isinstance(layer.mlp, MoELayer):
+                    self._watch(layer.layer_number - 1, layer.mlp)
+
+    def _watch(self, index: int, moe) -> None:
+        moe.router.register_forward_hook(self._count_tokens(index))
+        moe.router.gating = self._watch_logits(index, moe.router.gating)
+        dispatcher = moe.token_dispatcher
+        dispatcher.token_dispatch = self._timed(dispatcher.token_dispatch)
+        dispatcher.token_combine = self._timed(dispatcher.token_combine)
 
     def _count_tokens(self, index: int):
         def hook(module, inputs, output):
@@ -72,21 +116,19 @@ class MoEProbe:
 
     def _timed(self, fn):
         def wrapped(*args, **kwargs):
-            _sync()
-            started = time.perf_counter()
+            self.timer.start()
             result = fn(*args, **kwargs)
-            _sync()
-            self.dispatch_seconds += time.perf_counter() - started
+            self.timer.stop()
             return result
         return wrapped
 
-    def collect(self, group=None, *, steps: int = 1) -> dict:
-        """The figures since the last call, summed over the data-parallel ranks (``group``) and
-        averaged over ``steps`` training steps, then reset."""
+    def collect(self, *, steps: int = 1) -> dict:
+        """The figures since the last call, summed over every rank and averaged over ``steps``
+        training steps, then reset."""
         stats = torch.cat([self.tokens.flatten(), self.entropy_sum, self.entropy_count])
-        if dist.is_initialized() and dist.get_world_size(group) > 1:
-            dist.all_reduce(stats, group=group)
-        layers, experts = len(self.layers), self.num_experts
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(stats)
+        layers, experts = self.num_layers, self.num_experts
         tokens = stats[: layers * experts].view(layers, experts) / steps
         entropy = stats[layers * experts: layers * experts + layers] / stats[layers * experts + layers:].clamp(min=1)
         mean = tokens.mean(dim=1).clamp(min=1e-9)
@@ -95,12 +137,11 @@ class MoEProbe:
             "expert_imbalance": [round(float(v), 4) for v in (tokens.max(dim=1).values / mean).tolist()],
             "router_entropy": [round(float(v), 5) for v in entropy.tolist()],
             "router_entropy_max": round(math.log(experts), 5),
-            "dispatch_time_s": round(self.dispatch_seconds / steps, 6),
+            "dispatch_time_s": round(self.timer.seconds() / steps, 6),
         }
         self.tokens.zero_()
         self.entropy_sum.zero_()
         self.entropy_count.zero_()
-        self.dispatch_seconds = 0.0
         return record
 
 
@@ -111,15 +152,26 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def default_peak_tflops() -> float | None:
-    """Dense BF16 peak of the local GPU model, from NVIDIA's data sheets; None on CPU or unknown GPUs."""
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    for model, tflops in (("H200", 989.0), ("H100", 989.0), ("A100", 312.0)):
-        if model in name:
+# Dense BF16 peaks from NVIDIA's data sheets (TFLOP/s, without sparsity). The PCIe and NVL
+# parts have lower clocks and power than the SXM part of the same name, so they are matched
+# first: "NVIDIA H100 PCIe" must not get the H100 SXM's 989.
+_PEAK_TFLOPS = (
+    ("H200 NVL", 835.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0),
+    ("H200", 989.0), ("H100", 989.0), ("A100", 312.0),
+)
+
+
+def peak_tflops_for(device_name: str) -> float | None:
+    """Dense BF16 peak for a CUDA device name, or None when the part is not known."""
+    for part, tflops in _PEAK_TFLOPS:
+        if part in device_name:
             return tflops
     return None
+
+
+def default_peak_tflops() -> float | None:
+    """Dense BF16 peak of the local GPU; None on CPU or an unknown GPU."""
+    return peak_tflops_for(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
 
 
 class _PrometheusHandler(http.server.BaseHTTPRequestHandler):

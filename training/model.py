@@ -3,25 +3,67 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import torch
 import torch.nn.functional as F
 
-from moe_cdk.training.config import TrainConfig
+from moe_cdk.training.config import Precision, RecomputeGranularity, RecomputeModule, RouterDtype, Spec, TrainConfig
+from moe_cdk.training.parallel import MAX_TENSOR_PARALLEL
+from moe_cdk.training.schema import ConfigError, problem
 
-# Megatron pads the embedding table so that each tensor-parallel shard is a multiple of
-# this (megatron's --make-vocab-size-divisible-by default).
-VOCAB_MULTIPLE = 128
+# The embedding and output tables are padded to a multiple of this: 128 rows per shard
+# (megatron's --make-vocab-size-divisible-by default) for every tensor-parallel size up to
+# MAX_TENSOR_PARALLEL. megatron pads by 128 x TP instead, but then a checkpoint's tables change
+# shape with TP, and megatron loads embeddings with allow_shape_mismatch
+# (tensor_parallel/layers.py), so a resume under another TP would load silently with
+# freshly initialised extra rows. A padding that does not depend on TP keeps resharding exact.
+VOCAB_MULTIPLE = 128 * MAX_TENSOR_PARALLEL
 
 
-def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
-    multiple = VOCAB_MULTIPLE * tensor_parallel
-    return -(-vocab_size // multiple) * multiple
+def padded_vocab_size(vocab_size: int) -> int:
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def use_bf16(config: TrainConfig, *, on_gpu: bool) -> bool:
+    """bf16 parameters and compute (fp32 main weights in the optimizer), or fp32 throughout."""
+    return config.optim.precision is Precision.BF16 or (config.optim.precision is Precision.AUTO and on_gpu)
+
+
+def _transformer_engine_importable() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
+    """The layer spec the model is built with; raises ConfigError when the chosen one cannot work here."""
+    requested, errors = config.model.spec, []
+    have_te = on_gpu and _transformer_engine_importable()
+    spec = (Spec.TRANSFORMER_ENGINE if have_te else Spec.LOCAL) if requested is Spec.AUTO else requested
+    if spec is Spec.TRANSFORMER_ENGINE and not have_te:
+        errors.append("model.spec: " + problem("Transformer Engine needs a GPU and the transformer_engine package",
+                                               got=spec.value, allowed="local or auto"))
+    if spec is Spec.LOCAL:
+        if config.moe.permute_fusion:
+            errors.append("moe.permute_fusion: " + problem("fused permutation is a Transformer Engine kernel",
+                                                           got=True, allowed="false under the local spec"))
+        if config.moe.grouped_gemm and not (on_gpu and importlib.util.find_spec("grouped_gemm")):
+            # megatron/core/transformer/moe/experts.py (GroupedMLP) asserts the package is there.
+            errors.append("moe.grouped_gemm: " + problem("the local spec's grouped GEMM needs a GPU and the grouped_gemm package",
+                                                         got=True, allowed="false, or model.spec transformer_engine"))
+        if RecomputeModule.LAYERNORM in config.recompute.modules:
+            # megatron's layernorm recompute wraps Transformer Engine's norm only.
+            errors.append("recompute.modules: " + problem("layernorm recompute needs the Transformer Engine spec",
+                                                          got="layernorm", allowed="core_attn, moe_act under the local spec"))
+    if errors:
+        raise ConfigError(errors)
+    return spec
 
 
 def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
     """Every TransformerConfig field moe-cdk sets, in one place."""
-    m, moe, p = config.model, config.moe, config.parallel
+    m, moe, p, r = config.model, config.moe, config.parallel, config.recompute
+    dtype = torch.bfloat16 if use_bf16(config, on_gpu=on_gpu) else torch.float32
+    selective = r.granularity is RecomputeGranularity.SELECTIVE
     return dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -40,9 +82,10 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         add_bias_linear=False,
         tensor_model_parallel_size=p.tensor,
         pipeline_model_parallel_size=p.pipeline,
+        virtual_pipeline_model_parallel_size=p.virtual_pipeline,
         expert_model_parallel_size=p.expert,
-        # Megatron requires sequence parallelism for MoE with tensor parallelism.
-        sequence_parallel=p.tensor > 1,
+        expert_tensor_parallel_size=p.expert_tensor_size,
+        sequence_parallel=p.sequence_parallel,
         num_moe_experts=moe.num_experts,
         moe_router_topk=moe.top_k,
         moe_router_load_balancing_type="aux_loss" if moe.aux_loss_coeff > 0 else "none",
@@ -50,11 +93,15 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         moe_z_loss_coeff=moe.z_loss_coeff or None,
         moe_expert_capacity_factor=moe.capacity_factor,
         moe_token_dispatcher_type=moe.token_dispatcher.value,
-        moe_grouped_gemm=False,
-        # Parameters stay fp32 (the optimizer's master copy); bf16 runs use autocast.
-        params_dtype=torch.float32,
-        pipeline_dtype=torch.float32,
-        bf16=False,
+        moe_grouped_gemm=moe.grouped_gemm,
+        moe_permute_fusion=moe.permute_fusion,
+        moe_router_dtype=None if moe.router_dtype is RouterDtype.DEFAULT else moe.router_dtype.value,
+        # megatron's mixed precision: parameters and compute in bf16, fp32 main weights in the optimizer.
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype is torch.bfloat16,
+        recompute_granularity="selective" if selective else None,
+        recompute_modules=[module.value for module in r.modules] if selective else ["core_attn"],
         use_cpu_initialization=not on_gpu,
         gradient_accumulation_fusion=False,
         bias_dropout_fusion=False,
@@ -67,40 +114,88 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
 def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
     """megatron-core's TransformerConfig for ``config``.
 
-    Raises ValueError if megatron changes any value we set (its ``__post_init__`` may
-    adjust fields); a silently different model is worse than a clear error.
+    Raises ConfigError when megatron rejects the configuration (its ``__post_init__``
+    validates) or changes any value we set; a silently different model is worse than a
+    clear error.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     kwargs = transformer_config_kwargs(config, on_gpu=on_gpu)
-    built = TransformerConfig(**kwargs)
+    try:
+        built = TransformerConfig(**kwargs)
+    except (ValueError, AssertionError, TypeError) as error:
+        raise ConfigError(["megatron-core: " + problem("TransformerConfig rejects this configuration",
+                                                        got=str(error) or type(error).__name__,
+                                                        allowed="a layout and model megatron-core supports")]) from None
     changed = {k: (v, getattr(built, k)) for k, v in kwargs.items() if getattr(built, k) != v}
     if changed:
-        raise ValueError("megatron-core changed TransformerConfig values: "
-                         + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        raise ConfigError(["megatron-core: " + problem(
+            "TransformerConfig changed values moe-cdk set", got=", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()),
+            allowed="a configuration megatron-core keeps as given")])
     return built
 
 
-def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> torch.nn.Module:
-    """The MoE GPTModel (this rank's pipeline stage), with local (non-Transformer-Engine) layers."""
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm for the local spec, marked for sequence parallelism.
 
+    megatron's ``WrappedTorchNorm`` (megatron/core/transformer/torch_norm.py) refuses
+    sequence parallelism only because it does not mark its weight; an RMSNorm is per token,
+    so a sequence shard normalises exactly as the whole sequence does. Marking the weight
+    ``sequence_parallel`` makes ``finalize_model_grads`` sum its gradient over the
+    tensor-parallel group, as it does for Transformer Engine's norm.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused) -> None:
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def _layer_spec(config: TrainConfig, spec: Spec):
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    moe = config.moe
+    if spec is Spec.TRANSFORMER_ENGINE:
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm)
+    layer = gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, normalization="RMSNorm")
+    layer.submodules.input_layernorm = SequenceParallelRMSNorm
+    layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    return layer
+
+
+def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[torch.nn.Module]:
+    """This rank's model chunks (one per virtual pipeline stage, else one): the MoE GPTModel's
+    layers of this pipeline stage. Raises ConfigError when megatron rejects the configuration."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    spec = resolve_spec(config, on_gpu=on_gpu)
     transformer_config = build_transformer_config(config, on_gpu=on_gpu)
-    spec = get_gpt_layer_local_spec(num_experts=config.moe.num_experts, moe_grouped_gemm=False, normalization="RMSNorm")
-    model = GPTModel(
-        config=transformer_config,
-        transformer_layer_spec=spec,
-        vocab_size=padded_vocab_size(vocab_size, config.parallel.tensor),
-        max_sequence_length=config.model.seq_length,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=False,
-        position_embedding_type="rope",
-        rotary_base=config.model.rotary_base,
-    )
-    return model.cuda() if on_gpu else model
+    layer = _layer_spec(config, spec)
+    chunks = []
+    vpp = config.parallel.virtual_pipeline
+    for vp_stage in (range(vpp) if vpp else [None]):
+        block = layer
+        if spec is Spec.LOCAL:
+            block = TransformerBlockSubmodules(
+                layer_specs=[layer] * get_num_layers_to_build(transformer_config, vp_stage=vp_stage),
+                layer_norm=SequenceParallelRMSNorm)
+        model = GPTModel(
+            config=transformer_config,
+            transformer_layer_spec=block,
+            vocab_size=padded_vocab_size(vocab_size),
+            max_sequence_length=config.model.seq_length,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="rope",
+            rotary_base=config.model.rotary_base,
+            vp_stage=vp_stage,
+        )
+        chunks.append(model.cuda() if on_gpu else model)
+    return chunks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +218,7 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     expert = 3 * h * m.ffn_hidden_size  # SwiGLU: gate, up, down
     router = h * moe.num_experts
     norms = 2 * h
-    vocab = padded_vocab_size(vocab_size, config.parallel.tensor)
+    vocab = padded_vocab_size(vocab_size)
     embeddings = 2 * vocab * h + h  # input and output embeddings, final norm
     dense = layers * (attention + router + norms) + embeddings
     return ParameterCounts(

@@ -6,11 +6,9 @@ EKS launchers rely on: 1-127 are permanent (never retried), 128-255 are retryabl
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import logging
-import math
 import os
 import signal
 import time
@@ -21,17 +19,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from moe_cdk.training import cpu_compat
+from moe_cdk.training import cpu_compat, parallel
 from moe_cdk.training.checkpoint import CheckpointManager
-from moe_cdk.training.config import Precision, TrainConfig, check_layout
-from moe_cdk.training.launch_env import LaunchEnv
+from moe_cdk.training.config import TrainConfig
 from moe_cdk.training.exit_codes import EXIT_OK, EXIT_PREEMPTED
+from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
-from moe_cdk.training.model import build_model, flops_per_token
+from moe_cdk.training.model import build_model, flops_per_token, use_bf16
+from moe_cdk.training.parallel import Layout
 from moe_cdk.training.schema import ConfigError, problem
 
 log = logging.getLogger(__name__)
-
 
 
 class StopRequested:
@@ -57,116 +55,102 @@ class Runtime:
     rank: int
     world_size: int
     device: torch.device
-    data_parallel_size: int
+    layout: Layout
     data_parallel_rank: int
     bf16: bool
 
 
 def setup(config: TrainConfig, env: LaunchEnv) -> Runtime:
-    """Process group, parallel layout and seeds. The layout is checked before anything is built."""
-    data_parallel = check_layout(config, env.world_size)
+    """Process group, parallel layout and seeds. The layout is checked before anything starts."""
+    layout = parallel.plan_layout(config, env.world_size)
     on_gpu = torch.cuda.is_available()
+    cpu_compat.activate()
     if on_gpu:
         torch.cuda.set_device(env.local_rank)
-    else:
-        cpu_compat.activate()
     for key, value in env.torch_env().items():
         os.environ[key] = value
     dist.init_process_group("nccl" if on_gpu else "gloo", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(minutes=30))
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    p = config.parallel
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=p.tensor, pipeline_model_parallel_size=p.pipeline, expert_model_parallel_size=p.expert,
-    )
-    torch.manual_seed(config.optim.seed)
-    model_parallel_cuda_manual_seed(config.optim.seed)
-    bf16 = config.optim.precision is Precision.BF16 or (config.optim.precision is Precision.AUTO and on_gpu)
+    parallel.initialize(layout)
+    seed_everything(config.optim.seed)
+    log.info("layout: %s", layout.describe())
     return Runtime(
         rank=env.rank, world_size=env.world_size,
         device=torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu"),
-        data_parallel_size=data_parallel, data_parallel_rank=parallel_state.get_data_parallel_rank(), bf16=bf16,
+        layout=layout, data_parallel_rank=parallel.data_parallel_rank(), bf16=use_bf16(config, on_gpu=on_gpu),
     )
 
 
-def teardown() -> None:
-    from megatron.core import parallel_state
+def seed_everything(seed: int) -> None:
+    """Seed torch and megatron's model-parallel RNG tracker (which offsets by TP and EP rank)."""
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def teardown() -> None:
     if dist.is_initialized():
-        parallel_state.destroy_model_parallel()
+        parallel.destroy()
         dist.destroy_process_group()
 
 
-# -- gradients ---------------------------------------------------------------------------
+# -- building ----------------------------------------------------------------------------
 
 
-def _is_expert(param: torch.nn.Parameter) -> bool:
-    # megatron marks expert parameters allreduce=False: they are reduced over the
-    # expert-data-parallel group, not the data-parallel group.
-    return not getattr(param, "allreduce", True)
+@dataclass
+class Trainable:
+    """The model chunks under DDP, megatron's optimizer and its LR scheduler."""
+
+    chunks: list
+    optimizer: object
+    scheduler: object
 
 
-def sync_gradients(model: torch.nn.Module) -> None:
-    """Average gradients over data-parallel replicas (expert ones over expert-data-parallel replicas),
-    and sum sequence-parallel norm gradients over the tensor-parallel group."""
-    from megatron.core import parallel_state
+def build(config: TrainConfig, runtime: Runtime, vocab_size: int) -> Trainable:
+    """Model, DDP, optimizer and scheduler. Every failure here is permanent (the same
+    configuration fails the same way on a replaced node), so it raises ConfigError."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.utils import get_model_config
 
-    groups = {
-        False: parallel_state.get_data_parallel_group(),
-        True: parallel_state.get_expert_data_parallel_group(),
-    }
-    for expert, group in groups.items():
-        grads = [p.grad for p in model.parameters() if p.grad is not None and _is_expert(p) == expert]
-        size = dist.get_world_size(group)
-        if grads and size > 1:
-            _all_reduce(grads, group, divide_by=size)
-    if parallel_state.get_tensor_model_parallel_world_size() > 1:
-        grads = [p.grad for p in model.parameters() if p.grad is not None and getattr(p, "sequence_parallel", False)]
-        if grads:
-            _all_reduce(grads, parallel_state.get_tensor_model_parallel_group())
-
-
-def _all_reduce(grads: list[torch.Tensor], group, *, divide_by: int = 1) -> None:
-    """Sum ``grads`` over ``group`` in one flat collective (then divide), in place."""
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    if divide_by != 1:
-        flat /= divide_by
-    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        grad.copy_(synced)
-
-
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
-    """Global gradient norm over every shard of the model; scales gradients down to ``max_norm`` (0: no clipping)."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-    device = next(model.parameters()).device
-    sums = {False: torch.zeros(1, device=device, dtype=torch.float64), True: torch.zeros(1, device=device, dtype=torch.float64)}
-    for p in model.parameters():
-        if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
-            sums[_is_expert(p)] += p.grad.detach().double().pow(2).sum()
-    dist.all_reduce(sums[False], group=parallel_state.get_model_parallel_group())
-    dist.all_reduce(sums[True], group=parallel_state.get_expert_tensor_model_pipeline_parallel_group())
-    norm = math.sqrt(float(sums[False].item() + sums[True].item()))
-    if max_norm > 0 and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
-    return norm
+    on_gpu = runtime.device.type == "cuda"
+    o = config.optim
+    if o.distributed_optimizer and not on_gpu:
+        # megatron/core/optimizer/distrib_optimizer.py accepts only torch.cuda tensor types.
+        raise ConfigError(["optim.distributed_optimizer: " + problem("megatron's distributed optimizer needs CUDA",
+                                                                     got=True, allowed="false on CPU")])
+    try:
+        chunks = build_model(config, vocab_size, on_gpu=on_gpu)
+        transformer_config = get_model_config(chunks[0])
+        with cpu_compat.cuda_factories_on_cpu():
+            chunks = parallel.wrap(chunks, transformer_config, overlap=on_gpu, distributed_optimizer=o.distributed_optimizer)
+            optimizer = get_megatron_optimizer(OptimizerConfig(
+                optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
+                adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, clip_grad=o.grad_clip,
+                bf16=runtime.bf16, params_dtype=transformer_config.params_dtype,
+                use_distributed_optimizer=o.distributed_optimizer,
+            ), chunks)
+    except ConfigError:
+        raise
+    except Exception as error:  # megatron's own asserts during the build
+        raise ConfigError(["model build: " + problem("megatron-core could not build this model and layout",
+                                                     got=f"{type(error).__name__}: {error}",
+                                                     allowed="a configuration megatron-core supports")]) from error
+    transformer_config.finalize_model_grads_func = finalize_model_grads
+    transformer_config.grad_scale_func = optimizer.scale_loss
+    no_sync = [chunk.no_sync for chunk in chunks]
+    transformer_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+    warmup = max(o.warmup_steps, 1)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=o.lr / warmup, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=warmup,
+        lr_decay_steps=warmup + o.decay_steps, lr_decay_style="cosine", start_wd=o.weight_decay,
+        end_wd=o.weight_decay, wd_incr_steps=warmup + o.decay_steps, wd_incr_style="constant")
+    return Trainable(chunks=chunks, optimizer=optimizer, scheduler=scheduler)
 
 
-# -- loop --------------------------------------------------------------------------------
-
-
-def _lr_lambda(step: int, *, warmup: int, decay: int, ratio: float) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min((step - warmup) / decay, 1.0)
-    return ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+# -- the step ----------------------------------------------------------------------------
 
 
 def causal_mask(seq_length: int, device) -> torch.Tensor:
@@ -174,73 +158,105 @@ def causal_mask(seq_length: int, device) -> torch.Tensor:
     return torch.triu(torch.ones(1, 1, seq_length, seq_length, dtype=torch.bool, device=device), diagonal=1)
 
 
-def _train_step(model, batches, runtime: Runtime, mask: torch.Tensor, num_microbatches: int) -> list[torch.Tensor]:
-    """Forward and backward over ``num_microbatches`` micro-batches; returns their LM losses,
-    on the device (reading them would make the host wait for each backward pass).
+def _lm_loss(loss_mask: torch.Tensor, per_token: torch.Tensor):
+    """Mean loss over the micro-batch's unmasked tokens; megatron's schedule divides it by the
+    number of micro-batches and DDP by the data-parallel size."""
+    loss = (per_token.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+    # A copy: the schedule divides ``loss`` in place, and a detached view would follow it.
+    return loss, {"lm_loss": loss.detach().clone()}
 
-    Gradients accumulate as the mean over micro-batches; megatron's MoE auxiliary losses
-    are scaled the same way (what megatron's own schedules do).
-    """
-    from megatron.core.transformer.moe.router import MoEAuxLossAutoScaler
 
-    MoEAuxLossAutoScaler.set_loss_scale(torch.full((1,), 1.0 / num_microbatches, device=runtime.device))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if runtime.bf16 else contextlib.nullcontext()
-    losses = []
-    for _ in range(num_microbatches):
-        batch = next(batches)
-        tokens, labels, positions = (batch[k].to(runtime.device, non_blocking=True) for k in ("tokens", "labels", "position_ids"))
-        loss_mask = batch["loss_mask"].to(runtime.device, non_blocking=True).float()
-        with autocast:
-            per_token = model(tokens, positions, mask, labels=labels)
-        loss = (per_token.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1)
-        (loss / num_microbatches).backward()
-        losses.append(loss.detach())
-    return losses
+def _forward_step(mask: torch.Tensor, device: torch.device, data_iterator, model):
+    batch = next(data_iterator)
+    tokens, labels, positions = (batch[k].to(device, non_blocking=True) for k in ("tokens", "labels", "position_ids"))
+    loss_mask = batch["loss_mask"].to(device, non_blocking=True).float()
+    return model(tokens, positions, mask, labels=labels), functools.partial(_lm_loss, loss_mask)
+
+
+def train_step(trainable: Trainable, batches, runtime: Runtime, mask: torch.Tensor, seq_length: int,
+               micro_batch_size: int) -> tuple[list[torch.Tensor], float]:
+    """One optimizer step through megatron's own schedule (pipeline-parallel when the layout is),
+    finalize_model_grads and optimizer. Returns this rank's micro-batch losses (on the device;
+    empty off the last pipeline stage) and the global gradient norm."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    layout = runtime.layout
+    # Every model chunk reads the same micro-batches, so each gets its own iterator over them.
+    microbatches = [next(batches) for _ in range(layout.num_microbatches)]
+    iterators = [iter(microbatches) for _ in trainable.chunks]
+    with cpu_compat.cuda_factories_on_cpu():
+        for chunk in trainable.chunks:
+            chunk.zero_grad_buffer()
+        trainable.optimizer.zero_grad()
+        outputs = get_forward_backward_func()(
+            forward_step_func=functools.partial(_forward_step, mask, runtime.device),
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=trainable.chunks, num_microbatches=layout.num_microbatches,
+            seq_length=seq_length, micro_batch_size=micro_batch_size, forward_only=False)
+        updated, grad_norm, _ = trainable.optimizer.step()
+    if not updated:
+        raise FloatingPointError("the optimizer skipped the step (non-finite gradients)")
+    trainable.scheduler.step(increment=1)
+    return [out["lm_loss"] for out in outputs], float(grad_norm or 0.0)
 
 
 def _aux_losses(calls: int) -> dict:
-    """Each layer's auxiliary losses, averaged over the ``calls`` forward passes (micro-batches
-    times steps) that megatron's tracker summed since the last record."""
-    from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
+    """Each layer's auxiliary losses for the whole global batch, divided by the ``calls``
+    forward passes (micro-batches times steps) since the last record.
+
+    megatron's ``reduce_aux_losses_tracker_across_ranks`` sums over the pipeline stages (each
+    holds its own layers) and reduces the losses the router tracks with a reduce group (the
+    load-balancing loss). The router tracks the z-loss with none, so megatron would log this
+    rank's share of the batch; it is averaged here over every rank that routes tokens (the
+    tensor- and data-parallel ranks of a stage), which routed equal shares.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.transformer.moe.moe_utils import (
+        clear_aux_losses_tracker,
+        get_moe_layer_wise_logging_tracker,
+        reduce_aux_losses_tracker_across_ranks,
+    )
 
     tracker = get_moe_layer_wise_logging_tracker()
+    routers = parallel_state.get_tensor_and_data_parallel_group()
+    for entry in tracker.values():
+        if entry.get("reduce_group") is None and entry.get("avg_group") is None and dist.get_world_size(routers) > 1:
+            dist.all_reduce(entry["values"], group=routers)
+            entry["values"] /= dist.get_world_size(routers)
+    reduce_aux_losses_tracker_across_ranks()
     found = {name: [round(float(v) / calls, 6) for v in entry["values"].tolist()] for name, entry in tracker.items()}
     clear_aux_losses_tracker()
     return found
 
 
+# -- loop --------------------------------------------------------------------------------
+
+
 def train(config: TrainConfig, env: LaunchEnv) -> int:
     """Run ``config`` to ``max_steps`` (or until signalled). Returns the process exit code."""
-    from megatron.core import parallel_state
-
     from moe_cdk.training import data as data_module
 
     check_inputs(config)
     runtime = setup(config, env)
+    layout = runtime.layout
     stop = StopRequested()
     tokenizer = data_module.load_tokenizer(None if config.data.tokenizer == "byte" else config.data.tokenizer)
     checkpoint_dir = Path(config.checkpoint.dir)
     _prepare_data(config, tokenizer, runtime)
 
-    model = build_model(config, tokenizer.vocab_size, on_gpu=runtime.device.type == "cuda")
-    probe = MoEProbe(model, config.moe.num_experts)
-    decay_params = [p for n, p in model.named_parameters() if p.ndim > 1]
-    other_params = [p for n, p in model.named_parameters() if p.ndim <= 1]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay_params, "weight_decay": config.optim.weight_decay}, {"params": other_params, "weight_decay": 0.0}],
-        lr=config.optim.lr, betas=(0.9, 0.95), eps=1e-8,
-    )
+    trainable = build(config, runtime, tokenizer.vocab_size)
+    probe = MoEProbe(trainable.chunks, config.model.num_layers, config.moe.num_experts)
     o = config.optim
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
-        _lr_lambda, warmup=max(o.warmup_steps, 1), decay=o.decay_steps, ratio=o.min_lr / o.lr))
-    checkpoints = CheckpointManager(checkpoint_dir, keep_last=config.checkpoint.keep_last, async_save=config.checkpoint.async_save)
-    restored = checkpoints.load_latest(model, optimizer, scheduler)
+    checkpoints = CheckpointManager(checkpoint_dir, keep_last=config.checkpoint.keep_last,
+                                    async_save=config.checkpoint.async_save, layout=layout, seed=o.seed)
+    restored = checkpoints.load_latest(trainable)
     step = restored.step if restored else 0
     consumed = restored.consumed_samples if restored else 0
     if restored is None:
         log.info("no checkpoint in %s: starting at step 0", checkpoint_dir)
+        if config.checkpoint.save_initial:
+            checkpoints.save(trainable, step=0, consumed_samples=0)
 
-    num_microbatches = o.global_batch_size // (o.micro_batch_size * runtime.data_parallel_size)
     dataset = data_module.build_gpt_dataset(
         data_prefixes=list(config.data.prefixes), weights=list(config.data.weights) if config.data.weights else None,
         seq_length=config.model.seq_length, num_samples=config.max_steps * o.global_batch_size, seed=o.seed,
@@ -248,47 +264,44 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
     )
     sampler = data_module.ResumableSampler(
         len(dataset), micro_batch_size=o.micro_batch_size, data_parallel_rank=runtime.data_parallel_rank,
-        data_parallel_size=runtime.data_parallel_size, consumed_samples=consumed,
+        data_parallel_size=layout.data, consumed_samples=consumed,
     )
     loader = data_module.make_dataloader(dataset, sampler, num_workers=config.data.num_workers,
-                                         prefetch_factor=config.data.prefetch_factor, pin_memory=config.data.pin_memory)
+                                         prefetch_factor=config.data.prefetch_factor, pin_memory=config.data.pin_memory,
+                                         seed=o.seed + step)
     batches = iter(loader)
     sink = MetricsSink(rank=runtime.rank, jsonl=config.metrics.file, prometheus_port=config.metrics.prometheus_port,
                        tensorboard_dir=config.metrics.tensorboard_dir, readiness_file=config.metrics.readiness_file,
                        liveness_file=config.metrics.liveness_file, max_steps=config.max_steps)
     mask = causal_mask(config.model.seq_length, runtime.device)
-    tokens_per_step = o.global_batch_size * config.model.seq_length
-    flops = flops_per_token(config, tokenizer.vocab_size)
-    peak_tflops = config.metrics.peak_tflops_per_device or default_peak_tflops()
-    dp_group = parallel_state.get_data_parallel_group()
+    meter = Throughput(tokens_per_step=o.global_batch_size * config.model.seq_length,
+                       flops_per_token=flops_per_token(config, tokenizer.vocab_size),
+                       peak_tflops=config.metrics.peak_tflops_per_device or default_peak_tflops(),
+                       world_size=runtime.world_size)
     exit_code = EXIT_OK
     recorded_step = step
-    model.train()
+    for chunk in trainable.chunks:
+        chunk.train()
     try:
         while step < config.max_steps:
             started = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            losses = _train_step(model, batches, runtime, mask, num_microbatches)
-            sync_gradients(model)
-            grad_norm = clip_gradients(model, o.grad_clip)
-            optimizer.step()
-            scheduler.step()
+            losses, grad_norm = train_step(trainable, batches, runtime, mask, config.model.seq_length, o.micro_batch_size)
             step += 1
             consumed += o.global_batch_size
             checkpoints.poll()
             if step % config.metrics.log_interval == 0 or step == config.max_steps:
                 elapsed = time.perf_counter() - started
-                sink.write(_record(step, step - recorded_step, num_microbatches, losses, probe, dp_group, runtime,
-                                   grad_norm, scheduler, elapsed, tokens_per_step, flops, peak_tflops))
+                sink.write(_record(step, step - recorded_step, losses, probe, runtime, grad_norm,
+                                   trainable.scheduler, elapsed, meter))
                 recorded_step = step
             if stop.agreed(runtime.device):
-                checkpoints.save(model, optimizer, scheduler, step=step, consumed_samples=consumed)
+                checkpoints.save(trainable, step=step, consumed_samples=consumed)
                 checkpoints.wait()
                 log.warning("stopped by signal %s at step %d after saving a checkpoint", stop.signal, step)
                 exit_code = EXIT_PREEMPTED
                 break
             if step % config.checkpoint.save_interval == 0 or step == config.max_steps:
-                checkpoints.save(model, optimizer, scheduler, step=step, consumed_samples=consumed)
+                checkpoints.save(trainable, step=step, consumed_samples=consumed)
         checkpoints.wait()
     finally:
         sink.close()
@@ -296,33 +309,53 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
     return exit_code
 
 
-def _record(step, steps, num_microbatches, losses, probe, dp_group, runtime, grad_norm, scheduler, elapsed,
-            tokens_per_step, flops, peak_tflops) -> dict:
+@dataclass(frozen=True)
+class Throughput:
+    """Tokens/s and MFU of a step."""
+
+    tokens_per_step: int
+    flops_per_token: float
+    peak_tflops: float | None
+    world_size: int
+
+    def figures(self, elapsed_s: float) -> dict:
+        tokens_per_s = self.tokens_per_step / elapsed_s
+        mfu = tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.world_size) if self.peak_tflops else None
+        return {"tokens_per_s": round(tokens_per_s, 2), "mfu": round(mfu, 5) if mfu is not None else None}
+
+
+def _global_loss(losses: list[torch.Tensor], runtime: Runtime) -> float:
+    """The step's mean LM loss over every data-parallel rank: the last pipeline stage holds
+    it (each tensor-parallel rank the same value), so one tensor-parallel rank per data-parallel
+    rank contributes, summed over the world."""
+    from megatron.core import parallel_state
+
+    contributes = losses and parallel_state.get_tensor_model_parallel_rank() == 0
+    total = torch.stack(losses).double().mean().reshape(1) if contributes else torch.zeros(1, dtype=torch.float64, device=runtime.device)
+    if runtime.world_size > 1:
+        dist.all_reduce(total)
+    return float(total.item()) / runtime.layout.data
+
+
+def _record(step, steps, losses, probe, runtime, grad_norm, scheduler, elapsed, meter: Throughput) -> dict:
     """One metrics record. Loss, throughput and grad norm are the last step's; the MoE figures
     are per-step averages over the ``steps`` steps since the previous record."""
-    # On the device: NCCL reduces device tensors only.
-    loss = torch.stack(losses).double().mean().reshape(1)
-    if runtime.data_parallel_size > 1:
-        dist.all_reduce(loss, group=dp_group)
-        loss /= runtime.data_parallel_size
-    moe = probe.collect(dp_group, steps=steps)
-    aux = _aux_losses(steps * num_microbatches)
-    tokens_per_s = tokens_per_step / elapsed
-    record = {
+    loss = _global_loss(losses, runtime)
+    moe = probe.collect(steps=steps)
+    aux = _aux_losses(steps * runtime.layout.num_microbatches)
+    return {
         "step": step,
-        "loss": round(float(loss.item()), 6),
-        "lm_loss": round(float(loss.item()), 6),
+        "loss": round(loss, 6),
+        "lm_loss": round(loss, 6),
         "load_balancing_loss": aux.get("load_balancing_loss", []),
         "z_loss": aux.get("z_loss", []),
         **moe,
-        "lr": scheduler.get_last_lr()[0],
+        "lr": scheduler.optimizer.param_groups[0]["lr"],
         "grad_norm": round(grad_norm, 6),
         "step_time_s": round(elapsed, 4),
-        "tokens_per_s": round(tokens_per_s, 2),
-        "mfu": round(tokens_per_s * flops / (peak_tflops * 1e12 * runtime.world_size), 5) if peak_tflops else None,
+        **meter.figures(elapsed),
         "peak_memory_gib": round(peak_memory_gib(), 3),
     }
-    return record
 
 
 def check_inputs(config: TrainConfig) -> None:

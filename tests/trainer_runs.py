@@ -1,0 +1,43 @@
+"""Running moe-train from the tests: one process or torchrun, and reading what a run left."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "training/configs/tiny.yaml"
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:
+    launcher = [sys.executable, "-m", "moe_cdk.training.train_cli"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        f"--master_port={29600 + random.randint(0, 300)}", "-m", "moe_cdk.training.train_cli"]
+    return [*launcher, "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
+            "--metrics-file", str(run_dir / "metrics.jsonl"), "--set", f"data.prefixes=[{data_prefix}]",
+            "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]", *extra]
+
+
+def run_training(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(run_dir, data_prefix, *extra, nproc=nproc), cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_parameters(checkpoint: Path, out: Path) -> dict[str, torch.Tensor]:
+    """Every model tensor of a checkpoint, whole (dist_checkpointing stores global tensors)."""
+    dcp_to_torch_save(str(checkpoint), str(out))
+    state = torch.load(out, weights_only=False)
+    return {k: v for k, v in state.items()
+            if k.startswith(("decoder.", "embedding.", "output_layer.")) and isinstance(v, torch.Tensor)}
