@@ -186,9 +186,9 @@ def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, d
                       reserve_fraction: float = DEFAULT_RESERVE) -> MemoryEstimate:
     """Memory one device needs to train ``train`` on ``world_size`` devices of ``device_memory_gib`` each.
 
-    - parameters: ``dense/TP + expert/(EP*TP)`` parameters, where expert = layers x
+    - parameters: ``dense/TP + expert/(EP*ETP)`` parameters, where expert = layers x
       experts x 3 x hidden x ffn and dense = total - expert (``parameter_counts``, with the
-      vocabulary padded for TP as megatron does); x4 bytes weights, x4 gradients, x8 Adam.
+      vocabulary padded as the trainer does); x4 bytes weights, x4 gradients, x8 Adam.
     - activations: ``activation_bytes_per_layer`` x layers x micro-batches in flight (1:
       one pipeline stage holds one micro-batch's activations at a time), plus the logits
       of the loss, ``s*b*padded_vocab*4 / TP`` bytes (fp32 for the cross entropy).
@@ -205,7 +205,7 @@ def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, d
     counts = model.parameter_counts(train, vocab_size)
     expert = counts.expert
     dense = counts.total - expert
-    per_device = dense / p.tensor + expert / (p.expert * p.tensor)
+    per_device = dense / p.tensor + expert / (p.expert * p.expert_tensor_size)
     in_flight = 1  # pipeline parallel is 1
     padded_vocab = model.padded_vocab_size(vocab_size)
     logits = m.seq_length * train.optim.micro_batch_size * padded_vocab * 4 / p.tensor

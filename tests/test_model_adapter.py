@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from moe_cdk.training.schema import ConfigError
 import torch
 
 from conftest import ROOT
@@ -24,7 +26,7 @@ def test_a_value_megatron_would_rewrite_is_an_error(monkeypatch):
     # megatron fills num_query_groups in when it is None: the adapter must refuse that.
     monkeypatch.setattr(model_module, "transformer_config_kwargs",
                         lambda config, on_gpu: {**original(config, on_gpu=on_gpu), "num_query_groups": None})
-    with pytest.raises(ValueError, match=r"megatron-core changed TransformerConfig values: num_query_groups: None -> 4"):
+    with pytest.raises(ConfigError, match=r"megatron-core: TransformerConfig changed values moe-cdk set \(got 'num_query_groups: None -> 4'"):
         build_transformer_config(TINY, on_gpu=False)
 
 

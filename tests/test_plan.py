@@ -39,13 +39,13 @@ def test_memory_of_a_two_layer_toy_by_hand():
     # tiny.yaml: 2 layers, h=64, 4 heads (no GQA), ffn=128, seq 64, 4 experts top-2, micro-batch 4; byte vocab 257.
     train = load_train_config(TINY)
     est = memory_per_device(train, world_size=1, vocab_size=257, device_memory_gib=1.0)
-    # Parameters. Vocab padded to a multiple of 128 x TP(1): 384.
+    # Parameters. Vocab padded to a multiple of 1024 (128 per shard up to TP 8): 1024.
     attention = 64 * (64 + 2 * 64) + 64 * 64  # QKV + output = 16,384
     router, norms = 64 * 4, 2 * 64  # 256, 128
-    embeddings = 2 * 384 * 64 + 64  # input + output + final norm = 49,216
-    dense = 2 * (attention + router + norms) + embeddings  # 33,536 + 49,216 = 82,752
+    embeddings = 2 * 1024 * 64 + 64  # input + output + final norm = 131,136
+    dense = 2 * (attention + router + norms) + embeddings  # 33,536 + 131,136 = 164,672
     expert = 2 * 4 * 3 * 64 * 128  # 196,608
-    assert dense + expert == 279_360
+    assert dense + expert == 361_280
     per_device = dense + expert  # TP = EP = 1
     assert est.parameters_per_device == per_device
     assert est.parameters == pytest.approx(per_device * 4 / GIB)
@@ -54,7 +54,7 @@ def test_memory_of_a_two_layer_toy_by_hand():
     # Activations: s*b*h = 64*4*64 = 16,384 bytes per unit;
     # per layer 15 (attention + norms) + 19*2*128/(4*64) = 19 (MoE MLP) + 5*4*64/64 = 20 (scores) = 54 units.
     per_layer = 16_384 * 54  # 884,736
-    logits = 64 * 4 * 384 * 4  # s*b*vocab*4 = 393,216
+    logits = 64 * 4 * 1024 * 4  # s*b*vocab*4 = 1,048,576
     assert est.activations == pytest.approx((2 * per_layer + logits) / GIB)
     assert est.total == pytest.approx((16 * per_device + 2 * per_layer + logits) / GIB)
     assert (est.tensor, est.pipeline, est.expert, est.data) == (1, 1, 1, 1)
@@ -62,14 +62,14 @@ def test_memory_of_a_two_layer_toy_by_hand():
 
 
 def test_memory_of_the_toy_split_by_tensor_and_expert_parallel():
-    # The same toy with TP=2, EP=2 on 4 devices: data-parallel 2; vocab padded to a multiple of 256: 512.
+    # The same toy with TP=2, EP=2 (expert_tensor 1) on 4 devices: data-parallel 2; vocab padded to 1024.
     train = load_train_config(TINY, ["parallel.tensor=2", "parallel.expert=2"])
     est = memory_per_device(train, world_size=4, vocab_size=257, device_memory_gib=1.0)
-    dense = 2 * (16_384 + 256 + 128) + (2 * 512 * 64 + 64)  # 33,536 + 65,600 = 99,136
+    dense = 2 * (16_384 + 256 + 128) + (2 * 1024 * 64 + 64)  # 33,536 + 131,136 = 164,672
     expert = 196_608
-    per_device = dense / 2 + expert / (2 * 2)  # 49,568 + 49,152 = 98,720
-    assert est.parameters_per_device == 98_720 == per_device
-    activations = (2 * 16_384 * 54) / 2 + 64 * 4 * 512 * 4 / 2  # 884,736 + 262,144 (both / TP)
+    per_device = dense / 2 + expert / (2 * 1)  # 82,336 + 98,304 = 180,640
+    assert est.parameters_per_device == 180_640 == per_device
+    activations = (2 * 16_384 * 54) / 2 + 64 * 4 * 1024 * 4 / 2  # 884,736 + 524,288 (both / TP)
     assert est.activations == pytest.approx(activations / GIB)
     assert (est.tensor, est.expert, est.data) == (2, 2, 2)
 
@@ -77,19 +77,19 @@ def test_memory_of_the_toy_split_by_tensor_and_expert_parallel():
 def test_mixtral_on_16_h200_by_hand():
     train = load_train_config(MIXTRAL)
     est = memory_per_device(train, world_size=16, vocab_size=32000, device_memory_gib=141)
-    # 46.70B total: dense 1,605,636,096 (32 layers x (GQA attention 41,943,040 + router 32,768 + norms 8,192)
-    # + embeddings 2 x 32,000 x 4,096 + 4,096); experts 32 x 8 x 3 x 4,096 x 14,336 = 45,097,156,608.
-    dense, expert = 1_605_636_096, 45_097_156_608
-    assert dense + expert == 46_702_792_704
-    per_device = dense / 2 + expert / (8 * 2)  # TP 2; EP 8 x TP 2: 802,818,048 + 2,818,572,288 = 3,621,390,336
-    assert est.parameters_per_device == 3_621_390_336
+    # 46.71B total: dense 1,611,927,552 (32 layers x (GQA attention 41,943,040 + router 32,768 + norms 8,192)
+    # + embeddings 2 x 32,768 (32,000 padded to 1024) x 4,096 + 4,096); experts 32 x 8 x 3 x 4,096 x 14,336.
+    dense, expert = 1_611_927_552, 45_097_156_608
+    assert dense + expert == 46_709_084_160
+    per_device = dense / 2 + expert / (8 * 2)  # TP 2; EP 8 x ETP 2: 805,963,776 + 2,818,572,288 = 3,624,536,064
+    assert est.parameters_per_device == 3_624_536_064
     states = est.parameters + est.gradients + est.optimizer
-    assert states == pytest.approx(per_device * 16 / GIB)  # 57,942,245,376 bytes = 53.96 GiB
-    assert states == pytest.approx(53.96, abs=0.01)
+    assert states == pytest.approx(per_device * 16 / GIB)  # 57,992,577,024 bytes = 54.01 GiB
+    assert states == pytest.approx(54.01, abs=0.01)
     # Activations: s*b*h/t = 4096*1*4096/2 = 8,388,608 x (15 + 19*2*14336/16384 = 33.25 + 5*32*4096/4096 = 160)
-    # = 1,746,927,616 bytes per layer x 32 layers, + logits 4096*1*32000*4/2 = 262,144,000.
-    assert est.activations == pytest.approx((1_746_927_616 * 32 + 262_144_000) / GIB)  # 52.31 GiB
-    assert est.total == pytest.approx(106.27, abs=0.01)
+    # = 1,746,927,616 bytes per layer x 32 layers, + logits 4096*1*32768*4/2 = 268,435,456.
+    assert est.activations == pytest.approx((1_746_927_616 * 32 + 268_435_456) / GIB)  # 52.31 GiB
+    assert est.total == pytest.approx(106.32, abs=0.01)
     assert est.capacity == pytest.approx(126.9) and est.fits
     assert (est.tensor, est.pipeline, est.expert, est.data) == (2, 1, 8, 8)
 
@@ -100,7 +100,7 @@ def test_mixtral_on_16_h200_by_hand():
 def test_mixtral_without_expert_parallel_on_one_p4de_does_not_fit():
     config = config_with(compute="ml.p4de.24xlarge", count=1)
     with pytest.raises(PlanError) as caught:
-        plan(config, train_overrides=["parallel.expert=1", "parallel.tensor=1"])
+        plan(config, train_overrides=["parallel.expert=1", "parallel.tensor=1", "parallel.expert_tensor=1"])
     [line] = caught.value.problems
     assert line.startswith("training.profile: training/configs/mixtral-8x7b.yaml does not fit in device memory (got ")
     assert "GiB per device; allowed at most 72.0 GiB per device: 80 GiB A100 less 10% reserve)" in line
@@ -109,12 +109,12 @@ def test_mixtral_without_expert_parallel_on_one_p4de_does_not_fit():
 
 
 def test_a_layout_that_does_not_fit_the_world_size_is_a_plan_error():
-    config = config_with(count=1)  # 8 GPUs, but expert 8 x tensor 2 needs 16
+    config = config_with(count=1)  # 8 GPUs, but expert 8 x expert_tensor 2 needs 16
     with pytest.raises(PlanError) as caught:
         plan(config)
     assert caught.value.problems == [
-        "training.profile: parallel.expert: expert x tensor x pipeline must divide the world size "
-        "(got 8; allowed a value with expert x 2 dividing 8)"]
+        "training.profile: parallel.expert: expert x expert_tensor x pipeline must divide the world size "
+        "(got '8 x 2 x 1 for 8 processes'; allowed a product dividing 8)"]
 
 
 # ---------------------------------------------------------------------------------- shipped configurations
@@ -249,7 +249,7 @@ def test_cli_train_config_option(capsys):
 
 def test_cli_exits_2_when_it_does_not_fit(capsys):
     path = str(ROOT / "config/default.yaml")
-    assert run_cli("--config", path, "--set", "parallel.expert=1", "--set", "parallel.tensor=1") == 2
+    assert run_cli("--config", path, "--set", "parallel.expert=1", "--set", "parallel.tensor=1", "--set", "parallel.expert_tensor=1") == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()

@@ -318,10 +318,11 @@ class Throughput:
     peak_tflops: float | None
     world_size: int
 
-    def figures(self, elapsed_s: float) -> dict:
+    def figures(self, elapsed_s: float) -> tuple[float, float | None]:
+        """(tokens/s, MFU or None without a peak figure)."""
         tokens_per_s = self.tokens_per_step / elapsed_s
         mfu = tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.world_size) if self.peak_tflops else None
-        return {"tokens_per_s": round(tokens_per_s, 2), "mfu": round(mfu, 5) if mfu is not None else None}
+        return round(tokens_per_s, 2), round(mfu, 5) if mfu is not None else None
 
 
 def _global_loss(losses: list[torch.Tensor], runtime: Runtime) -> float:
@@ -341,6 +342,7 @@ def _record(step, steps, losses, probe, runtime, grad_norm, scheduler, elapsed, 
     """One metrics record. Loss, throughput and grad norm are the last step's; the MoE figures
     are per-step averages over the ``steps`` steps since the previous record."""
     loss = _global_loss(losses, runtime)
+    tokens_per_s, mfu = meter.figures(elapsed)
     moe = probe.collect(steps=steps)
     aux = _aux_losses(steps * runtime.layout.num_microbatches)
     return {
@@ -353,7 +355,8 @@ def _record(step, steps, losses, probe, runtime, grad_norm, scheduler, elapsed, 
         "lr": scheduler.optimizer.param_groups[0]["lr"],
         "grad_norm": round(grad_norm, 6),
         "step_time_s": round(elapsed, 4),
-        **meter.figures(elapsed),
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu,
         "peak_memory_gib": round(peak_memory_gib(), 3),
     }
 
