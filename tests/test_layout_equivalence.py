@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_runs import final_parameters, records, run_training
+from trainer_runs import data_prefix, final_parameters, records, run_training  # noqa: F401 (fixture)
 
 # 4 layers so that PP2 x VPP2 has one layer per chunk; micro-batches of 2 so that every
 # layout has at least two micro-batches per step where the interleaved schedule needs them.
@@ -45,11 +45,6 @@ ELASTIC = ("TP2", "PP2")
 LOSS_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
 PARAM_ATOL = 2e-5
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
 
 
 @pytest.fixture(scope="module")

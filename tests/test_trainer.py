@@ -10,14 +10,9 @@ import time
 
 import pytest
 import torch
-from trainer_runs import ENV, ROOT, TINY, final_parameters, records, run_training, train_command
+from trainer_runs import ENV, ROOT, TINY, data_prefix, final_parameters, records, run_training, train_command  # noqa: F401 (fixture)
 
 from moe_cdk.training.checkpoint import MARKER, CheckpointManager
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
 
 
 @pytest.fixture(scope="module")

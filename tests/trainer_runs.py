@@ -9,12 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "training/configs/tiny.yaml"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def data_prefix(tmp_path_factory) -> str:
+    """Where a test module's runs tokenize the bundled corpus, once per module."""
+    return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
 
 
 def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:

@@ -123,12 +123,6 @@ def data_parallel_rank() -> int:
     return parallel_state.get_data_parallel_rank()
 
 
-def is_last_stage() -> bool:
-    from megatron.core import parallel_state
-
-    return parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-
-
 def wrap(chunks, transformer_config, *, overlap: bool, distributed_optimizer: bool) -> list:
     """Each model chunk under megatron's DistributedDataParallel: gradients accumulate in fp32
     buckets and are averaged over the data-parallel group (dense) or the expert-data-parallel
