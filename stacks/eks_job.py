@@ -10,10 +10,11 @@ run one pod per node:
   device the node has, never more (a pod asking for more than the node advertises would
   stay Pending forever);
 * the FSx claim at ``/fsx`` and a memory-backed ``/dev/shm`` for the data loaders and NCCL;
-* ``restartPolicy: ExitCode``: the trainer's exit codes 1 to 127 are permanent (2 is a bad
-  configuration), 128 to 255 retryable (143 after SIGTERM and a checkpoint, 134 a crash),
-  which is the training operator's rule; ``nprocPerNode`` makes each pod the node launcher
-  (``training/node_launcher.py``), which keeps those codes;
+* ``restartPolicy: ExitCode``: the training operator restarts a pod only for 130, 137, 138
+  and 143 and treats every other code as permanent (``training/exit_codes.py``); the
+  trainer exits 2 for a bad configuration, 143 after SIGTERM and a checkpoint, 138 after a
+  crash. ``nprocPerNode`` makes each pod the node launcher (``training/node_launcher.py``),
+  which keeps those codes;
 * a startup probe that waits for the first metrics record, a readiness probe on the same
   file, and a liveness probe that fails when no record has been written for
   ``stall_timeout_s`` (the trainer touches the files at every record, on every rank);

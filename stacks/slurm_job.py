@@ -11,7 +11,7 @@
   next step boundary and exits 143;
 * maps the trainer's exit code onto Slurm: 0 ends the job, 1 to 127 are permanent failures
   (2 is a bad configuration) and end it with that code, 128 to 255 are retryable (143
-  preempted or signalled, 134 crashed, 137 killed) and requeue the job with
+  preempted or signalled, 138 crashed, 137 killed) and requeue the job with
   ``scontrol requeue`` until it has been requeued ``max_requeues`` times.
 
 Standard library only (no CDK): the script is rendered by the CLI and by the tests.

@@ -6,9 +6,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -17,11 +20,13 @@ from kubeflow.training import ApiClient
 
 from moe_cdk.constructs import instance_catalog
 from moe_cdk.stacks.config import load_config, parse_config
-from moe_cdk.stacks.eks_job import job_spec_from_config, render_hyperpod_job, render_pytorchjob
+from moe_cdk.stacks.eks_job import EksJobSpec, job_spec_from_config, render_hyperpod_job, render_pytorchjob
+from moe_cdk.training.exit_codes import KUBEFLOW_RETRYABLE
 from moe_cdk.training.metrics import MetricsSink
 from moe_cdk.training.schema import ConfigError
 
 from conftest import ROOT
+from trainer_runs import ENV, MEGATRON_REJECTS, TINY, data_prefix  # noqa: F401 (fixture)
 
 IMAGE = "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:test"
 CONFIG = ROOT / "config/eks-p5en.yaml"
@@ -211,3 +216,27 @@ def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
     assert bad.returncode == 2
     assert "cluster.orchestrator: eks render needs an EKS configuration (got 'slurm'; allowed eks)" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_restarted(data_prefix, tmp_path):
+    spec = EksJobSpec(
+        name="rejected", namespace="default", image=IMAGE, nodes=1, instance_type="ml.p5en.48xlarge",
+        devices_per_node=2, device_resource="nvidia.com/gpu", efa_per_node=0, train_config=str(TINY),
+        num_experts=4, expert_parallel=2,
+        train_args=("--set", f"data.prefixes=[{data_prefix}]", "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]",
+                    "--checkpoint-dir", str(tmp_path / "ckpt"), *MEGATRON_REJECTS))
+    job = render_pytorchjob(spec)
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]
+    pod = master["template"]["spec"]["containers"][0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # What the training operator sets in a Master pod of a job with nprocPerNode.
+    kubeflow = {"PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"], "PET_NNODES": "1", "PET_NODE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    command = [str(Path(sys.executable).parent / pod["command"][0]), *pod["args"]]
+    result = subprocess.run(command, env={**ENV, **kubeflow}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert master["restartPolicy"] == "ExitCode" and result.returncode not in KUBEFLOW_RETRYABLE
+    reasons = [line for line in result.stderr.splitlines() if "TransformerConfig rejects" in line]
+    assert len(reasons) == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+from moe_cdk.training.exit_codes import EXIT_FAILED_RETRYABLE, KUBEFLOW_RETRYABLE
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.node_launcher import run_node
 
@@ -33,8 +34,8 @@ def test_each_rank_gets_torchrun_variables(tmp_path):
 
 
 def test_a_failing_rank_s_exit_code_is_kept():
-    code = "import os, sys; sys.exit(134 if os.environ['LOCAL_RANK'] == '1' else 0)"
-    assert run_node(NODE, python(code)) == 134
+    code = "import os, sys; sys.exit(138 if os.environ['LOCAL_RANK'] == '1' else 0)"
+    assert run_node(NODE, python(code)) == 138
 
 
 def test_a_permanent_failure_stays_permanent():
@@ -44,6 +45,13 @@ def test_a_permanent_failure_stays_permanent():
 def test_a_rank_killed_by_a_signal_counts_as_128_plus_the_signal():
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL) if os.environ['LOCAL_RANK'] == '0' else None"
     assert run_node(NODE, python(code)) == 128 + signal.SIGKILL
+
+
+def test_a_rank_that_aborts_is_retryable_under_kubeflow():
+    # SIGABRT would be 134, which Kubeflow's ExitCode policy treats as permanent.
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGABRT) if os.environ['LOCAL_RANK'] == '0' else None"
+    code_seen = run_node(NODE, python(code))
+    assert code_seen == EXIT_FAILED_RETRYABLE and code_seen in KUBEFLOW_RETRYABLE
 
 
 def test_ranks_left_running_after_a_failure_are_stopped():

@@ -141,7 +141,7 @@ def _expect_job(stubber, index, states):
 def test_chain_continues_past_the_runtime_limit_on_the_same_checkpoints_and_stops_when_complete(sagemaker):
     client, stubber = sagemaker
     _expect_job(stubber, 1, [("InProgress", "Training"), ("Stopped", "MaxRuntimeExceeded")])
-    _expect_job(stubber, 2, [("InProgress", "Training"), ("Failed", "Failed", "AlgorithmError: node lost, exit code: 134")])
+    _expect_job(stubber, 2, [("InProgress", "Training"), ("Failed", "Failed", "AlgorithmError: node lost, exit code: 138")])
     _expect_job(stubber, 3, [("Completed", "Completed")])
     outcomes = run_chain(client, CONFIG, OUTPUTS, OPTIONS, max_jobs=10, poll_seconds=0, sleep=lambda s: None, log=lambda m: None)
     assert [(o.job_name, o.continue_chain) for o in outcomes] == [("moe-run-01", True), ("moe-run-02", True), ("moe-run-03", False)]

@@ -25,6 +25,7 @@ from moe_cdk.stacks.slurm_job import SlurmJobSpec, enroot_image, render_sbatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_harness import Rejected, SlurmCluster, SlurmUnavailable  # noqa: E402
+from trainer_runs import MEGATRON_REJECTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -139,7 +140,7 @@ def _free_port() -> int:
 class TinyJob:
     """The rendered --local script for the tiny MoE on 2 nodes x 1 task, with its files in ``root``."""
 
-    def __init__(self, root: Path, *, max_steps: int, **spec_fields):
+    def __init__(self, root: Path, *, max_steps: int, extra_args: tuple[str, ...] = (), **spec_fields):
         self.root = root
         self.metrics = root / "metrics.jsonl"
         self.checkpoints = root / "checkpoints"
@@ -150,7 +151,8 @@ class TinyJob:
                         "--set", f"data.prefixes=[{root / 'data' / 'tiny_text_document'}]",
                         "--set", f"data.prepare_from=[{CORPUS}]",
                         "--max-steps", str(max_steps), "--save-interval", "5",
-                        "--checkpoint-dir", str(self.checkpoints), "--metrics-file", str(self.metrics)),
+                        "--checkpoint-dir", str(self.checkpoints), "--metrics-file", str(self.metrics),
+                        *extra_args),
             **spec_fields,
         )
         self.spec = spec
@@ -244,6 +246,19 @@ def test_slurm_permanent_failure_is_not_requeued(slurm, tmp_path):
     state = slurm.wait_for(job_id, {"FAILED"}, timeout=30)
     assert (state.restart_count, state.exit_code) == (0, "2:0")
     assert "permanent failure (exit 2" in (tmp_path / f"job-{job_id}.out").read_text()
+
+
+def test_slurm_layout_megatron_rejects_fails_once_with_exit_2(slurm, tmp_path):
+    job = TinyJob(tmp_path, max_steps=4, extra_args=MEGATRON_REJECTS)
+    job_id = slurm.submit(job.script)
+    assert not isinstance(job_id, Rejected), job_id
+    state = slurm.wait_for(job_id, {"FAILED"}, timeout=90)
+    log = job.log(job_id)
+    assert (state.restart_count, state.exit_code) == (0, "2:0"), log[-4000:]
+    assert "permanent failure (exit 2" in log and "retryable failure" not in log
+    reasons = [line for line in log.splitlines() if "TransformerConfig rejects" in line]
+    assert len(reasons) == 1 and "moe_act in recompute_modules" in reasons[0], log[-4000:]
+    assert "Traceback" not in log and job.steps() == []
 
 
 def test_slurm_scontrol_requeue_mid_run_resumes_from_a_checkpoint(slurm, tmp_path):

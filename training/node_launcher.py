@@ -8,7 +8,7 @@ per node. That process becomes this launcher: it starts ``local_world_size`` ran
 Unlike torchrun, which exits 1 whenever a rank fails, the launcher keeps the trainer's exit
 code convention, which the orchestrators act on (Kubeflow's ``restartPolicy: ExitCode``,
 ``moe-cdk sagemaker submit --chain``): 0 when every rank succeeds, otherwise the code of the
-first rank that failed (a rank killed by signal N counts as 128+N). SIGTERM and SIGUSR1 are
+first rank that failed (see ``exit_code`` for a rank killed by a signal). SIGTERM and SIGUSR1 are
 forwarded to every rank, which checkpoint and exit 143. Once a rank has failed, the others
 get ``grace_s`` seconds to notice, then SIGTERM, then SIGKILL.
 """
@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from moe_cdk.training.exit_codes import EXIT_FAILED_RETRYABLE, KUBEFLOW_RETRYABLE
 from moe_cdk.training.launch_env import LaunchEnv
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,15 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def exit_code(returncode: int) -> int:
-    """A ``Popen.returncode`` as a shell would report it: a signal N becomes 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
+    """A rank's ``Popen.returncode`` as this node's exit code. A rank killed by INT, KILL or
+    TERM reports 128+N as a shell would; one killed by any other signal (SIGABRT from a NCCL
+    watchdog after a lost peer, SIGSEGV or SIGBUS in a library) reports
+    ``EXIT_FAILED_RETRYABLE``, because Kubeflow treats 134 or 139 as permanent and such a
+    crash is what a restart from the last checkpoint is for."""
+    if returncode >= 0:
+        return returncode
+    code = 128 - returncode
+    return code if code in KUBEFLOW_RETRYABLE else EXIT_FAILED_RETRYABLE
 
 
 def rank_environ(env: LaunchEnv, local_rank: int, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -58,20 +58,30 @@ def main(argv: list[str] | None = None) -> int:
 
         _configure_logging(env.rank)
         return run_node(env, trainer_command(argv))
+    # Before torch is imported: a TERM from now on is a request to stop (see training/stop.py).
+    from moe_cdk.training.stop import StopRequested
+
+    stop = StopRequested()
     _configure_logging(env.rank)
 
     from moe_cdk.training.data import DataError
     from moe_cdk.training.trainer import train
 
     try:
-        return train(config, env)
+        return train(config, env, stop)
     except ConfigError as error:
+        # Every rank checks the same configuration and layout the same way, so rank 0 alone
+        # reports it: the job log gets the reason once, not once per rank.
+        if env.rank != 0:
+            return EXIT_CONFIG
         return report_problems(args.config, error.errors, EXIT_CONFIG)
     except DataError as error:
         return report_problems(args.config, error.problems, EXIT_CONFIG)
     except Exception:
         logging.getLogger(__name__).exception("training failed; the run is retryable and resumes from its last checkpoint")
         return EXIT_FAILED_RETRYABLE
+    finally:
+        stop.ignore_from_now()
 
 
 if __name__ == "__main__":

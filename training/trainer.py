@@ -10,7 +10,6 @@ import functools
 import importlib.util
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,26 +27,9 @@ from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops,
 from moe_cdk.training.model import build_model, flops_per_token, use_bf16
 from moe_cdk.training.parallel import Layout
 from moe_cdk.training.schema import ConfigError, problem
+from moe_cdk.training.stop import StopRequested
 
 log = logging.getLogger(__name__)
-
-
-class StopRequested:
-    """Set by SIGTERM/SIGUSR1; the loop saves at the next step boundary and exits retryably."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.signal = signum
-
-    def agreed(self, device) -> bool:
-        """True on every rank when any rank was signalled."""
-        flag = torch.tensor([1.0 if self.signal is not None else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
 
 @dataclass
@@ -232,14 +214,20 @@ def _aux_losses(calls: int) -> dict:
 # -- loop --------------------------------------------------------------------------------
 
 
-def train(config: TrainConfig, env: LaunchEnv) -> int:
-    """Run ``config`` to ``max_steps`` (or until signalled). Returns the process exit code."""
-    from moe_cdk.training import data as data_module
-
+def train(config: TrainConfig, env: LaunchEnv, stop: StopRequested) -> int:
+    """Run ``config`` to ``max_steps`` (or until ``stop`` is signalled). Returns the process exit code."""
     check_inputs(config)
     runtime = setup(config, env)
+    try:
+        return _run(config, runtime, stop)
+    finally:
+        teardown()
+
+
+def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
+    from moe_cdk.training import data as data_module
+
     layout = runtime.layout
-    stop = StopRequested()
     tokenizer = data_module.load_tokenizer(None if config.data.tokenizer == "byte" else config.data.tokenizer)
     checkpoint_dir = Path(config.checkpoint.dir)
     _prepare_data(config, tokenizer, runtime)
@@ -305,7 +293,6 @@ def train(config: TrainConfig, env: LaunchEnv) -> int:
         checkpoints.wait()
     finally:
         sink.close()
-        teardown()
     return exit_code
 
 
