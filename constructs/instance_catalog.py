@@ -33,7 +33,8 @@ class AcceleratorKind(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class InstanceSpec:
-    """Figures for one instance type. Memory is in GiB as AWS publishes it."""
+    """Figures for one instance type, as AWS publishes them: accelerator memory in GB
+    (10**9 bytes, the datasheets' unit), host memory in GiB."""
 
     ec2_name: str
     """The EC2 name, e.g. ``p5en.48xlarge``."""
@@ -43,8 +44,8 @@ class InstanceSpec:
     """Marketing name of the accelerator, e.g. ``H200``; empty for CPU-only types."""
     accelerator_count: int
     """Accelerators (GPUs or Trainium chips) per instance."""
-    accelerator_memory_gib: int
-    """Memory per accelerator, in GiB."""
+    accelerator_memory_gb: int
+    """Memory per accelerator, in GB (10**9 bytes): an H200's 141 GB is 131.3 GiB."""
     efa_interfaces: int
     """Maximum EFA interfaces per instance; 0 when the type has no EFA."""
     vcpus: int
@@ -60,6 +61,11 @@ class InstanceSpec:
         return f"ml.{self.ec2_name}"
 
     @property
+    def accelerator_memory_gib(self) -> float:
+        """Memory per accelerator in GiB (2**30 bytes), the unit the allocator and ``moe-cdk plan`` count in."""
+        return self.accelerator_memory_gb * 1e9 / 2**30
+
+    @property
     def supports_efa(self) -> bool:
         return self.efa_interfaces > 0
 
@@ -71,7 +77,7 @@ class InstanceSpec:
 def _gpu(name: str, model: str, count: int, mem: int, efa: int, vcpus: int, host: int, gbps: int) -> InstanceSpec:
     return InstanceSpec(
         ec2_name=name, accelerator_kind=AcceleratorKind.NVIDIA_GPU, accelerator_model=model,
-        accelerator_count=count, accelerator_memory_gib=mem, efa_interfaces=efa,
+        accelerator_count=count, accelerator_memory_gb=mem, efa_interfaces=efa,
         vcpus=vcpus, memory_gib=host, network_gbps=gbps,
     )
 
@@ -79,15 +85,15 @@ def _gpu(name: str, model: str, count: int, mem: int, efa: int, vcpus: int, host
 def _cpu(name: str, vcpus: int, host: int, gbps: int) -> InstanceSpec:
     return InstanceSpec(
         ec2_name=name, accelerator_kind=AcceleratorKind.NONE, accelerator_model="",
-        accelerator_count=0, accelerator_memory_gib=0, efa_interfaces=0,
+        accelerator_count=0, accelerator_memory_gb=0, efa_interfaces=0,
         vcpus=vcpus, memory_gib=host, network_gbps=gbps,
     )
 
 
 _SPECS: tuple[InstanceSpec, ...] = (
-    # [EC2-ACC]: 8x H200 with 141 GB HBM3e each (131 GiB usable as reported by
-    # nvidia-smi; we keep AWS's published 141), 192 vCPUs, 2,048 GiB, 3,200 Gbps EFAv3
-    # over 16 network cards, one EFA interface each.
+    # [EC2-ACC]: 8x H200 with 141 GB HBM3e each (NVIDIA H200 datasheet: 141 GB, which is
+    # 131.3 GiB), 192 vCPUs, 2,048 GiB, 3,200 Gbps EFAv3 over 16 network cards, one EFA
+    # interface each.
     _gpu("p5en.48xlarge", "H200", 8, 141, 16, 192, 2048, 3200),
     # [EC2-ACC], [EC2-EFA]: 8x H100 80 GB, 192 vCPUs, 2,048 GiB, 3,200 Gbps over 32 EFA devices.
     _gpu("p5.48xlarge", "H100", 8, 80, 32, 192, 2048, 3200),
@@ -97,7 +103,7 @@ _SPECS: tuple[InstanceSpec, ...] = (
     # 2,048 GiB host memory; [EC2-ACC]: 3.2 Tbps EFAv3 over 16 EFA interfaces.
     InstanceSpec(
         ec2_name="trn2.48xlarge", accelerator_kind=AcceleratorKind.TRAINIUM, accelerator_model="Trainium2",
-        accelerator_count=16, accelerator_memory_gib=96, efa_interfaces=16,
+        accelerator_count=16, accelerator_memory_gb=96, efa_interfaces=16,
         vcpus=192, memory_gib=2048, network_gbps=3200,
     ),
     # [EC2-GP]: head and login nodes. Bandwidth is the "up to" figure for the smaller sizes.

@@ -4,16 +4,9 @@ Everything here is arithmetic on the two configurations and the instance catalog
 constructs are built and nothing is deployed. The parameter counts and FLOPs come from
 ``moe_cdk.training.model`` (imported lazily; it pulls in torch, a few seconds).
 
-Memory model (per device, GiB = 2**30 bytes). moe-train keeps fp32 parameters and fp32
-AdamW state with bf16 autocast, and shards no optimizer state (no ZeRO), so every
-parameter a device holds costs
-
-    4 bytes (fp32 weight) + 4 bytes (fp32 gradient) + 8 bytes (Adam first and second moments) = 16 bytes.
-
-Dense parameters (attention, router, norms, embeddings) are split by tensor parallel only;
-expert parameters by expert parallel x tensor parallel (megatron's expert tensor-parallel
-size is the tensor-parallel size). Pipeline parallel is always 1. Activations are sized in
-``memory_per_device``.
+Memory model (per device, GiB = 2**30 bytes): what moe-train does on a GPU, stage by stage
+(``memory_per_device``); the activation formula is checked against the trainer's saved
+tensors on CPU (tests/test_activation_memory.py).
 """
 
 from __future__ import annotations
@@ -35,15 +28,21 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from moe_cdk.constructs import instance_catalog  # noqa: E402
 from moe_cdk.constructs.instance_catalog import AcceleratorKind  # noqa: E402
 from moe_cdk.stacks.config import REPO_ROOT, Config, NodeRole, Orchestrator, load_config  # noqa: E402
-from moe_cdk.training.config import TrainConfig, load_train_config  # noqa: E402
-from moe_cdk.training.parallel import plan_layout  # noqa: E402
+from moe_cdk.training.config import RecomputeModule, Spec, TrainConfig, load_train_config  # noqa: E402
+from moe_cdk.training.parallel import Layout, plan_layout  # noqa: E402
 from moe_cdk.training.schema import ConfigError, report_problems  # noqa: E402
 
 GIB = 2**30
 PRICES_PATH = Path(__file__).resolve().parent / "prices.yaml"
 
-# Bytes per parameter a device holds: fp32 weight + fp32 gradient + fp32 Adam m and v.
-WEIGHT_BYTES, GRADIENT_BYTES, OPTIMIZER_BYTES = 4, 4, 8
+# Bytes per parameter a device holds, megatron's mixed precision (its distributed optimizer
+# guide, megatron/core/optimizer/distrib_optimizer.py): the weight, the fp32 gradient buffer
+# (DDP's grad_reduce_in_fp32) and the optimizer state -- fp32 main weights (bf16 only) and
+# Adam's two moments. The distributed optimizer shards the optimizer state over the
+# data-parallel group (experts: the expert-data-parallel group); weights and gradients are
+# not sharded.
+BF16_BYTES = {"weight": 2, "gradient": 4, "optimizer": 12}
+FP32_BYTES = {"weight": 4, "gradient": 4, "optimizer": 8}
 
 DEFAULT_RESERVE = 0.10
 """Share of device memory kept back for the CUDA context, NCCL buffers, the caching
@@ -79,28 +78,34 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Memory per device, in GiB, and the parallel layout it was sized for."""
+    """Memory per device, in GiB, on the most loaded pipeline stage, and what it was sized for."""
 
-    tensor: int
-    pipeline: int
-    expert: int
-    data: int
+    layout: Layout
+    precision: str
+    """``bf16`` (bf16 weights, fp32 gradients and main weights) or ``fp32``."""
+    distributed_optimizer: bool
+    attention: str
+    """``unfused`` (the local spec materialises the s x s scores) or ``fused`` (Transformer Engine)."""
+    recompute: tuple[str, ...]
+    """Modules recomputed in the backward pass (megatron's ``recompute_modules``)."""
     parameters: float
-    """fp32 weights this device holds."""
+    """Weights this device holds (bf16 or fp32)."""
     gradients: float
-    """fp32 gradients of those weights."""
+    """fp32 gradient buffers of those weights."""
     optimizer: float
-    """AdamW first and second moments (fp32)."""
+    """fp32 main weights (bf16 only) and Adam moments, after the distributed optimizer's sharding."""
     activations: float
-    """Activations kept for the backward pass, plus the fp32 logits."""
+    """Activations kept for the backward pass by the micro-batches in flight, plus the fp32 logits."""
     total: float
     capacity: float
     """Device memory less the reserve."""
     fits: bool
-    parameters_per_device: int = 0
+    parameters_per_device: int
     """Parameter count this device holds."""
-    device_memory_gib: float = 0.0
-    reserve_fraction: float = DEFAULT_RESERVE
+    device_memory_gib: float
+    reserve_fraction: float
+    checkpoint_gb: float
+    """One checkpoint of the whole model: weights, fp32 main weights (bf16) and Adam moments, in GB."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,10 @@ class Plan:
     run_tokens: int
     """max_steps x global_batch_size x seq_length."""
     estimated_run_hours: float
+    storage_throughput_mb_s: float
+    """The FSx file system's throughput: capacity in TiB x its per-TiB tier, in MB/s."""
+    checkpoint_save_s: float
+    """One checkpoint (``memory.checkpoint_gb``) written at ``storage_throughput_mb_s``."""
     recommendation: str
     """training-job, slurm or eks."""
     reasons: tuple[str, ...]
@@ -145,82 +154,130 @@ def _model():
     return model
 
 
-def activation_bytes_per_layer(train: TrainConfig) -> float:
-    """Activations one transformer layer keeps for the backward pass, per device, in bytes.
+def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_element: int,
+                               fused_attention: bool, on_gpu: bool = True) -> float:
+    """Bytes one transformer layer keeps for the backward pass of one micro-batch, per device.
 
-    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-    Models" (arXiv:2205.05198), section 4: with 16-bit activations and no recomputation a
-    GPT layer stores ``s*b*h*(34 + 5*a*s/h)`` bytes (s sequence length, b micro-batch, h
-    hidden size, a attention heads), made of
+    Counted from what megatron-core 0.16.1 saves (the tensors ``saved_tensors_hooks`` sees in
+    tests/test_activation_memory.py), with T = seq x micro-batch tokens, h hidden, a heads,
+    d_kv the key/value width (groups x head size), f the expert FFN width, k top-k, E experts,
+    t tensor parallel (sequence parallel whenever t > 1, so every token-wise tensor is split
+    t ways) and e the activation element size (2 bf16, 4 fp32):
 
-    - attention, ``11*s*b*h + 5*a*s^2*b``: the QKV input (2sbh), Q and K (4sbh), the
-      softmax output (2as^2b) and its dropout mask (as^2b), the scores' dropout output
-      (2as^2b), V (2sbh), the output-projection input (2sbh) and its dropout mask (sbh);
-    - MLP, ``19*s*b*h`` for an h -> 4h -> h MLP: its input (2sbh), the activation
-      function's input (8sbh), the second linear's input (8sbh) and a dropout mask (sbh);
-    - two layer norms, ``4*s*b*h`` (their inputs).
-
-    With tensor parallel t and sequence parallelism (megatron turns it on for MoE whenever
-    t > 1) every term is divided by t (the paper's Table 2, ``s*b*h/t * (34 + 5*a*s/h)``).
-
-    For the MoE layer the dense MLP term is scaled by how much expert MLP each token runs:
-    ``19*s*b*h * top_k * ffn/(4h)`` -- each token is processed by top_k experts of width
-    ffn instead of one MLP of width 4h. Expert parallelism does not divide it: after the
-    all-to-all each expert-parallel rank holds, on balanced routing, as many routed tokens
-    as it sent. Not counted (small next to the above): router logits and probabilities
-    (s*b*experts), token-permutation buffers and the SwiGLU gate's extra input. The
-    scores term 5*a*s^2*b is kept because moe-train uses megatron's local (unfused)
-    attention, which materialises the s x s scores.
-
-    So, per layer: ``s*b*h/t * (15 + 19*top_k*ffn/(4h) + 5*a*s/h)`` bytes.
+    - residual stream and norms: 8 x T*h (norm inputs and outputs, the attention output
+      projection's input, the MoE layer's input and combine);
+    - attention: the fused QKV output T*(h + 2 d_kv), rotated q and k (T*h each), v expanded
+      to every head under grouped-query attention (T*h when d_kv < h);
+    - unfused scores: the softmax output a*s^2*b, and with dropout its mask and output;
+      fused attention keeps only its fp32 softmax statistics (a*s*b); ``core_attn``
+      recompute keeps neither (the checkpoint keeps q, k and v, counted above);
+    - experts: each device runs (T/t) x k x ETP routed tokens (balanced routing, after the
+      all-to-all and the expert-tensor all-gather): their permuted input (h each) and the
+      SwiGLU's intermediates, 6 x f/ETP each (fc1's 2f output and four f-wide tensors);
+      ``moe_act`` recompute drops the activation's f-wide output (not measurable here: it
+      needs grouped GEMM, which needs a GPU);
+    - router bookkeeping, fp32 and int64: T x (13 E + 20 k) bytes; norm statistics 2T x 4;
+      rotary tables 4 x s x head size x 4.
     """
-    m, moe, t = train.model, train.moe, train.parallel.tensor
-    s, b, h, a = m.seq_length, train.optim.micro_batch_size, m.hidden_size, m.num_attention_heads
-    attention_and_norms = 11 + 4
-    mlp = 19 * moe.top_k * m.ffn_hidden_size / (4 * h)
-    scores = 5 * a * s / h
-    return s * b * h * (attention_and_norms + mlp + scores) / t
+    m, moe, o = train.model, train.moe, train.optim
+    s, b, h, a, f, k, E = (m.seq_length, o.micro_batch_size, m.hidden_size, m.num_attention_heads,
+                           m.ffn_hidden_size, moe.top_k, moe.num_experts)
+    t, etp, e = layout.tensor, layout.expert_tensor, bytes_per_element
+    head = h // a
+    d_kv = (m.num_query_groups or a) * head
+    tokens = s * b
+    recompute = set(train.recompute.modules)
+    mask_bytes = 1 if on_gpu else e  # torch's dropout keeps a bool mask on CUDA, one of the input's dtype on CPU
+    hidden = (8 * h + (h + 2 * d_kv) + 2 * h + (h if d_kv < h else 0)) * tokens * e
+    if m.dropout > 0:
+        hidden += 2 * tokens * h * mask_bytes  # the two hidden dropouts' masks
+    if fused_attention:
+        scores = a * s * b * 4
+    elif RecomputeModule.CORE_ATTN in recompute:
+        scores = 0
+    else:
+        scores = a * s * s * b * (e + ((e + mask_bytes) if m.dropout > 0 else 0))
+    routed = tokens / t * k
+    expert_width = 6 * f - (f if RecomputeModule.MOE_ACT in recompute else 0)
+    experts = routed * (etp * h + expert_width) * e
+    bookkeeping = tokens * (13 * E + 20 * k) + 2 * tokens * 4
+    return (hidden + scores + bookkeeping) / t + experts + 4 * s * head * 4
+
+
+def activation_bytes(train: TrainConfig, layout: Layout, *, vocab_size: int, bytes_per_element: int,
+                     fused_attention: bool, on_gpu: bool = True) -> float:
+    """Activation bytes on the most loaded device: its layers' activations for every
+    micro-batch in flight, the final norm's input and the fp32 logits of the loss.
+
+    A pipeline stage holds num_layers / PP layers. Under 1F1B the first stage has
+    min(PP, micro-batches) micro-batches in flight, so it holds num_layers x min(1, M/PP)
+    layers' worth; interleaving (VPP) adds (PP - 1) / (PP x VPP) of that (megatron's
+    theoretical memory model). The logits (T x padded vocabulary / t, fp32 for the cross
+    entropy) sit on the last stage; they are added to the first stage's figure, which
+    over-counts by at most one micro-batch's logits when PP > 1.
+    """
+    m, o = train.model, train.optim
+    tokens = m.seq_length * o.micro_batch_size
+    pp, t = layout.pipeline, layout.tensor
+    layers = m.num_layers * (min(1.0, layout.num_microbatches / pp) if pp > 1 else 1.0)
+    if layout.virtual_pipeline:
+        layers *= 1 + (pp - 1) / (pp * layout.virtual_pipeline)
+    per_layer = activation_bytes_per_layer(train, layout, bytes_per_element=bytes_per_element,
+                                           fused_attention=fused_attention, on_gpu=on_gpu)
+    padded_vocab = _model().padded_vocab_size(vocab_size)
+    final_norm = tokens * m.hidden_size * bytes_per_element / t
+    logits = tokens * padded_vocab * 4 / t
+    return per_layer * layers + final_norm + logits
 
 
 def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, device_memory_gib: float,
                       reserve_fraction: float = DEFAULT_RESERVE) -> MemoryEstimate:
-    """Memory one device needs to train ``train`` on ``world_size`` devices of ``device_memory_gib`` each.
+    """Memory one GPU needs to train ``train`` on ``world_size`` GPUs of ``device_memory_gib`` each.
 
-    - parameters: ``dense/TP + expert/(EP*ETP)`` parameters, where expert = layers x
-      experts x 3 x hidden x ffn and dense = total - expert (``parameter_counts``, with the
-      vocabulary padded as the trainer does); x4 bytes weights, x4 gradients, x8 Adam.
-    - activations: ``activation_bytes_per_layer`` x layers x micro-batches in flight (1:
-      one pipeline stage holds one micro-batch's activations at a time), plus the logits
-      of the loss, ``s*b*padded_vocab*4 / TP`` bytes (fp32 for the cross entropy).
+    - parameters on the most loaded stage: dense layer parameters / (TP x PP), expert
+      parameters / (EP x ETP x PP), and the embedding and output tables / TP (both on one
+      stage when PP = 1, one each on the first and last stage otherwise);
+    - bytes per parameter: ``BF16_BYTES`` or ``FP32_BYTES`` (``optim.precision``; ``auto``
+      is bf16 on a GPU), the optimizer share divided by the data-parallel size (experts:
+      expert-data-parallel) under ``optim.distributed_optimizer``;
+    - activations: ``activation_bytes``, with unfused attention unless ``model.spec`` is
+      ``transformer_engine`` (``auto`` may pick the local spec, the larger of the two);
     - capacity: ``device_memory_gib * (1 - reserve_fraction)``.
 
     Raises ``PlanError`` when the parallel layout does not fit ``world_size``.
     """
     try:
-        data = plan_layout(train, world_size).data
+        layout = plan_layout(train, world_size)
     except ConfigError as error:
         raise PlanError([f"training.profile: {line}" for line in error.errors]) from None
     model = _model()
-    p, m = train.parallel, train.model
+    m, o = train.model, train.optim
     counts = model.parameter_counts(train, vocab_size)
-    expert = counts.expert
-    dense = counts.total - expert
-    per_device = dense / p.tensor + expert / (p.expert * p.expert_tensor_size)
-    in_flight = 1  # pipeline parallel is 1
-    padded_vocab = model.padded_vocab_size(vocab_size)
-    logits = m.seq_length * train.optim.micro_batch_size * padded_vocab * 4 / p.tensor
-    activations = (activation_bytes_per_layer(train) * m.num_layers * in_flight + logits) / GIB
-    parameters = per_device * WEIGHT_BYTES / GIB
-    gradients = per_device * GRADIENT_BYTES / GIB
-    optimizer = per_device * OPTIMIZER_BYTES / GIB
-    total = parameters + gradients + optimizer + activations
+    table = model.padded_vocab_size(vocab_size) * m.hidden_size
+    dense_layers = counts.total - counts.expert - 2 * table - m.hidden_size
+    tables = 2 if layout.pipeline == 1 else 1
+    dense = dense_layers / (layout.tensor * layout.pipeline) + (tables * table + m.hidden_size) / layout.tensor
+    expert = counts.expert / (layout.expert * layout.expert_tensor * layout.pipeline)
+    bf16 = model.use_bf16(train, on_gpu=True)
+    sizes = BF16_BYTES if bf16 else FP32_BYTES
+    if o.distributed_optimizer:
+        optimizer = sizes["optimizer"] * (dense / layout.data + expert / layout.expert_data)
+    else:
+        optimizer = sizes["optimizer"] * (dense + expert)
+    fused = m.spec is Spec.TRANSFORMER_ENGINE
+    activations = activation_bytes(train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4,
+                                   fused_attention=fused)
+    per_device = dense + expert
+    parameters, gradients = per_device * sizes["weight"] / GIB, per_device * sizes["gradient"] / GIB
+    total = parameters + gradients + optimizer / GIB + activations / GIB
     capacity = device_memory_gib * (1 - reserve_fraction)
     return MemoryEstimate(
-        tensor=p.tensor, pipeline=p.pipeline, expert=p.expert, data=data,
-        parameters=parameters, gradients=gradients, optimizer=optimizer, activations=activations,
-        total=total, capacity=capacity, fits=total <= capacity,
-        parameters_per_device=round(per_device), device_memory_gib=float(device_memory_gib),
-        reserve_fraction=reserve_fraction,
+        layout=layout, precision="bf16" if bf16 else "fp32", distributed_optimizer=o.distributed_optimizer,
+        attention="fused" if fused else "unfused", recompute=tuple(mod.value for mod in train.recompute.modules),
+        parameters=parameters, gradients=gradients, optimizer=optimizer / GIB, activations=activations / GIB,
+        total=total, capacity=capacity, fits=total <= capacity, parameters_per_device=round(per_device),
+        device_memory_gib=float(device_memory_gib), reserve_fraction=reserve_fraction,
+        checkpoint_gb=counts.total * (sizes["weight"] + sizes["optimizer"]) / 1e9,
     )
 
 
@@ -339,6 +396,8 @@ def plan(config: Config, *, train_config_path: str | None = None, mfu: float = D
     run_tokens = train.max_steps * train.optim.global_batch_size * train.model.seq_length
     run_hours = run_tokens / tokens_per_second / 3600 if tokens_per_second else float("inf")
 
+    lustre = config.storage.lustre
+    storage_mb_s = lustre.storage_capacity_gib / 1024 * lustre.per_unit_storage_throughput_mb_s_tib
     cost, missing = cluster_cost_per_hour(config, load_prices(prices_path))
     notes.extend(missing)
     per_billion = cost / (tokens_per_second * 3600) * 1e9 if cost is not None and tokens_per_second else None
@@ -350,13 +409,14 @@ def plan(config: Config, *, train_config_path: str | None = None, mfu: float = D
         total_parameters=counts.total, active_parameters=counts.active, memory=memory,
         cost_per_hour_usd=cost, mfu=mfu, tokens_per_second=tokens_per_second,
         cost_per_billion_tokens_usd=per_billion, run_tokens=run_tokens, estimated_run_hours=run_hours,
+        storage_throughput_mb_s=storage_mb_s, checkpoint_save_s=memory.checkpoint_gb * 1e3 / storage_mb_s,
         recommendation=recommendation, reasons=tuple(reasons), notes=tuple(notes),
     )
     if not memory.fits:
         raise PlanError([
             f"training.profile: {profile} does not fit in device memory "
             f"(got {memory.total:.1f} GiB per device; allowed at most {memory.capacity:.1f} GiB per device: "
-            f"{device_memory:g} GiB {'/'.join(models)} less {reserve_fraction:.0%} reserve)"
+            f"{device_memory:.1f} GiB {'/'.join(models)} less {reserve_fraction:.0%} reserve)"
         ], result)
     return result
 
@@ -377,16 +437,20 @@ def render_table(plan: Plan) -> str:
         ("compute", f"{plan.nodes} x {plan.instance_type} = {plan.world_size} x {plan.accelerator}"),
         ("parameters", f"{plan.total_parameters / 1e9:.2f}B total, {plan.active_parameters / 1e9:.2f}B active, "
                        f"vocabulary {plan.vocab_size}"),
-        ("layout", f"tensor {m.tensor} x pipeline {m.pipeline} x expert {m.expert}, data {m.data}"),
+        ("layout", m.layout.describe()),
         ("", ""),
         ("memory per device", "GiB"),
-        ("  parameters", f"{m.parameters:8.1f}   ({m.parameters_per_device / 1e9:.2f}B fp32)"),
-        ("  gradients", f"{m.gradients:8.1f}"),
-        ("  optimizer", f"{m.optimizer:8.1f}   (AdamW m and v, fp32)"),
-        ("  activations", f"{m.activations:8.1f}   (no recomputation, incl. logits)"),
+        ("  parameters", f"{m.parameters:8.1f}   ({m.parameters_per_device / 1e9:.2f}B {m.precision})"),
+        ("  gradients", f"{m.gradients:8.1f}   (fp32 buffers)"),
+        ("  optimizer", f"{m.optimizer:8.1f}   ({'fp32 main weights, ' if m.precision == 'bf16' else ''}Adam m and v"
+                        f"{', sharded by the distributed optimizer' if m.distributed_optimizer else ''})"),
+        ("  activations", f"{m.activations:8.1f}   ({m.attention} attention, recompute "
+                          f"{', '.join(m.recompute) or 'none'}, incl. logits)"),
         ("  total", f"{m.total:8.1f}"),
-        ("  capacity", f"{m.capacity:8.1f}   ({m.device_memory_gib:g} GiB less {m.reserve_fraction:.0%} reserve)"),
+        ("  capacity", f"{m.capacity:8.1f}   ({m.device_memory_gib:.1f} GiB less {m.reserve_fraction:.0%} reserve)"),
         ("  fits", "yes" if m.fits else "NO"),
+        ("checkpoint", f"{m.checkpoint_gb:,.0f} GB, about {plan.checkpoint_save_s / 60:,.1f} min a save at "
+                       f"{plan.storage_throughput_mb_s:,.0f} MB/s (FSx)"),
         ("", ""),
         ("cluster cost", f"{_money(plan.cost_per_hour_usd)} per hour (all groups, on-demand)"),
         ("throughput", f"{plan.tokens_per_second:,.0f} tokens/s at {plan.mfu:.0%} MFU"),
@@ -416,9 +480,16 @@ def to_json(plan: Plan) -> dict:
         "vocab_size": plan.vocab_size,
         "parameters": {"total": plan.total_parameters, "active": plan.active_parameters,
                        "per_device": m.parameters_per_device},
-        "layout": {"tensor": m.tensor, "pipeline": m.pipeline, "expert": m.expert, "data": m.data},
+        "layout": {"tensor": m.layout.tensor, "pipeline": m.layout.pipeline,
+                   "virtual_pipeline": m.layout.virtual_pipeline, "expert": m.layout.expert,
+                   "expert_tensor": m.layout.expert_tensor, "data": m.layout.data,
+                   "expert_data": m.layout.expert_data},
         "memory_gib": {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
-                       "activations": m.activations, "total": m.total, "capacity": m.capacity, "fits": m.fits},
+                       "activations": m.activations, "total": m.total, "capacity": m.capacity, "fits": m.fits,
+                       "precision": m.precision, "distributed_optimizer": m.distributed_optimizer,
+                       "attention": m.attention, "recompute": list(m.recompute)},
+        "checkpoint": {"size_gb": m.checkpoint_gb, "save_s": plan.checkpoint_save_s,
+                       "storage_throughput_mb_s": plan.storage_throughput_mb_s},
         "cost_per_hour_usd": plan.cost_per_hour_usd,
         "mfu": plan.mfu,
         "tokens_per_second": plan.tokens_per_second,

@@ -21,8 +21,12 @@ def test_ec2_and_sagemaker_names_give_the_same_spec(name):
 ])
 def test_accelerator_figures(name, figures):
     spec = instance_catalog.lookup(name)
-    assert (spec.accelerator_kind, spec.accelerator_count, spec.accelerator_memory_gib,
+    assert (spec.accelerator_kind, spec.accelerator_count, spec.accelerator_memory_gb,
             spec.efa_interfaces, spec.vcpus) == figures
+
+
+def test_accelerator_memory_in_gib_converts_the_published_gigabytes():
+    assert round(instance_catalog.lookup("ml.p5en.48xlarge").accelerator_memory_gib, 1) == 131.3
 
 
 def test_head_node_types_have_no_efa_or_accelerator():

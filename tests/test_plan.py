@@ -36,7 +36,8 @@ def config_with(*, compute: str = "ml.p5en.48xlarge", count: int = 2, orchestrat
 
 
 def test_memory_of_a_two_layer_toy_by_hand():
-    # tiny.yaml: 2 layers, h=64, 4 heads (no GQA), ffn=128, seq 64, 4 experts top-2, micro-batch 4; byte vocab 257.
+    # tiny.yaml: 2 layers, h=64, 4 heads (no GQA), ffn=128, seq 64, 4 experts top-2, micro-batch 4;
+    # byte vocab 257; precision fp32.
     train = load_train_config(TINY)
     est = memory_per_device(train, world_size=1, vocab_size=257, device_memory_gib=1.0)
     # Parameters. Vocab padded to a multiple of 1024 (128 per shard up to TP 8): 1024.
@@ -45,53 +46,65 @@ def test_memory_of_a_two_layer_toy_by_hand():
     embeddings = 2 * 1024 * 64 + 64  # input + output + final norm = 131,136
     dense = 2 * (attention + router + norms) + embeddings  # 33,536 + 131,136 = 164,672
     expert = 2 * 4 * 3 * 64 * 128  # 196,608
-    assert dense + expert == 361_280
-    per_device = dense + expert  # TP = EP = 1
-    assert est.parameters_per_device == per_device
-    assert est.parameters == pytest.approx(per_device * 4 / GIB)
-    assert est.gradients == pytest.approx(per_device * 4 / GIB)
-    assert est.optimizer == pytest.approx(per_device * 8 / GIB)
-    # Activations: s*b*h = 64*4*64 = 16,384 bytes per unit;
-    # per layer 15 (attention + norms) + 19*2*128/(4*64) = 19 (MoE MLP) + 5*4*64/64 = 20 (scores) = 54 units.
-    per_layer = 16_384 * 54  # 884,736
-    logits = 64 * 4 * 1024 * 4  # s*b*vocab*4 = 1,048,576
-    assert est.activations == pytest.approx((2 * per_layer + logits) / GIB)
-    assert est.total == pytest.approx((16 * per_device + 2 * per_layer + logits) / GIB)
-    assert (est.tensor, est.pipeline, est.expert, est.data) == (1, 1, 1, 1)
+    per_device = dense + expert  # TP = EP = PP = 1
+    assert est.parameters_per_device == per_device == 361_280
+    # fp32: weight 4, gradient 4, Adam 8; no distributed optimizer.
+    assert (est.parameters, est.gradients, est.optimizer) == pytest.approx(
+        (per_device * 4 / GIB, per_device * 4 / GIB, per_device * 8 / GIB))
+    # Activations per layer, T = 64 x 4 = 256 tokens, 4 bytes each:
+    hidden = (8 * 64 + (64 + 2 * 64) + 2 * 64) * 256 * 4  # streams, fused QKV, q and k: 851,968
+    scores = 4 * 64 * 64 * 4 * 4  # heads x s^2 x b, unfused: 262,144
+    bookkeeping = 256 * (13 * 4 + 20 * 2) + 2 * 256 * 4  # router, norm statistics: 25,600
+    experts = 256 * 2 * (64 + 6 * 128) * 4  # routed tokens x (input + SwiGLU intermediates): 1,703,936
+    rotary = 4 * 64 * 16 * 4  # 16,384
+    per_layer = hidden + scores + bookkeeping + experts + rotary  # 2,860,032
+    final_norm, logits = 256 * 64 * 4, 256 * 1024 * 4  # 65,536 and 1,048,576
+    assert est.activations * GIB == pytest.approx(2 * per_layer + final_norm + logits)  # 6,834,176
+    assert (est.layout.tensor, est.layout.pipeline, est.layout.expert, est.layout.data) == (1, 1, 1, 1)
+    assert (est.precision, est.attention, est.distributed_optimizer) == ("fp32", "unfused", False)
     assert est.capacity == pytest.approx(0.9) and est.fits
 
 
-def test_memory_of_the_toy_split_by_tensor_and_expert_parallel():
-    # The same toy with TP=2, EP=2 (expert_tensor 1) on 4 devices: data-parallel 2; vocab padded to 1024.
-    train = load_train_config(TINY, ["parallel.tensor=2", "parallel.expert=2"])
-    est = memory_per_device(train, world_size=4, vocab_size=257, device_memory_gib=1.0)
-    dense = 2 * (16_384 + 256 + 128) + (2 * 1024 * 64 + 64)  # 33,536 + 131,136 = 164,672
-    expert = 196_608
-    per_device = dense / 2 + expert / (2 * 1)  # 82,336 + 98,304 = 180,640
-    assert est.parameters_per_device == 180_640 == per_device
-    activations = (2 * 16_384 * 54) / 2 + 64 * 4 * 1024 * 4 / 2  # 884,736 + 524,288 (both / TP)
-    assert est.activations == pytest.approx(activations / GIB)
-    assert (est.tensor, est.expert, est.data) == (2, 2, 2)
+def test_pipeline_stages_hold_their_layers_and_one_table_each():
+    # 4 layers, pipeline 2 x virtual 2 on 2 devices: 2 micro-batches per step (8 / 4).
+    train = load_train_config(TINY, ["model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_pipeline=2"])
+    est = memory_per_device(train, world_size=2, vocab_size=257, device_memory_gib=1.0)
+    layer = 16_384 + 256 + 128
+    assert est.parameters_per_device == 4 * layer / 2 + (1024 * 64 + 64) + 4 * 4 * 3 * 64 * 128 / 2
+    # 4 layers x min(1, 2 micro-batches / 2 stages) x (1 + (2 - 1) / (2 x 2)) = 5 layers in flight.
+    assert est.activations * GIB == pytest.approx(5 * 2_860_032 + 65_536 + 1_048_576)
+
+
+def test_transformer_engine_attention_keeps_only_softmax_statistics():
+    unfused = memory_per_device(load_train_config(TINY), world_size=1, vocab_size=257, device_memory_gib=1.0)
+    fused = memory_per_device(load_train_config(TINY, ["model.spec=transformer_engine"]), world_size=1,
+                              vocab_size=257, device_memory_gib=1.0)
+    assert (unfused.activations - fused.activations) * GIB == pytest.approx(2 * (262_144 - 4 * 64 * 4 * 4))
+    assert fused.attention == "fused"
 
 
 def test_mixtral_on_16_h200_by_hand():
     train = load_train_config(MIXTRAL)
-    est = memory_per_device(train, world_size=16, vocab_size=32000, device_memory_gib=141)
+    est = memory_per_device(train, world_size=16, vocab_size=32000, device_memory_gib=131.3)
     # 46.71B total: dense 1,611,927,552 (32 layers x (GQA attention 41,943,040 + router 32,768 + norms 8,192)
     # + embeddings 2 x 32,768 (32,000 padded to 1024) x 4,096 + 4,096); experts 32 x 8 x 3 x 4,096 x 14,336.
-    dense, expert = 1_611_927_552, 45_097_156_608
-    assert dense + expert == 46_709_084_160
-    per_device = dense / 2 + expert / (8 * 2)  # TP 2; EP 8 x ETP 2: 805,963,776 + 2,818,572,288 = 3,624,536,064
-    assert est.parameters_per_device == 3_624_536_064
-    states = est.parameters + est.gradients + est.optimizer
-    assert states == pytest.approx(per_device * 16 / GIB)  # 57,992,577,024 bytes = 54.01 GiB
-    assert states == pytest.approx(54.01, abs=0.01)
-    # Activations: s*b*h/t = 4096*1*4096/2 = 8,388,608 x (15 + 19*2*14336/16384 = 33.25 + 5*32*4096/4096 = 160)
-    # = 1,746,927,616 bytes per layer x 32 layers, + logits 4096*1*32768*4/2 = 268,435,456.
-    assert est.activations == pytest.approx((1_746_927_616 * 32 + 268_435_456) / GIB)  # 52.31 GiB
-    assert est.total == pytest.approx(106.32, abs=0.01)
-    assert est.capacity == pytest.approx(126.9) and est.fits
-    assert (est.tensor, est.pipeline, est.expert, est.data) == (2, 1, 8, 8)
+    dense, expert = 1_611_927_552 / 2, 45_097_156_608 / 8  # TP 2; EP 8 x ETP 1
+    assert est.parameters_per_device == dense + expert == 6_443_108_352
+    # bf16 weights (2) and fp32 gradients (4); the distributed optimizer shards the fp32 main weights
+    # and Adam moments (12) over data-parallel 8 (dense) and expert-data-parallel 2 (experts).
+    assert (est.parameters + est.gradients) * GIB == pytest.approx(6 * 6_443_108_352)
+    assert est.optimizer * GIB == pytest.approx(12 * (dense / 8 + expert / 2))  # 35,031,813,120
+    # Activations per layer (bf16, T = 4096, t = 2, core-attention recompute: no scores):
+    hidden = (8 * 4096 + (4096 + 2 * 1024) + 2 * 4096 + 4096) * 4096 * 2  # GQA: v expanded: 419,430,400
+    bookkeeping = 4096 * (13 * 8 + 20 * 2) + 2 * 4096 * 4  # 622,592
+    experts = 4096 / 2 * 2 * (4096 + 6 * 14336) * 2  # 738,197,504
+    per_layer = (hidden + bookkeeping) / 2 + experts + 4 * 4096 * 128 * 4  # 956,612,608
+    logits = 4096 * 32768 * 4 / 2
+    assert est.activations * GIB == pytest.approx(32 * per_layer + 4096 * 4096 * 2 / 2 + logits)
+    assert est.total == pytest.approx(97.40, abs=0.01)
+    assert est.capacity == pytest.approx(118.17) and est.fits
+    assert est.layout.describe().startswith("TP2 PP1 EP8 ETP1 DP8 (expert DP2) SP")
+    assert est.checkpoint_gb == pytest.approx(46_709_084_160 * 14 / 1e9)  # 654 GB: weights, main weights, Adam
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -100,18 +113,18 @@ def test_mixtral_on_16_h200_by_hand():
 def test_mixtral_without_expert_parallel_on_one_p4de_does_not_fit():
     config = config_with(compute="ml.p4de.24xlarge", count=1)
     with pytest.raises(PlanError) as caught:
-        plan(config, train_overrides=["parallel.expert=1", "parallel.tensor=1", "parallel.expert_tensor=1"])
+        plan(config, train_overrides=["parallel.expert=1", "parallel.tensor=1"])
     [line] = caught.value.problems
     assert line.startswith("training.profile: training/configs/mixtral-8x7b.yaml does not fit in device memory (got ")
-    assert "GiB per device; allowed at most 72.0 GiB per device: 80 GiB A100 less 10% reserve)" in line
+    assert "GiB per device; allowed at most 67.1 GiB per device: 74.5 GiB A100 less 10% reserve)" in line
     assert caught.value.plan is not None and not caught.value.plan.memory.fits
-    assert caught.value.plan.memory.total > 700  # 46.7B x 16 bytes alone is 696 GiB
+    assert caught.value.plan.memory.total > 260  # 46.7B x 6 bytes (bf16 weights, fp32 gradients) alone is 261 GiB
 
 
 def test_a_layout_that_does_not_fit_the_world_size_is_a_plan_error():
     config = config_with(count=1)  # 8 GPUs, but expert 8 x expert_tensor 2 needs 16
     with pytest.raises(PlanError) as caught:
-        plan(config)
+        plan(config, train_overrides=["parallel.expert_tensor=2"])
     assert caught.value.problems == [
         "training.profile: parallel.expert: expert x expert_tensor x pipeline must divide the world size "
         "(got '8 x 2 x 1 for 8 processes'; allowed a product dividing 8)"]
@@ -132,7 +145,7 @@ def test_every_shipped_configuration_plans(path):
 def test_p5_fits_mixtral_with_tensor_parallel_4():
     result = plan(load_config(ROOT / "config/p5-efa-lustre.yaml"), train_overrides=["parallel.tensor=4"])
     assert result.world_size == 32 and result.memory.fits
-    assert (result.memory.tensor, result.memory.expert, result.memory.data) == (4, 8, 8)
+    assert (result.memory.layout.tensor, result.memory.layout.expert, result.memory.layout.data) == (4, 8, 8)
 
 
 def test_json_output_keys():
@@ -141,9 +154,13 @@ def test_json_output_keys():
     assert set(result) == {
         "config", "region", "profile", "instance_type", "nodes", "world_size", "accelerator", "vocab_size",
         "parameters", "layout", "memory_gib", "cost_per_hour_usd", "mfu", "tokens_per_second",
-        "cost_per_billion_tokens_usd", "run_tokens", "estimated_run_hours", "recommendation", "notes"}
-    assert set(result["memory_gib"]) == {"parameters", "gradients", "optimizer", "activations", "total", "capacity", "fits"}
-    assert result["layout"] == {"tensor": 2, "pipeline": 1, "expert": 8, "data": 8}
+        "cost_per_billion_tokens_usd", "run_tokens", "estimated_run_hours", "checkpoint", "recommendation", "notes"}
+    assert set(result["memory_gib"]) == {"parameters", "gradients", "optimizer", "activations", "total", "capacity", "fits",
+                                         "precision", "distributed_optimizer", "attention", "recompute"}
+    assert result["layout"] == {"tensor": 2, "pipeline": 1, "virtual_pipeline": None, "expert": 8, "expert_tensor": 1,
+                                "data": 8, "expert_data": 2}
+    # 654 GB at 4,800 GiB x 250 MB/s/TiB = 1,172 MB/s: about 9.3 minutes a save.
+    assert result["checkpoint"]["save_s"] == pytest.approx(654e3 / 1171.875, rel=1e-3)
     assert set(result["recommendation"]) == {"orchestrator", "reasons"}
     assert any("assumed a 32000-token vocabulary" in note for note in result["notes"])
 
@@ -232,7 +249,7 @@ def test_cli_prints_the_table_and_exits_0(capsys):
     out = capsys.readouterr().out
     for label in ("layout", "parameters", "activations", "total", "cluster cost", "tokens/s", "recommendation"):
         assert label in out
-    assert "tensor 2 x pipeline 1 x expert 8, data 8" in out
+    assert "TP2 PP1 EP8 ETP1 DP8 (expert DP2) SP on 16 ranks" in out
 
 
 def test_cli_json(capsys):

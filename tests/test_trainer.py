@@ -94,6 +94,18 @@ def test_allgather_dispatcher_with_capacity_factor_trains(tmp_path, data_prefix,
     assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
 
 
+def test_core_attention_recompute_with_dropout_trains_the_same_losses(tmp_path, data_prefix):
+    # Recompute restores the generator before the recomputed forward (cpu_compat on CPU), so the
+    # recomputed attention dropout draws the same mask and the step is the same.
+    common = ("--max-steps", "3", "--save-interval", "3", "--set", "model.dropout=0.1")
+    plain = run_training(tmp_path / "plain", data_prefix, *common)
+    recomputed = run_training(tmp_path / "recompute", data_prefix, *common, "--set", "recompute.granularity=selective",
+                              "--set", "recompute.modules=[core_attn]")
+    assert plain.returncode == recomputed.returncode == 0, recomputed.stderr[-3000:]
+    assert [r["loss"] for r in records(tmp_path / "recompute")] == pytest.approx(
+        [r["loss"] for r in records(tmp_path / "plain")], rel=1e-6)
+
+
 def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_run):
     kill_after = random.Random().randint(6, 17)
     command = train_command(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "4")

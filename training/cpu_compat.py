@@ -167,6 +167,11 @@ def activate() -> bool:
     torch.cuda.synchronize = lambda device=None: None
     token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
     moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu
+    # Activation recompute (tensor_parallel/random.py, CheckpointFunction) saves and restores
+    # the "CUDA" generator around the recomputed forward; on CPU that generator is the CPU
+    # one, so the recomputed forward draws the same dropout masks.
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
     mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _active = True
