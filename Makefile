@@ -21,7 +21,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup system-packages synth test docs diagram validate deploy hyperpod-chart bench clean
+.PHONY: help setup system-packages synth test docs diagram validate deploy hyperpod-chart bench gpu-check-prepare clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -31,7 +31,8 @@ help:
 	@echo "make diagram                       render docs/architecture.png from the default configuration"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
 	@echo "make hyperpod-chart [CONFIG=...]   stage AWS's HyperPod dependencies chart for an EKS configuration (needs GitHub)"
-	@echo "make bench                         CPU benchmarks: MoE layer, checkpoint I/O, data loading"
+	@echo "make bench                         CPU benchmarks: MoE layer, checkpoint I/O, data loading, trainer overhead"
+	@echo "make gpu-check-prepare             wheels and plan figures for bench/gpu_check.sh on a GPU machine"
 
 setup: $(STAMP) $(CDK)
 
@@ -80,6 +81,17 @@ bench: setup
 	$(PY) bench/moe_layer.py
 	$(PY) bench/checkpoint_io.py
 	$(PY) bench/dataloader.py
+	$(PY) bench/trainer_overhead.py
+
+# What bench/gpu_check.sh needs on a GPU machine without network (Python 3.12): the wheels
+# torch does not bring, and moe-cdk plan's memory figures for the shapes it runs.
+GPU_CHECK_DIR := .gpu-check
+gpu-check-prepare: setup
+	rm -rf $(GPU_CHECK_DIR) && mkdir -p $(GPU_CHECK_DIR)/wheels
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(GPU_CHECK_DIR)/wheels megatron-core==0.16.1 numpy packaging pyyaml psutil
+	$(PY) bench/gpu_check.py --write-plan $(GPU_CHECK_DIR)/plan.json
 
 diagram: setup system-packages
 	rm -rf cdk.out/diagram

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,28 @@ import aws_cdk as cdk  # noqa: E402
 from moe_cdk.stacks.config import Config, load_config  # noqa: E402
 from moe_cdk.stacks.deployment import build_app  # noqa: E402
 
+from survivors import mark_session, survivors  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SHIPPED_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("*.yaml"))
+SESSION = mark_session()
+SURVIVOR_GRACE_S = 10.0
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if any process it started outlives it (orphaned, reparented to init)."""
+    deadline = time.monotonic() + SURVIVOR_GRACE_S  # a killed rank's helpers need a moment to notice
+    while (left := survivors(SESSION)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"{len(left)} process(es) started by the test suite outlived it:", *(f"  {p}" for p in left)]
+        if reporter is not None:
+            reporter.write_line("\n".join(lines), red=True)
+        else:
+            print("\n".join(lines), file=sys.stderr)
+        session.exitstatus = 1
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ import json
 import socket
 import urllib.request
 
-from moe_cdk.training.metrics import MetricsSink
+import pytest
+
+from moe_cdk.training.metrics import MetricsSink, peak_tflops_for
 
 RECORD = {"step": 3, "loss": 2.5, "tokens_per_s": 1000.0, "dispatch_time_s": 0.01, "mfu": None,
           "tokens_per_expert": [[10, 30], [20, 20]], "expert_imbalance": [1.5, 1.0], "router_entropy": [0.6, 0.69]}
@@ -57,3 +59,11 @@ def test_other_ranks_write_no_records(tmp_path):
     sink = _sink(tmp_path, rank=1, jsonl=str(tmp_path / "m.jsonl"))
     sink.write(RECORD)
     assert not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("Tesla T4", None)])
+def test_peak_figure_matches_the_part_not_a_substring_of_it(name, tflops):
+    # An H100 PCIe or NVL part must not get the SXM part's 989 TFLOP/s.
+    assert peak_tflops_for(name) == tflops

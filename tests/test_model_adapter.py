@@ -58,3 +58,31 @@ def test_cpu_rng_tracker_forks_and_restores_named_states():
     tracker.add("model-parallel-rng", 42)
     with tracker.fork("model-parallel-rng"):
         assert torch.equal(torch.rand(3), first)
+
+
+def test_te_general_gemm_is_bound_on_a_gpu_without_transformer_engine(monkeypatch):
+    # moe_utils.py refers to te_general_gemm, which it defines only when Transformer Engine imports.
+    from megatron.core.transformer.moe import moe_utils
+
+    monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cpu_compat.activate() is False  # CUDA "present": no CPU shims
+    assert moe_utils.te_general_gemm is None
+
+
+def test_recompute_rng_state_is_the_cpu_generator_on_cpu():
+    # tensor_parallel/random.py's CheckpointFunction saves and restores the "CUDA" generator.
+    from megatron.core.tensor_parallel import random as mrandom
+
+    assert cpu_compat.activate()
+    state = mrandom._get_cuda_rng_state()
+    first = torch.rand(3)
+    mrandom._set_cuda_rng_state(state)
+    assert torch.equal(torch.rand(3), first)
+
+
+def test_tensor_cuda_is_the_tensor_itself_under_the_cpu_mode():
+    # dist_checkpointing/exchange_utils.py moves each shard to "cuda" to broadcast it.
+    tensor = torch.ones(2)
+    with cpu_compat.cuda_factories_on_cpu():
+        assert tensor.cuda() is tensor

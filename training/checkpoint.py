@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from moe_cdk.training import cpu_compat
+
 log = logging.getLogger(__name__)
 
 MARKER = "moe-cdk-complete.json"
@@ -125,6 +127,35 @@ def _start_writer_manager_with_signals_blocked() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def save_strategy():
+    """megatron's torch_dist format, saved fully in parallel: each shard that several
+    data-parallel ranks hold is written by one of them, spread evenly, instead of every shard
+    by its first replica (megatron's FullyParallelSaveStrategyWrapper).
+
+    Nothing is cached between saves (``cached_metadata``, ``do_cache_distribution``): megatron
+    reuses a cached plan only for checkpoints of a constant structure, and ours changes after
+    step 0 (the optimizer state joins); with the cache, step 3 was written with step 0's plan,
+    silently without its optimizer state."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    return FullyParallelSaveStrategyWrapper(
+        TorchDistSaveShardedStrategy("torch_dist", 1),
+        parallel_state.get_data_parallel_group(with_context_parallel=True))
+
+
+def load_strategy():
+    """The load counterpart: each replicated shard is read by one data-parallel rank and
+    broadcast to the others (FullyParallelLoadStrategyWrapper), so the ranks share the reads."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+
+    return FullyParallelLoadStrategyWrapper(
+        TorchDistLoadShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True))
+
+
 class CheckpointManager:
     """Saves, finds, loads and prunes the checkpoints of one run."""
 
@@ -142,6 +173,7 @@ class CheckpointManager:
         self.rank = dist.get_rank()
         self._async_queue = None
         self._pending: tuple[int, Path] | None = None
+        self._save_strategy = save_strategy()
         _start_writer_manager_with_signals_blocked()
     # -- finding ------------------------------------------------------------------------
 
@@ -223,12 +255,13 @@ class CheckpointManager:
 
             if self._async_queue is None:
                 self._async_queue = AsyncCallsQueue()
-            request = dist_checkpointing.save(state, str(path), async_sharded_save=True)
+            request = dist_checkpointing.save(state, str(path), sharded_strategy=self._save_strategy,
+                                              async_sharded_save=True)
             self._async_queue.schedule_async_request(request)
             self._pending = (step, path)
             log.info("scheduled step-%d in %.2fs", step, time.perf_counter() - started)
             return
-        dist_checkpointing.save(state, str(path))
+        dist_checkpointing.save(state, str(path), sharded_strategy=self._save_strategy)
         self._complete(step, path)
         log.info("saved step-%d in %.2fs", step, time.perf_counter() - started)
 
@@ -297,7 +330,8 @@ class CheckpointManager:
                 same_layout = common.get("layout") == _layout_key(self.layout)
                 template = self._sharded_state(trainable, step=int(common["step"]), consumed_samples=0,
                                                rng=same_layout, is_loading=True)
-                state = dist_checkpointing.load(template, str(path))
+                with cpu_compat.cuda_factories_on_cpu():
+                    state = dist_checkpointing.load(template, str(path), sharded_strategy=load_strategy())
             except Exception as error:  # a corrupt file that still has its recorded size
                 if dist.get_world_size() > 1:
                     raise

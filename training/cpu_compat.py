@@ -109,10 +109,14 @@ def _cpu_rng_tracker_class():
 
 
 class _CudaFactoriesOnCpu(torch.overrides.TorchFunctionMode):
-    """Sends tensor factory calls that name the "cuda" device to the CPU."""
+    """Sends tensor factory calls that name the "cuda" device to the CPU, and makes
+    ``Tensor.cuda()`` return the tensor itself (the fully parallel checkpoint load moves each
+    shard to "cuda" to broadcast it, dist_checkpointing/exchange_utils.py)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             kwargs["device"] = "cpu"
@@ -120,7 +124,7 @@ class _CudaFactoriesOnCpu(torch.overrides.TorchFunctionMode):
 
 
 def cuda_factories_on_cpu():
-    """A context in which ``device="cuda"`` means the CPU; a no-op context where CUDA exists."""
+    """A context in which ``device="cuda"`` and ``.cuda()`` mean the CPU; a no-op context where CUDA exists."""
     return contextlib.nullcontext() if torch.cuda.is_available() else _CudaFactoriesOnCpu()
 
 
