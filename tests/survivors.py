@@ -70,3 +70,23 @@ def survivors(token: str) -> list[str]:
             continue
         found.append(f"{pid} {command[:200]}")
     return found
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` in the process tree, now."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            children.setdefault(stat[1], []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """The ones of ``pids`` that still run (zombies count as gone)."""
+    return {pid for pid in pids if (stat := _stat(pid)) is not None and stat[0] != "Z"}

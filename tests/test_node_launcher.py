@@ -12,6 +12,7 @@ import time
 from moe_cdk.training.exit_codes import EXIT_FAILED_RETRYABLE, KUBEFLOW_RETRYABLE
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.node_launcher import run_node
+from survivors import alive, descendants
 
 NODE = LaunchEnv(launcher="kubeflow", rank=4, world_size=8, local_rank=0, local_world_size=2, node_rank=2,
                  num_nodes=4, master_addr="10.0.0.1", master_port=23456)
@@ -81,3 +82,31 @@ def test_sigterm_reaches_every_rank_and_their_exit_code_is_returned(tmp_path):
     time.sleep(2)  # let the ranks install their handlers
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 143
+
+
+def test_ranks_are_terminated_when_the_launcher_is_killed(tmp_path):
+    rank = f"""
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: (open({str(tmp_path)!r} + f"/term-{{os.getpid()}}", "w").close(), sys.exit(143)))
+        time.sleep(600)
+    """
+    launcher = f"""
+        import sys
+        from moe_cdk.training.launch_env import LaunchEnv
+        from moe_cdk.training.node_launcher import run_node
+        node = LaunchEnv(launcher="kubeflow", rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0,
+                         num_nodes=1, master_addr="127.0.0.1", master_port=23456)
+        sys.exit(run_node(node, {python(rank)!r}))
+    """
+    process = subprocess.Popen(python(launcher))
+    deadline = time.monotonic() + 30
+    while len(ranks := descendants(process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2)  # let the ranks install their handlers
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 30
+    while alive(ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(ranks) == 2 and not alive(ranks)
+    assert len(list(tmp_path.glob("term-*"))) == 2  # each got TERM, the signal it saves a checkpoint on

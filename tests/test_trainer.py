@@ -13,6 +13,7 @@ import torch
 from trainer_runs import ENV, ROOT, TINY, data_prefix, final_parameters, records, run_training, train_command  # noqa: F401 (fixture)
 
 from moe_cdk.training.checkpoint import MARKER, CheckpointManager
+from survivors import alive, descendants
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +129,28 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_r
     interrupted = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "interrupted.pt")
     assert reference.keys() == interrupted.keys() and reference
     assert all(torch.equal(reference[k], interrupted[k]) for k in reference)
+
+
+def test_a_rank_killed_mid_save_leaves_no_process_behind(tmp_path, data_prefix):
+    # A save every step, so the kill lands during one (or right next to one); the checkpoint
+    # writer's manager runs from the start.
+    command = train_command(tmp_path, data_prefix, "--max-steps", "200", "--save-interval", "1")
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, helpers = tmp_path / "metrics.jsonl", set()
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        helpers |= descendants(process.pid)
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    helpers |= descendants(process.pid)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL and helpers, "the run ended, or started no helper, before the kill"
+    deadline = time.time() + 10
+    while alive(helpers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(helpers), f"outlived the killed rank: {sorted(alive(helpers))}"
 
 
 def test_truncated_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, data_prefix, single_run):

@@ -107,24 +107,43 @@ class Restored:
     path: Path
 
 
-def _start_writer_manager_with_signals_blocked() -> None:
-    """Start megatron's checkpoint-writer manager process before any signal can arrive, and
-    immune to the ones the trainer handles.
+_writer_manager = None
 
-    dist_checkpointing's save starts a multiprocessing manager (``spawn``) on first use. Under
-    Slurm a USR1 or TERM reaches every process of the job step, so a manager started with
-    default handlers dies from the very signal that asks for a checkpoint, and that save fails
-    with BrokenPipeError. A spawned process inherits the signal mask, so blocking the two
-    signals while it starts keeps them away from it.
+
+def _start_writer_manager() -> None:
+    """Start megatron's checkpoint-writer manager process ourselves, once, before any signal
+    can arrive, immune to the ones the trainer handles, and bound to die with this rank.
+
+    dist_checkpointing's save starts a multiprocessing manager (``spawn``) on first use and
+    keeps its queue in ``filesystem_async._results_queue``. Left to itself:
+
+    - under Slurm a USR1 or TERM reaches every process of the job step, so a manager started
+      with default handlers dies from the very signal that asks for a checkpoint, and that
+      save fails with BrokenPipeError. A spawned process inherits the signal mask, so the two
+      signals are blocked while it starts;
+    - a rank killed by SIGKILL (the OOM killer, a test) left the manager orphaned, about
+      300 MB resident, for good. Its initializer asks Linux to kill it with its parent
+      (``stop.die_with_parent``).
     """
+    global _writer_manager
+    import multiprocessing
+    from multiprocessing.managers import SyncManager
+
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    from moe_cdk.training.stop import die_with_parent
+
+    if filesystem_async._results_queue is not None:
+        return
     handled = {signal.SIGTERM, signal.SIGUSR1}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     try:
-        filesystem_async._get_write_results_queue()
+        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    _writer_manager = manager
+    filesystem_async._results_queue = manager.Queue()
 
 
 def save_strategy():
@@ -174,7 +193,7 @@ class CheckpointManager:
         self._async_queue = None
         self._pending: tuple[int, Path] | None = None
         self._save_strategy = save_strategy()
-        _start_writer_manager_with_signals_blocked()
+        _start_writer_manager()
     # -- finding ------------------------------------------------------------------------
 
     def step_dirs(self) -> list[tuple[int, Path]]:

@@ -16,6 +16,7 @@ get ``grace_s`` seconds to notice, then SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 
 from moe_cdk.training.exit_codes import EXIT_FAILED_RETRYABLE, KUBEFLOW_RETRYABLE
 from moe_cdk.training.launch_env import LaunchEnv
+from moe_cdk.training.stop import die_with_parent
 
 log = logging.getLogger(__name__)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -52,7 +54,10 @@ def rank_environ(env: LaunchEnv, local_rank: int, base: dict[str, str] | None = 
 
 def run_node(env: LaunchEnv, command: Sequence[str], *, grace_s: float = 60.0, poll_s: float = 0.2) -> int:
     """Run ``command`` once per local rank; return 0 or the first failing rank's exit code."""
-    children = [subprocess.Popen(list(command), env=rank_environ(env, local_rank))
+    # A rank outlives a launcher that was SIGKILLed (the pod's last resort) only as an orphan
+    # nobody waits for: TERM it then, so it saves a checkpoint and stops.
+    with_parent = functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)
+    children = [subprocess.Popen(list(command), env=rank_environ(env, local_rank), preexec_fn=with_parent)
                 for local_rank in range(env.local_world_size)]
     previous = {}
 

@@ -6,10 +6,16 @@ and a rank that died of that TERM while still starting up would report 143 (retr
 what was another rank's permanent exit 2. With the flag, a starting rank goes on to the same
 error and exits with the same code; a training rank saves at the next step boundary and exits
 143. Standard library only.
+
+``die_with_parent`` is for helper processes a rank starts (the checkpoint writer's manager):
+it ends them when the rank dies, even by SIGKILL, which would otherwise leave them orphaned,
+holding memory on the node.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -40,3 +46,17 @@ class StopRequested:
         flag = torch.tensor([1.0 if self.signal is not None else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``signum`` to this process when its parent dies (prctl
+    PR_SET_PDEATHSIG), then exit at once if the parent ``parent_pid`` is already gone (it
+    died before the request could be made). Run it first thing in a helper process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)
