@@ -1,12 +1,15 @@
-"""Shared helpers for the bench/ scripts: a single-process megatron set-up, a table, a JSON file."""
+"""Shared helpers for the bench/ scripts: a single-process megatron set-up, the one measuring
+method (paired rounds after a warm-up, reported as min, median and max), a table, a JSON file."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -47,6 +50,29 @@ def timed(fn, *, warmup: int, iters: int) -> float:
     return (time.perf_counter() - started) / iters
 
 
+def spread(values: list[float]) -> dict:
+    """min, median and max of ``values``: the median is the figure; a wide range means a noisy run."""
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def paired(sides: dict[str, Callable[[], float]], *, repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Run every side once per round, in turn (A B A B ...), after ``warmup`` untimed rounds;
+    each call returns its own measurement. Returns every round's figure per side."""
+    for _ in range(warmup):
+        for measure in sides.values():
+            measure()
+    runs: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, measure in sides.items():
+            runs[name].append(measure())
+    return runs
+
+
+def ratios(numerator: list[float], denominator: list[float]) -> dict:
+    """The spread of the round-by-round ratios numerator / denominator."""
+    return spread([a / b for a, b in zip(numerator, denominator)])
+
+
 def report(name: str, rows: list[dict], extra: dict) -> Path:
     """Print ``rows`` as a table and write them, with ``extra`` and the machine, to bench/results/<name>.json."""
     columns = list(rows[0])
@@ -56,7 +82,8 @@ def report(name: str, rows: list[dict], extra: dict) -> Path:
     for row in rows:
         print("  ".join(_fmt(row[c]).ljust(w) for c, w in zip(columns, widths)))
     for key, value in extra.items():
-        print(f"{key}: {_fmt(value)}")
+        if key != "runs":
+            print(f"{key}: {_fmt(value)}")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     machine = {"python": sys.version.split()[0], "torch": torch.__version__, "cpu_count": os.cpu_count(),
@@ -67,6 +94,8 @@ def report(name: str, rows: list[dict], extra: dict) -> Path:
 
 
 def _fmt(value) -> str:
+    if isinstance(value, dict) and set(value) == {"min", "median", "max"}:
+        return f"{_fmt(value['median'])} (min {_fmt(value['min'])}, max {_fmt(value['max'])})"
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)

@@ -5,7 +5,10 @@ resumable sampler; the consumer is the tiny profile's model doing forward, backw
 an optimizer step on the same batch shape. A loader/consumer ratio above 1 means data
 loading is not the bottleneck.
 
-    .venv/bin/python bench/dataloader.py [--config training/configs/tiny.yaml] [--batches 200]
+Each side is measured once per round, for ``--repeats`` paired rounds after a warm-up; the
+table has min, median and max, and the ratio is taken round by round.
+
+    .venv/bin/python bench/dataloader.py [--config training/configs/tiny.yaml] [--batches 200] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from _common import init_single_process, report, timed
+from _common import init_single_process, paired, ratios, report, spread, timed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "training/configs/tiny.yaml"))
     parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5, help="paired rounds")
     args = parser.parse_args()
     from moe_cdk.training import data
     from moe_cdk.training.config import load_train_config
@@ -36,23 +40,7 @@ def main() -> None:
     init_single_process()
     tokenizer = data.load_tokenizer(None)
     micro, seq = config.optim.micro_batch_size, config.model.seq_length
-    with tempfile.TemporaryDirectory() as tmp:
-        prefix = Path(tmp) / "bench_text_document"
-        data.prepare([ROOT / "training/configs/tiny-corpus.txt"], prefix, tokenizer)
-        dataset = data.build_gpt_dataset(data_prefixes=[str(prefix)], weights=None, seq_length=seq,
-                                         num_samples=args.batches * micro, seed=1, tokenizer=tokenizer, cache_dir=tmp)
-        rows = []
-        for workers in (0, 1, 2):
-            sampler = data.ResumableSampler(len(dataset), micro_batch_size=micro, data_parallel_rank=0, data_parallel_size=1)
-            loader = iter(data.make_dataloader(dataset, sampler, num_workers=workers, prefetch_factor=4, pin_memory=False))
-            next(loader)  # start the workers
-            started = time.perf_counter()
-            for _ in range(args.batches):
-                next(loader)
-            seconds = time.perf_counter() - started
-            rows.append({"side": f"DataLoader, {workers} worker(s)", "tokens_per_s": args.batches * micro * seq / seconds})
-
-    model = build_model(config, tokenizer.vocab_size, on_gpu=torch.cuda.is_available())
+    [model] = build_model(config, tokenizer.vocab_size, on_gpu=torch.cuda.is_available())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     device = next(model.parameters()).device
     tokens = torch.randint(0, 256, (micro, seq + 1), device=device)
@@ -64,11 +52,32 @@ def main() -> None:
         model(tokens[:, :-1], positions, mask, labels=tokens[:, 1:]).mean().backward()
         optimizer.step()
 
-    seconds = timed(train_step, warmup=3, iters=20)
-    consumer = micro * seq / seconds
-    rows.append({"side": "trainer consumption (tiny model)", "tokens_per_s": consumer})
-    best_loader = max(r["tokens_per_s"] for r in rows[:-1])
-    report("dataloader", rows, {"micro_batch_size": micro, "seq_length": seq, "loader_over_consumer": best_loader / consumer})
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = Path(tmp) / "bench_text_document"
+        data.prepare([ROOT / "training/configs/tiny-corpus.txt"], prefix, tokenizer)
+        dataset = data.build_gpt_dataset(data_prefixes=[str(prefix)], weights=None, seq_length=seq,
+                                         num_samples=args.batches * micro, seed=1, tokenizer=tokenizer, cache_dir=tmp)
+
+        def loader_seconds(workers: int) -> float:
+            sampler = data.ResumableSampler(len(dataset), micro_batch_size=micro, data_parallel_rank=0, data_parallel_size=1)
+            loader = iter(data.make_dataloader(dataset, sampler, num_workers=workers, prefetch_factor=4, pin_memory=False))
+            next(loader)  # start the workers
+            started = time.perf_counter()
+            for _ in range(args.batches - 1):
+                next(loader)
+            return (time.perf_counter() - started) / (args.batches - 1)
+
+        sides = {f"DataLoader, {w} worker(s)": (lambda w=w: loader_seconds(w)) for w in (0, 1, 2)}
+        sides["trainer consumption (tiny model)"] = lambda: timed(train_step, warmup=0, iters=20)
+        runs = paired(sides, repeats=args.repeats)
+    tokens_per_batch = micro * seq
+    rows = [{"side": name, **{f"{k}_ms_per_batch": v * 1000 for k, v in spread(seconds).items()},
+             "tokens_per_s": tokens_per_batch / spread(seconds)["median"]} for name, seconds in runs.items()]
+    consumer = runs.pop("trainer consumption (tiny model)")
+    best_loader = [min(per_round) for per_round in zip(*runs.values())]  # the fastest loader of each round
+    report("dataloader", rows, {"micro_batch_size": micro, "seq_length": seq, "repeats": args.repeats,
+                                "loader_over_consumer": ratios(consumer, best_loader),
+                                "runs": {**runs, "trainer consumption (tiny model)": consumer}})
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 The naive reference is the Mixtral-style loop: route, then for each expert gather its
 tokens, run its SwiGLU MLP and scatter-add the weighted result. Both use the same shapes
-and the same weights. Reported: forward+backward tokens/s of each and their ratio.
+and the same weights. Reported: forward+backward tokens/s of each and their ratio, over
+``--repeats`` paired rounds (after a warm-up round), as min, median and max.
 
-    .venv/bin/python bench/moe_layer.py [--tokens 2048 --hidden 256 --ffn 512 --experts 8 --top-k 2]
+    .venv/bin/python bench/moe_layer.py [--tokens 2048 --hidden 256 --ffn 512 --experts 8 --top-k 2] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from _common import init_single_process, report, timed
+from _common import init_single_process, paired, ratios, report, spread, timed
 
 
 def megatron_moe_layer(args):
@@ -68,7 +69,8 @@ def main() -> None:
     parser.add_argument("--ffn", type=int, default=512)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=10, help="steps per round")
+    parser.add_argument("--repeats", type=int, default=5, help="paired rounds")
     args = parser.parse_args()
     init_single_process()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,12 +85,16 @@ def main() -> None:
     def naive_step():
         naive(x).sum().backward()
 
+    runs = paired({"megatron alltoall": lambda: timed(megatron_step, warmup=0, iters=args.iters),
+                   "naive expert loop": lambda: timed(naive_step, warmup=0, iters=args.iters)}, repeats=args.repeats)
     rows = []
-    for name, step in (("megatron alltoall", megatron_step), ("naive expert loop", naive_step)):
-        seconds = timed(step, warmup=2, iters=args.iters)
-        rows.append({"implementation": name, "ms_per_step": seconds * 1000, "tokens_per_s": args.tokens / seconds})
-    ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
-    report("moe_layer", rows, {"shape": vars(args), "megatron_over_naive": ratio})
+    for name, seconds in runs.items():
+        s = spread(seconds)
+        rows.append({"implementation": name, "median_ms": s["median"] * 1000, "min_ms": s["min"] * 1000,
+                     "max_ms": s["max"] * 1000, "tokens_per_s": args.tokens / s["median"]})
+    report("moe_layer", rows, {"shape": vars(args), "repeats": args.repeats,
+                               "megatron_over_naive": ratios(runs["naive expert loop"], runs["megatron alltoall"]),
+                               "runs": runs})
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@ forward-backward schedule and optimizer) in a plain loop, without the MoE probe'
 metrics records, the JSONL file, the probe files or checkpoints.
 
 Method: each is run as a fresh process for ``--short`` and for ``--long`` steps, ``--repeats``
-times, alternating; the per-step time is (median wall time of the long runs - median of the
-short runs) / (long - short), so start-up, data preparation and the trainer's final
-checkpoint cancel out. The trainer writes a record every ``--log-interval`` steps (default
-10, as the shipped profiles do; 1 is the worst case). Reported: per-step seconds, tokens/s
-and their ratio; the goal is at least 0.95.
+times, alternating (trainer short, trainer long, bare short, bare long, ...); each round's
+per-step time is (its long run's wall time - its short run's) / (long - short), so start-up,
+data preparation and the trainer's final checkpoint cancel out. The trainer writes a record every ``--log-interval`` steps (default
+10, as the shipped profiles do; 1 is the worst case). Reported: min, median and max of
+the per-step seconds and of the round-by-round ratio; the goal is a median of at least 0.95.
 
     .venv/bin/python bench/trainer_overhead.py [--short 10] [--long 60] [--repeats 3]
 """
@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import report
+from _common import ratios, report, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "training/configs/tiny.yaml"
@@ -119,16 +118,19 @@ def main() -> None:
 
     config = load_train_config(TINY, list(SHAPE))
     tokens_per_step = config.optim.global_batch_size * config.model.seq_length
-    rows, per_step = [], {}
+    steps = args.long - args.short
+    # Each round's per-step time, from that round's short and long run.
+    per_round = {kind: [(long - short) / steps for short, long in zip(walls[(kind, args.short)], walls[(kind, args.long)])]
+                 for kind in ("bare", "trainer")}
+    rows = []
     for kind in ("bare", "trainer"):
-        short, long = (statistics.median(walls[(kind, n)]) for n in (args.short, args.long))
-        per_step[kind] = (long - short) / (args.long - args.short)
-        rows.append({"run": kind, "short_wall_s": short, "long_wall_s": long, "step_s": per_step[kind],
-                     "tokens_per_s": tokens_per_step / per_step[kind],
-                     "spread_s": max(max(walls[(kind, n)]) - min(walls[(kind, n)]) for n in (args.short, args.long))})
-    report("trainer_overhead", rows, {"shape": list(SHAPE), "log_interval": args.log_interval, "short_steps": args.short, "long_steps": args.long,
-                                      "repeats": args.repeats, "trainer_over_bare": per_step["bare"] / per_step["trainer"],
-                                      "target": 0.95})
+        s = spread(per_round[kind])
+        rows.append({"run": kind, "median_step_s": s["median"], "min_step_s": s["min"], "max_step_s": s["max"],
+                     "tokens_per_s": tokens_per_step / s["median"]})
+    report("trainer_overhead", rows, {
+        "shape": list(SHAPE), "log_interval": args.log_interval, "short_steps": args.short, "long_steps": args.long,
+        "repeats": args.repeats, "trainer_over_bare": ratios(per_round["bare"], per_round["trainer"]), "target": 0.95,
+        "runs": {f"{kind} {n} steps": walls[(kind, n)] for kind, n in walls}})
 
 
 if __name__ == "__main__":
