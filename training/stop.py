@@ -1,15 +1,17 @@
 """A request to stop: SIGTERM and SIGUSR1 set a flag instead of ending the process.
 
-Installed first thing in a rank (``train_cli.main``), before torch is imported: Slurm's
-``srun --kill-on-bad-exit`` and the node launcher TERM the other ranks as soon as one exits,
-and a rank that died of that TERM while still starting up would report 143 (retryable) for
-what was another rank's permanent exit 2. With the flag, a starting rank goes on to the same
-error and exits with the same code; a training rank saves at the next step boundary and exits
-143. Standard library only.
+Installed in a rank (``train_cli.main``) before torch is imported, and set to ignore both
+once the rank's exit code is decided (``ignore_from_now``). Slurm's ``srun
+--kill-on-bad-exit`` and the node launcher TERM the other ranks as soon as one exits. A rank
+that got that TERM while still starting up, or while its interpreter shut down after its own
+exit 2 (Python resets its handlers to the default action then), died of it, and srun
+reported 143, retryable, for a permanent configuration error: the job was requeued (seen on
+the real Slurm of tests/test_slurm.py). With the flag the rank finishes with its own code; a
+training rank saves at the next step boundary and exits 143. Standard library only.
 
-``die_with_parent`` is for helper processes a rank starts (the checkpoint writer's manager):
-it ends them when the rank dies, even by SIGKILL, which would otherwise leave them orphaned,
-holding memory on the node.
+``die_with_parent`` is for the processes a rank or launcher starts (the checkpoint writer's
+manager, the node launcher's ranks): they get a signal when their parent dies, even by
+SIGKILL, instead of living on as orphans.
 """
 
 from __future__ import annotations
