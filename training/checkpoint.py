@@ -73,25 +73,10 @@ def _rederive_rng_state(seed: int, step: int) -> None:
 
 
 # The optimizer state in a form that reshards: the distributed optimizer's parameter-space
-# format, and no per-sub-optimizer key prefix (megatron splits dense and expert parameters
-# into separate optimizers only when expert parallelism is on, so the prefix would tie a
-# checkpoint to its expert-parallel size).
+# format, and no per-sub-optimizer key prefix, so each parameter's state is found by its name.
+# The optimizer has the same structure under every layout (a dense and an expert optimizer:
+# model._mark_expert_parameters), so its common state loads under any expert-parallel size.
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space", "chained_optim_avoid_prefix": True}
-
-
-def _check_optimizer_structure(path: Path, common: dict, layout) -> None:
-    """Refuse, with a clear error, the one layout change whose optimizer state does not
-    reshard yet: megatron keeps one optimizer while the experts are not split
-    (parallel.expert 1) and two (dense, expert) once they are, and the saved state's
-    structure follows that count. Step-0 checkpoints hold no optimizer state."""
-    from moe_cdk.training.schema import ConfigError, problem
-
-    saved = common.get("layout", {}).get("expert", 1)
-    if int(common.get("step", 0)) > 0 and (saved > 1) != (layout.expert > 1):
-        raise ConfigError(["parallel.expert: " + problem(
-            f"{path} was saved with parallel.expert {saved}, and its optimizer state resumes only under "
-            + ("parallel.expert 1" if saved == 1 else "parallel.expert 2 or more"),
-            got=layout.expert, allowed="1" if saved == 1 else "2 or more")])
 
 
 def _layout_key(layout) -> dict:
@@ -344,7 +329,6 @@ class CheckpointManager:
         for step, path in self._candidates():
             started = time.perf_counter()
             common = dist_checkpointing.load_common_state_dict(str(path))
-            _check_optimizer_structure(path, common, self.layout)
             try:
                 same_layout = common.get("layout") == _layout_key(self.layout)
                 template = self._sharded_state(trainable, step=int(common["step"]), consumed_samples=0,

@@ -194,8 +194,27 @@ def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[t
             rotary_base=config.model.rotary_base,
             vp_stage=vp_stage,
         )
+        _mark_expert_parameters(model)
         chunks.append(model.cuda() if on_gpu else model)
     return chunks
+
+
+def _mark_expert_parameters(model) -> None:
+    """Mark every expert weight as megatron marks it under expert parallelism
+    (``allreduce = False``), whatever the expert-parallel size.
+
+    megatron marks them only when ``parallel.expert`` > 1 (tensor_parallel/layers.py,
+    moe/experts.py), and the mark decides how the optimizer is built: one optimizer for every
+    parameter without it, a ChainedOptimizer of a dense and an expert one with it. The saved
+    optimizer state follows that structure, so a checkpoint from ``parallel.expert`` 1 would
+    not load under 2 and back. With the mark, the experts' gradients go to DDP's expert
+    buffers, reduced over the expert-data-parallel group with the same 1/DP scaling; with
+    expert parallel 1 that group is the data-parallel group, so the arithmetic is unchanged
+    (the layout-equivalence suite checks it).
+    """
+    for name, param in model.named_parameters():
+        if ".mlp.experts." in name:
+            param.allreduce = False
 
 
 @dataclasses.dataclass(frozen=True)
