@@ -39,6 +39,7 @@ LAYOUTS = {
     "TP2": (2, ("parallel.tensor=2",)),  # experts tensor-parallel too (expert_tensor defaults to tensor)
     "TP2-EP2-ETP1": (2, ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1")),
     "PP2": (2, ("parallel.pipeline=2",)),
+    "PP2xVPP2": (2, ("parallel.pipeline=2", "parallel.virtual_pipeline=2")),
 }
 ELASTIC = ("EP2", "TP2", "PP2")
 

@@ -83,6 +83,13 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         tensor_model_parallel_size=p.tensor,
         pipeline_model_parallel_size=p.pipeline,
         virtual_pipeline_model_parallel_size=p.virtual_pipeline,
+        # Under the interleaved schedule, point-to-point sends one by one, as Megatron-LM
+        # configures it (batch_p2p_comm = not overlap_p2p_comm, overlap on with virtual
+        # stages). Batched, with 2 pipeline stages the previous and next rank are the same
+        # peer, and _batched_p2p_ops posts its sends and receives to it in an order that pairs
+        # an activation with a gradient (pipeline_parallel/p2p_communication.py); _p2p_ops
+        # orders them by rank parity and gives each direction its own group.
+        batch_p2p_comm=p.virtual_pipeline is None,
         expert_model_parallel_size=p.expert,
         expert_tensor_parallel_size=p.expert_tensor_size,
         sequence_parallel=p.sequence_parallel,
