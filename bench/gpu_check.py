@@ -81,9 +81,7 @@ def run(args) -> dict:
     from moe_cdk.training.metrics import default_peak_tflops, peak_memory_gib
     from moe_cdk.training.model import flops_per_token
     from moe_cdk.training.schema import ConfigError
-    from moe_cdk.training.stop import StopRequested
 
-    StopRequested()
     if args.smoke:
         config_path, vocab = TINY, 257
         config = load_train_config(TINY, ["optim.global_batch_size=8"])

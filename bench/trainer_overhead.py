@@ -52,17 +52,10 @@ def bare(overrides: list[str]) -> None:
     config = load_train_config(TINY, overrides)
     runtime = trainer.setup(config, detect())
     tokenizer = data_module.load_tokenizer(None)
-    trainer._prepare_data(config, tokenizer, runtime)
+    trainer.prepare_data(config, tokenizer, runtime)
     trainable = trainer.build(config, runtime, tokenizer.vocab_size)
     o = config.optim
-    dataset = data_module.build_gpt_dataset(
-        data_prefixes=list(config.data.prefixes), weights=None, seq_length=config.model.seq_length,
-        num_samples=config.max_steps * o.global_batch_size, seed=o.seed, tokenizer=tokenizer,
-        cache_dir=str(Path(config.checkpoint.dir) / "index-cache"))
-    sampler = data_module.ResumableSampler(len(dataset), micro_batch_size=o.micro_batch_size,
-                                           data_parallel_rank=0, data_parallel_size=1, consumed_samples=0)
-    batches = iter(data_module.make_dataloader(dataset, sampler, num_workers=0, prefetch_factor=None,
-                                               pin_memory=False, seed=o.seed))
+    batches = trainer.training_batches(config, runtime, tokenizer, step=0, consumed_samples=0)
     mask = trainer.causal_mask(config.model.seq_length, runtime.device)
     for chunk in trainable.chunks:
         chunk.train()

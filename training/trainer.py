@@ -230,7 +230,7 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     layout = runtime.layout
     tokenizer = data_module.load_tokenizer(None if config.data.tokenizer == "byte" else config.data.tokenizer)
     checkpoint_dir = Path(config.checkpoint.dir)
-    _prepare_data(config, tokenizer, runtime)
+    prepare_data(config, tokenizer, runtime)
 
     trainable = build(config, runtime, tokenizer.vocab_size)
     probe = MoEProbe(trainable.chunks, config.model.num_layers, config.moe.num_experts)
@@ -245,19 +245,7 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
         if config.checkpoint.save_initial:
             checkpoints.save(trainable, step=0, consumed_samples=0)
 
-    dataset = data_module.build_gpt_dataset(
-        data_prefixes=list(config.data.prefixes), weights=list(config.data.weights) if config.data.weights else None,
-        seq_length=config.model.seq_length, num_samples=config.max_steps * o.global_batch_size, seed=o.seed,
-        tokenizer=tokenizer, cache_dir=config.data.cache_dir or str(checkpoint_dir / "index-cache"),
-    )
-    sampler = data_module.ResumableSampler(
-        len(dataset), micro_batch_size=o.micro_batch_size, data_parallel_rank=runtime.data_parallel_rank,
-        data_parallel_size=layout.data, consumed_samples=consumed,
-    )
-    loader = data_module.make_dataloader(dataset, sampler, num_workers=config.data.num_workers,
-                                         prefetch_factor=config.data.prefetch_factor, pin_memory=config.data.pin_memory,
-                                         seed=o.seed + step)
-    batches = iter(loader)
+    batches = training_batches(config, runtime, tokenizer, step=step, consumed_samples=consumed)
     sink = MetricsSink(rank=runtime.rank, jsonl=config.metrics.file, prometheus_port=config.metrics.prometheus_port,
                        tensorboard_dir=config.metrics.tensorboard_dir, readiness_file=config.metrics.readiness_file,
                        liveness_file=config.metrics.liveness_file, max_steps=config.max_steps)
@@ -370,7 +358,27 @@ def check_inputs(config: TrainConfig) -> None:
         raise ConfigError(errors)
 
 
-def _prepare_data(config: TrainConfig, tokenizer, runtime: Runtime) -> None:
+def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: int, consumed_samples: int):
+    """This rank's micro-batches from ``consumed_samples`` on: megatron's GPT dataset, the
+    resumable sampler and the data loader, as the configuration sets them."""
+    from moe_cdk.training import data as data_module
+
+    o = config.optim
+    dataset = data_module.build_gpt_dataset(
+        data_prefixes=list(config.data.prefixes), weights=list(config.data.weights) if config.data.weights else None,
+        seq_length=config.model.seq_length, num_samples=config.max_steps * o.global_batch_size, seed=o.seed,
+        tokenizer=tokenizer, cache_dir=config.data.cache_dir or str(Path(config.checkpoint.dir) / "index-cache"),
+    )
+    sampler = data_module.ResumableSampler(
+        len(dataset), micro_batch_size=o.micro_batch_size, data_parallel_rank=runtime.data_parallel_rank,
+        data_parallel_size=runtime.layout.data, consumed_samples=consumed_samples,
+    )
+    return iter(data_module.make_dataloader(dataset, sampler, num_workers=config.data.num_workers,
+                                            prefetch_factor=config.data.prefetch_factor,
+                                            pin_memory=config.data.pin_memory, seed=o.seed + step))
+
+
+def prepare_data(config: TrainConfig, tokenizer, runtime: Runtime) -> None:
     """Tokenize ``data.prepare_from`` into the first prefix on rank 0 if it does not exist yet."""
     from moe_cdk.training import data as data_module
 
