@@ -4,8 +4,8 @@ sequential write and read of the same tensors on the same disk.
 
 Method: one untimed save and load first (the trainer starts the checkpoint writer's helper
 process once, at start-up, so a run's saves never pay for it); then ``--repeats`` rounds,
-each timing a checkpoint save, a plain write, a checkpoint load and a plain read, in that
-order, into fresh folders. Both writes end with an fsync of every file; before the reads both
+each timing a checkpoint save and a plain write, then a checkpoint load and a plain read, into
+fresh folders, the plain side first in every other round. Both writes end with an fsync of every file; before the reads both
 are evicted from the page cache (``drop_caches`` where root may write it, else
 ``posix_fadvise``; the JSON says which), so both read from the disk, into preallocated
 tensors. Reported: min, median and max of each, and of the round-by-round ratios.
@@ -66,12 +66,13 @@ def _timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9,
+                        help="rounds (default 9: the disk here has slow spells, see docs/benchmarks.md)")
     parser.add_argument("--dir", default="/tmp/moe-bench-checkpoint")
     args = parser.parse_args()
     from megatron.core import dist_checkpointing
 
-    from moe_cdk.training.checkpoint import load_strategy, save_strategy
+    from moe_cdk.training.checkpoint_format import load_strategy, save_strategy
 
     init_single_process()
     root = Path(args.dir)
@@ -110,17 +111,24 @@ def main() -> None:
     save(root / "warm-up")
     load(root / "warm-up")
     shutil.rmtree(root / "warm-up")
+    os.sync()
     times: dict[str, list[float]] = {"save": [], "write": [], "load": [], "read": []}
     for i in range(args.repeats):
         folder, file = root / f"step-{i}", root / f"plain-{i}.bin"
-        times["save"].append(_timed(lambda: save(folder)))
-        times["write"].append(_timed(lambda: write(file)))
+        writes = [("save", lambda: save(folder)), ("write", lambda: write(file))]
+        reads = [("load", lambda: load(folder)), ("read", lambda: read(file))]
+        # Every other round the plain side goes first, so neither side always meets the disk
+        # in the state the other left it in.
+        order = slice(None) if i % 2 == 0 else slice(None, None, -1)
+        for key, operation in writes[order]:
+            times[key].append(_timed(operation))
         evict(folder)
         eviction = evict(file)
-        times["load"].append(_timed(lambda: load(folder)))
-        times["read"].append(_timed(lambda: read(file)))
+        for key, operation in reads[order]:
+            times[key].append(_timed(operation))
         shutil.rmtree(folder)
         file.unlink()
+        os.sync()
     shutil.rmtree(root, ignore_errors=True)
 
     names = {"save": "dist_checkpointing save", "write": "plain sequential write",

@@ -131,35 +131,6 @@ def _start_writer_manager() -> None:
     filesystem_async._results_queue = manager.Queue()
 
 
-def save_strategy():
-    """megatron's torch_dist format, saved fully in parallel: each shard that several
-    data-parallel ranks hold is written by one of them, spread evenly, instead of every shard
-    by its first replica (megatron's FullyParallelSaveStrategyWrapper).
-
-    Nothing is cached between saves (``cached_metadata``, ``do_cache_distribution``): megatron
-    reuses a cached plan only for checkpoints of a constant structure, and ours changes after
-    step 0 (the optimizer state joins); with the cache, step 3 was written with step 0's plan,
-    silently without its optimizer state."""
-    from megatron.core import parallel_state
-    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
-    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
-
-    return FullyParallelSaveStrategyWrapper(
-        TorchDistSaveShardedStrategy("torch_dist", 1),
-        parallel_state.get_data_parallel_group(with_context_parallel=True))
-
-
-def load_strategy():
-    """The load counterpart: each replicated shard is read by one data-parallel rank and
-    broadcast to the others (FullyParallelLoadStrategyWrapper), so the ranks share the reads."""
-    from megatron.core import parallel_state
-    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
-    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
-
-    return FullyParallelLoadStrategyWrapper(
-        TorchDistLoadShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True))
-
-
 class CheckpointManager:
     """Saves, finds, loads and prunes the checkpoints of one run."""
 
@@ -177,6 +148,8 @@ class CheckpointManager:
         self.rank = dist.get_rank()
         self._async_queue = None
         self._pending: tuple[int, Path] | None = None
+        from moe_cdk.training.checkpoint_format import save_strategy
+
         self._save_strategy = save_strategy()
         _start_writer_manager()
     # -- finding ------------------------------------------------------------------------
@@ -325,6 +298,8 @@ class CheckpointManager:
         """Restore the newest loadable checkpoint into the model, optimizer, scheduler and RNGs,
         under this run's layout whatever the layout it was saved with."""
         from megatron.core import dist_checkpointing
+
+        from moe_cdk.training.checkpoint_format import load_strategy
 
         for step, path in self._candidates():
             started = time.perf_counter()
