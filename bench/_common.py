@@ -1,5 +1,5 @@
 """Shared helpers for the bench/ scripts: a single-process megatron set-up, the one measuring
-method (paired rounds after a warm-up, reported as min, median and max), a table, a JSON file."""
+method (paired rounds after a warm-up, the order alternating, reported as min, median and max), a table, a JSON file."""
 
 from __future__ import annotations
 
@@ -56,16 +56,23 @@ def spread(values: list[float]) -> dict:
 
 
 def paired(sides: dict[str, Callable[[], float]], *, repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Run every side once per round, in turn (A B A B ...), after ``warmup`` untimed rounds;
-    each call returns its own measurement. Returns every round's figure per side."""
+    """Run every side once per round, in turn, after ``warmup`` untimed rounds, the order
+    reversed every other round (A B, B A, A B ...) so that neither side always runs in the
+    state the other leaves behind; each call returns its own measurement. Returns every
+    round's figure per side."""
     for _ in range(warmup):
         for measure in sides.values():
             measure()
     runs: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repeats):
-        for name, measure in sides.items():
-            runs[name].append(measure())
+    for round_ in range(repeats):
+        for name in in_turn(list(sides), round_):
+            runs[name].append(sides[name]())
     return runs
+
+
+def in_turn(sides: list, round_: int) -> list:
+    """``sides`` in the order round ``round_`` runs them: as given, reversed every other round."""
+    return sides if round_ % 2 == 0 else sides[::-1]
 
 
 def ratios(numerator: list[float], denominator: list[float]) -> dict:

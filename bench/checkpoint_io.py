@@ -4,13 +4,13 @@ sequential write and read of the same tensors on the same disk.
 
 Method: one untimed save and load first (the trainer starts the checkpoint writer's helper
 process once, at start-up, so a run's saves never pay for it); then ``--repeats`` rounds,
-each timing a checkpoint save and a plain write, then a checkpoint load and a plain read, into
-fresh folders, the plain side first in every other round. Both writes end with an fsync of every file; before the reads both
-are evicted from the page cache (``drop_caches`` where root may write it, else
-``posix_fadvise``; the JSON says which), so both read from the disk, into preallocated
-tensors. Reported: min, median and max of each, and of the round-by-round ratios.
+each timing a checkpoint save and a plain write into fresh folders, then a checkpoint load and
+a plain read, the plain side first in every other round. Both writes end with an fsync of
+every file; before the reads both are evicted from the page cache (``drop_caches`` where root
+may write it, else ``posix_fadvise``; the JSON says which), so both read from the disk, into
+preallocated tensors. Reported: min, median and max of each, and of the round-by-round ratios.
 
-    .venv/bin/python bench/checkpoint_io.py [--size-mib 512] [--repeats 5] [--dir /tmp/moe-bench-checkpoint]
+    .venv/bin/python bench/checkpoint_io.py [--size-mib 512] [--repeats 9] [--dir /tmp/moe-bench-checkpoint]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from _common import init_single_process, ratios, report, spread
+from _common import in_turn, init_single_process, ratios, report, spread
 
 
 def sharded_state(tensors: dict[str, torch.Tensor]) -> dict:
@@ -115,17 +115,14 @@ def main() -> None:
     times: dict[str, list[float]] = {"save": [], "write": [], "load": [], "read": []}
     for i in range(args.repeats):
         folder, file = root / f"step-{i}", root / f"plain-{i}.bin"
-        writes = [("save", lambda: save(folder)), ("write", lambda: write(file))]
-        reads = [("load", lambda: load(folder)), ("read", lambda: read(file))]
-        # Every other round the plain side goes first, so neither side always meets the disk
-        # in the state the other left it in.
-        order = slice(None) if i % 2 == 0 else slice(None, None, -1)
-        for key, operation in writes[order]:
-            times[key].append(_timed(operation))
+        operations = {"save": lambda: save(folder), "write": lambda: write(file),
+                      "load": lambda: load(folder), "read": lambda: read(file)}
+        for key in in_turn(["save", "write"], i):
+            times[key].append(_timed(operations[key]))
         evict(folder)
         eviction = evict(file)
-        for key, operation in reads[order]:
-            times[key].append(_timed(operation))
+        for key in in_turn(["load", "read"], i):
+            times[key].append(_timed(operations[key]))
         shutil.rmtree(folder)
         file.unlink()
         os.sync()

@@ -6,10 +6,13 @@ forward-backward schedule and optimizer) in a plain loop, without the MoE probe'
 metrics records, the JSONL file, the probe files or checkpoints.
 
 Method: each is run as a fresh process for ``--short`` and for ``--long`` steps, ``--repeats``
-times, alternating (trainer short, trainer long, bare short, bare long, ...); each round's
-per-step time is (its long run's wall time - its short run's) / (long - short), so start-up,
-data preparation and the trainer's final checkpoint cancel out. The trainer writes a record every ``--log-interval`` steps (default
-10, as the shipped profiles do; 1 is the worst case). Reported: min, median and max of
+times, alternating (trainer short, trainer long, bare short, bare long; then the bare side
+first, and so on); each round's per-step time is (its long run's wall time - its short run's)
+/ (long - short), so start-up, data preparation and the trainer's final checkpoint cancel out;
+the runs write into /dev/shm where it exists, so that a slow spell of the disk cannot make
+them differ.
+The trainer writes a record every ``--log-interval`` steps (default 10, as the shipped
+profiles do; 1 is the worst case). Reported: min, median and max of
 the per-step seconds and of the round-by-round ratio; the goal is a median of at least 0.95.
 
     .venv/bin/python bench/trainer_overhead.py [--short 10] [--long 60] [--repeats 3]
@@ -26,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ratios, report, spread
+from _common import in_turn, ratios, report, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "training/configs/tiny.yaml"
@@ -65,8 +68,14 @@ def bare(overrides: list[str]) -> None:
     trainer.teardown()
 
 
+# Runs write their checkpoint and metrics into memory where Linux offers it: a disk's slow
+# spell (docs/benchmarks.md) would otherwise land on the trainer's final checkpoint at random
+# and not cancel out of the short/long difference.
+SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
 def _wall(kind: str, steps: int, data: Path, log_interval: int) -> float:
-    run = Path(tempfile.mkdtemp(prefix=f"moe-overhead-{kind}-"))
+    run = Path(tempfile.mkdtemp(prefix=f"moe-overhead-{kind}-", dir=SCRATCH))
     try:
         overrides = _overrides(data, run, steps, log_interval)
         if kind == "trainer":
@@ -97,12 +106,12 @@ def main() -> None:
     if args.bare is not None:
         bare(args.bare)
         return
-    data = Path(tempfile.mkdtemp(prefix="moe-overhead-data-"))
+    data = Path(tempfile.mkdtemp(prefix="moe-overhead-data-", dir=SCRATCH))
     try:
         _wall("trainer", 1, data, args.log_interval)  # tokenizes the corpus once, untimed
         walls: dict[tuple[str, int], list[float]] = {}
-        for _ in range(args.repeats):
-            for kind in ("trainer", "bare"):
+        for round_ in range(args.repeats):
+            for kind in in_turn(["trainer", "bare"], round_):
                 for steps in (args.short, args.long):
                     walls.setdefault((kind, steps), []).append(_wall(kind, steps, data, args.log_interval))
     finally:
@@ -121,7 +130,8 @@ def main() -> None:
         rows.append({"run": kind, "median_step_s": s["median"], "min_step_s": s["min"], "max_step_s": s["max"],
                      "tokens_per_s": tokens_per_step / s["median"]})
     report("trainer_overhead", rows, {
-        "shape": list(SHAPE), "log_interval": args.log_interval, "short_steps": args.short, "long_steps": args.long,
+        "shape": list(SHAPE), "log_interval": args.log_interval, "scratch": SCRATCH or tempfile.gettempdir(),
+        "short_steps": args.short, "long_steps": args.long,
         "repeats": args.repeats, "trainer_over_bare": ratios(per_round["bare"], per_round["trainer"]), "target": 0.95,
         "runs": {f"{kind} {n} steps": walls[(kind, n)] for kind, n in walls}})
 

@@ -1,4 +1,5 @@
-"""The GPU readiness check's parts that run here: its Python step on CPU and its shell wrapper."""
+"""The benches' shared measuring method, and the GPU readiness check's parts that run here: its
+Python step on CPU and its shell wrapper."""
 
 from __future__ import annotations
 
@@ -13,6 +14,22 @@ from trainer_runs import ENV, ROOT
 
 GPU_CHECK = ROOT / "bench/gpu_check.py"
 GPU_CHECK_SH = ROOT / "bench/gpu_check.sh"
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import paired  # noqa: E402
+
+
+def test_paired_rounds_reverse_the_order_every_other_round():
+    calls = []
+
+    def side(name):
+        def measure():
+            calls.append(name)
+            return float(len(calls))
+        return measure
+
+    runs = paired({"a": side("a"), "b": side("b")}, repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # the warm-up round, then A B, B A, A B
+    assert runs == {"a": [3.0, 6.0, 7.0], "b": [4.0, 5.0, 8.0]}
 
 
 def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path):

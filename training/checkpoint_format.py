@@ -1,6 +1,7 @@
 """How the trainer's checkpoints are written and read: megatron-core's torch_dist format through
-megatron's own strategies, with two changes that make them as fast as plain file I/O on CPU
-(docs/benchmarks.md). Neither changes a byte that is read back.
+megatron's own strategies, with two changes that bring them to the speed of plain file I/O on
+CPU (docs/benchmarks.md), and 4 writer processes per rank (``save_strategy``). Neither change
+alters a byte that is read back.
 
 **Save without zip checksums.** Each stored tensor is one ``torch.save`` archive inside a
 ``.distcp`` file, and ``torch.save`` computes a CRC-32 of every tensor's bytes by default.
@@ -50,6 +51,9 @@ from torch.futures import Future
 from torch.utils.serialization import config as serialization_config
 
 
+WRITERS_PER_RANK = 4
+
+
 def save_strategy():
     """megatron's torch_dist format, saved fully in parallel: each shard that several
     data-parallel ranks hold is written by one of them, spread evenly, instead of every shard
@@ -58,12 +62,17 @@ def save_strategy():
     Nothing is cached between saves (``cached_metadata``, ``do_cache_distribution``): megatron
     reuses a cached plan only for checkpoints of a constant structure, and ours changes after
     step 0 (the optimizer state joins); with the cache, step 3 was written with step 0's plan,
-    silently without its optimizer state."""
+    silently without its optimizer state.
+
+    Each rank writes through 4 processes, not megatron's default 2: on the bench machine a save
+    of 512 MiB took 0.32-0.33 s with 4, against 0.35-0.42 s with 2 and 0.39-0.54 s with 1 (the
+    rounds the disk was not in a slow spell), and a Lustre file system, striped over many
+    servers, rewards parallel streams from one client the same way."""
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
     return FullyParallelSaveStrategyWrapper(
-        ChecksumFreeSaveStrategy("torch_dist", 1),
+        ChecksumFreeSaveStrategy("torch_dist", 1, thread_count=WRITERS_PER_RANK),
         parallel_state.get_data_parallel_group(with_context_parallel=True))
 
 
