@@ -122,7 +122,9 @@ class DataRepositoryProps:
     file_system_id: str
     """The FSx for Lustre file system to link, e.g. ``LustreStorage.file_system_id``. Required."""
     associations: tuple[DataRepositoryAssociation, ...] = DEFAULT_ASSOCIATIONS
-    """Directory-to-prefix links, at most 8. Default: ``/datasets`` (import) and ``/checkpoints`` (import and export)."""
+    """Directory-to-prefix links, at most 8, created one at a time in this order; each is named by its
+    directory (``association_id``), so removing or reordering one leaves the others in place.
+    Default: ``/datasets`` (import) and ``/checkpoints`` (import and export)."""
     bucket: s3.IBucket | None = None
     """The data bucket. Default: a new encrypted, versioned, TLS-only bucket with access logs."""
     bucket_name: str | None = None
@@ -188,24 +190,37 @@ class DataRepository(Construct):
             self.access_logs_bucket = access_logs
 
         self.associations: list[fsx.CfnDataRepositoryAssociation] = []
-        for i, dra in enumerate(props.associations):
+        for dra in props.associations:
             s3_config = fsx.CfnDataRepositoryAssociation.S3Property(
                 auto_import_policy=_policy(fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty, dra.auto_import_events),
                 auto_export_policy=_policy(fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty, dra.auto_export_events),
             )
-            self.associations.append(fsx.CfnDataRepositoryAssociation(
-                self, f"Association{i}",
+            association = fsx.CfnDataRepositoryAssociation(
+                self, association_id(dra.file_system_path),
                 file_system_id=props.file_system_id,
                 file_system_path=dra.file_system_path,
                 data_repository_path=self.s3_uri(dra.s3_prefix),
                 batch_import_meta_data_on_create=dra.batch_import_metadata_on_create,
                 imported_file_chunk_size=dra.imported_file_chunk_size_mib,
                 s3=s3_config,
-            ))
+            )
+            # One at a time: associations created in parallel on one file system fail
+            # intermittently (hashicorp/terraform-provider-aws#24678, labelled upstream).
+            if self.associations:
+                association.add_dependency(self.associations[-1])
+            self.associations.append(association)
 
     def s3_uri(self, prefix: str) -> str:
         """``s3://<bucket>/<prefix>`` for a prefix of the data bucket."""
         return f"s3://{self.bucket.bucket_name}/{prefix}"
+
+
+def association_id(file_system_path: str) -> str:
+    """The construct id of the association for ``file_system_path``: named by its directory,
+    not its place in the list, so that removing or reordering associations leaves the others'
+    logical ids alone (``FileSystemPath`` is create-only: a renamed association is replaced).
+    ``/`` is the construct path separator, so it becomes ``:``, which no path here contains."""
+    return "Association" + file_system_path.replace("/", ":")
 
 
 def _policy(cls, events: tuple[S3EventType, ...]):

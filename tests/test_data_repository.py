@@ -107,3 +107,33 @@ def test_eight_associations_are_accepted():
     DataRepository(stack, "Data", DataRepositoryProps(
         file_system_id="fs-1", associations=_dras(*[(f"/d{i}", f"p{i}") for i in range(8)], auto_export_events=ALL_EVENTS)))
     Template.from_stack(stack).resource_count_is("AWS::FSx::DataRepositoryAssociation", 8)
+
+
+def _association_ids(associations) -> dict[str, str]:
+    """FileSystemPath -> logical id of each association in a stack built from ``associations``."""
+    stack = stack_for_test()
+    DataRepository(stack, "Data", DataRepositoryProps(file_system_id="fs-1", associations=associations))
+    found = Template.from_stack(stack).find_resources("AWS::FSx::DataRepositoryAssociation")
+    return {r["Properties"]["FileSystemPath"]: logical for logical, r in found.items()}
+
+
+def test_associations_are_created_one_after_another():
+    stack = stack_for_test()
+    DataRepository(stack, "Data", DataRepositoryProps(file_system_id="fs-1", associations=_dras(
+        ("/a", "a"), ("/b", "b"), ("/c", "c"))))
+    found = Template.from_stack(stack).find_resources("AWS::FSx::DataRepositoryAssociation")
+    by_path = {r["Properties"]["FileSystemPath"]: (logical, r.get("DependsOn", [])) for logical, r in found.items()}
+    assert by_path["/a"][1] == []
+    assert by_path["/b"][1] == [by_path["/a"][0]]
+    assert by_path["/c"][1] == [by_path["/b"][0]]
+
+
+def test_removing_an_association_keeps_the_others_logical_ids():
+    before = _association_ids(_dras(("/a", "a"), ("/b", "b"), ("/c", "c")))
+    after = _association_ids(_dras(("/b", "b"), ("/c", "c")))
+    assert after == {path: before[path] for path in ("/b", "/c")}
+
+
+def test_paths_that_differ_only_in_separators_get_different_ids():
+    ids = _association_ids(_dras(("/a-b", "x"), ("/a/b", "y")))
+    assert len(set(ids.values())) == 2
