@@ -107,7 +107,24 @@ def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_
         if not low <= g.ebs_volume_size_gib <= high:
             found.append((f"{key}.ebs_volume_size_gib", problem("out of range", got=g.ebs_volume_size_gib,
                                                                 allowed=f"{low} to {high} GiB")))
+        if g.training_plan_arn is not None and (message := training_plan_arn_problem(g.training_plan_arn)):
+            found.append((f"{key}.training_plan_arn", message))
     return found
+
+
+def training_plan_arn_problem(arn: str) -> str | None:
+    """Why CreateCluster would reject ``arn`` as a group's ``TrainingPlanArn``, or None. The
+    rule is the API's own: the shape's pattern and length in botocore's SageMaker model."""
+    import botocore.session
+
+    shape = botocore.session.get_session().get_service_model("sagemaker").shape_for(
+        "ClusterInstanceGroupSpecification").members["TrainingPlanArn"]
+    rule = shape.metadata
+    if rule["min"] <= len(arn) <= rule["max"] and re.fullmatch(rule["pattern"], arn):
+        return None
+    return problem("not a SageMaker training plan ARN", got=arn,
+                   allowed=f"{rule['pattern']} ({rule['min']} to {rule['max']} characters), "
+                           "e.g. arn:aws:sagemaker:us-east-2:123456789012:training-plan/my-plan")
 
 
 def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
@@ -135,6 +152,9 @@ def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
     )
 
 
+DETACH_NETWORK_INTERFACE = "ec2:DetachNetworkInterface"
+
+
 def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup,
                    unscoped_actions: Sequence[str] = ()) -> iam.Role:
     """The nodes' role: the managed instance policy, plus the network-interface permissions a
@@ -150,11 +170,15 @@ def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, 
     # SageMaker Developer Guide, "IAM role for SageMaker HyperPod": a cluster in a custom VPC
     # needs these to attach its nodes' network interfaces. Creation is scoped to the cluster's
     # subnet and security group; EC2's Describe* calls take no resource ARN.
+    # ec2:DetachNetworkInterface is authorized against the instance as well as the interface
+    # (Service Authorization Reference, Amazon EC2), so scoped to subnet, security-group and
+    # interface ARNs it was never allowed. AWS's HyperPod role template grants it on "*"
+    # (aws-samples/awsome-distributed-training, 1.architectures/7.sagemaker-hyperpod-eks/
+    # cfn-templates/nested-stacks/sagemaker-iam-role-stack.yaml at 98c1057), and so does this.
     eni_arn = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
     role.add_to_policy(iam.PolicyStatement(
         actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface",
-                 "ec2:DeleteNetworkInterfacePermission", "ec2:DetachNetworkInterface",
-                 "ec2:ModifyNetworkInterfaceAttribute", "ec2:CreateTags"],
+                 "ec2:DeleteNetworkInterfacePermission", "ec2:ModifyNetworkInterfaceAttribute", "ec2:CreateTags"],
         resources=[
             stack.format_arn(service="ec2", resource="subnet", resource_name=subnet.subnet_id),
             stack.format_arn(service="ec2", resource="security-group", resource_name=security_group.security_group_id),
@@ -163,7 +187,7 @@ def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, 
     ))
     unscoped = ["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
                 "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", *unscoped_actions]
-    role.add_to_policy(iam.PolicyStatement(actions=unscoped, resources=["*"]))
+    role.add_to_policy(iam.PolicyStatement(actions=[*unscoped, DETACH_NETWORK_INTERFACE], resources=["*"]))
     cdk.Validations.of(role.node.default_child).acknowledge(cdk.Acknowledgment(
         id=managed_policy_finding(MANAGED_INSTANCE_POLICY),
         reason="AWS requires this managed policy on HyperPod execution roles: it lets the HyperPod agents on "
@@ -173,8 +197,10 @@ def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, 
     cdk.Validations.of(role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
         cdk.Acknowledgment(
             id="AwsSolutions-IAM5[Resource::*]",
-            reason=f"Only {', '.join(sorted(unscoped))} use '*': these actions do not support resource-level "
-                   "permissions (Service Authorization Reference).",
+            reason=f"Only {', '.join(sorted(unscoped))} and {DETACH_NETWORK_INTERFACE} use '*'. The former do "
+                   "not support resource-level permissions; the latter is also authorized against the node's "
+                   "instance, which has no ARN before HyperPod launches it (Service Authorization Reference; "
+                   "AWS's HyperPod execution-role template grants it on '*' too).",
         ),
         cdk.Acknowledgment(
             id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, eni_arn)}]",

@@ -103,6 +103,13 @@ def test_role_has_the_managed_instance_policy_and_no_data_access(built):
     assert not any(a.startswith("s3:") for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"]))
 
 
+def test_detaching_network_interfaces_is_granted_on_every_resource(built):
+    # It is authorized against the instance too, which a subnet/security-group/ENI scope never matched.
+    statements = next(iter(built[1].find_resources("AWS::IAM::Policy").values()))["Properties"]["PolicyDocument"]["Statement"]
+    granting = [s for s in statements if "ec2:DetachNetworkInterface" in s["Action"]]
+    assert [s["Resource"] for s in granting] == ["*"]
+
+
 def test_nodes_may_read_only_the_two_fsx_parameters(built):
     statements = next(iter(built[1].find_resources("AWS::IAM::Policy").values()))["Properties"]["PolicyDocument"]["Statement"]
     resources = [s["Resource"]["Fn::Join"][1][-1] for s in statements if s["Action"] == "ssm:GetParameter"]
@@ -158,6 +165,12 @@ def test_default_synthesizer_is_rejected_with_the_fix(scripts):
     ((GROUPS[0],), r"instance_groups: needs at least one compute group"),
     ((GROUPS[0], SlurmInstanceGroup(name="gpu", node_type=NodeType.COMPUTE, instance_type="ml.p5.48xlarge", instance_count=1,
                                     ebs_volume_size_gib=0)), r"instance_groups\[1\]\.ebs_volume_size_gib: out of range"),
+    ((GROUPS[0], SlurmInstanceGroup(name="gpu", node_type=NodeType.COMPUTE, instance_type="ml.p5.48xlarge", instance_count=1,
+                                    training_plan_arn="my-plan")),
+     r"instance_groups\[1\]\.training_plan_arn: not a SageMaker training plan ARN \(got 'my-plan'"),
+    ((GROUPS[0], SlurmInstanceGroup(name="gpu", node_type=NodeType.COMPUTE, instance_type="ml.p5.48xlarge", instance_count=1,
+                                    training_plan_arn="arn:aws:sagemaker:us-east-2:123456789012:cluster/abcdefghijkl")),
+     r"instance_groups\[1\]\.training_plan_arn: not a SageMaker training plan ARN"),
 ])
 def test_invalid_groups_are_rejected_by_key(scripts, groups, message):
     with pytest.raises(PropsError, match=message):
@@ -177,3 +190,12 @@ def test_bad_accounting_database_is_reported_by_prop(scripts):
     with pytest.raises(PropsError) as error:
         _build(scripts, accounting_database=AccountingDatabase(endpoint="db", secret_arn="nope", port=0))
     assert [p.split(":")[0] for p in error.value.problems] == ["accounting_database.secret_arn", "accounting_database.port"]
+
+
+def test_a_training_plan_arn_of_the_apis_shape_reaches_the_group(scripts):
+    arn = "arn:aws:sagemaker:us-east-2:123456789012:training-plan/moe-plan"
+    groups = (GROUPS[0], SlurmInstanceGroup(name="gpu", node_type=NodeType.COMPUTE, instance_type="ml.p5.48xlarge",
+                                            instance_count=1, training_plan_arn=arn))
+    _, stack, _ = _build(scripts, groups=groups)
+    Template.from_stack(stack).has_resource_properties("AWS::SageMaker::Cluster", {
+        "InstanceGroups": Match.array_with([Match.object_like({"InstanceGroupName": "gpu", "TrainingPlanArn": arn})])})
