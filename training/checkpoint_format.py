@@ -19,13 +19,17 @@ header at the start, then the data into a newly allocated tensor, which is then 
 the target. On a cold file that is two small random reads per tensor, which defeat the
 kernel's read-ahead, and an allocation whose pages fault in as they fill. Measured on 512 MiB
 here, the load ran at half the speed of a plain read, and the header reads alone took 0.23 s
-of a 0.65 s load. :class:`SequentialFileSystemReader` reads each archive whole, in file order,
-into one buffer reused from archive to archive. ``torch.load(map_location="meta")`` over that
-buffer gives the stored tensor's dtype, shape and strides and where its bytes are, without
-reading them again; the requested slice is then copied into the target, narrowed as torch
-narrows it. Objects (BYTE_IO items) and files written with storage transforms (compression)
-take torch's own path. The stored bytes are used in the machine's byte order: checkpoints
-written and read on the little-endian machines AWS offers (x86-64, Graviton) need no swapping.
+of a 0.65 s load. :class:`SequentialFileSystemReader` reads each file's archives in file order
+and each archive front to back. Where one request wants a whole stored tensor in a contiguous
+CPU target, it reads the archive's first 4 KiB, finds the start of the tensor's bytes from the
+zip entry there, reads the bytes straight into the target, then reads the rest of the archive
+and has ``torch.load(map_location="meta")`` confirm, from the archive's own zip directory, the
+dtype, shape, strides and place it assumed; on any difference it reads the archive the general
+way. That way (slices for another layout, GPU targets) reads the whole archive into a buffer
+reused from archive to archive, and copies the requested slice out, narrowed as torch narrows
+it. Objects (BYTE_IO items) and files written with storage transforms (compression) take
+torch's own path. The stored bytes are used in the machine's byte order: checkpoints written
+and read on the little-endian machines AWS offers (x86-64, Graviton) need no swapping.
 """
 
 from __future__ import annotations
