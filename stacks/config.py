@@ -195,6 +195,8 @@ class EksConfig:
     """Install the HyperPod training operator add-on, which runs HyperPodPyTorchJob (`moe-cdk eks render --hyperpod`)."""
     observability: bool = True
     """Create the Managed Prometheus workspace, its scraper and the Managed Grafana workspace."""
+    identity_center_enabled: bool = False
+    """Whether IAM Identity Center is enabled for the account. Managed Grafana signs users in through it (`AWS_SSO`), so `observability` needs it: enable it first (IAM Identity Center console), then set this to true."""
     namespace: str = "moe"
     """Kubernetes namespace for training jobs and the FSx volume claim."""
     hyperpod_chart_directory: str | None = ".cache/hyperpod-helm-chart"
@@ -422,6 +424,14 @@ class Config:
             if self.eks != EksConfig():
                 yield "eks", problem("only used with orchestrator eks", got=self.cluster.orchestrator.value, allowed="eks")
             return
+        # Amazon Managed Grafana User Guide, "Authenticate users in Amazon Managed Grafana
+        # workspaces": a workspace with AWS_SSO authentication signs users in through IAM
+        # Identity Center, which must be enabled in the account (its organization) first.
+        if self.eks.observability and not self.eks.identity_center_enabled:
+            yield "eks.identity_center_enabled", problem(
+                "observability creates a Managed Grafana workspace that signs users in through IAM Identity Center; "
+                "enable Identity Center in the account, then set this to true, or set eks.observability: false",
+                got=self.eks.identity_center_enabled, allowed="true with observability")
         if second is None:
             yield "eks.second_availability_zone", problem(
                 "EKS needs subnets in two availability zones", got=None, allowed=f"a zone of {self.region} other than "
