@@ -42,18 +42,20 @@ def fsync_tree(path: Path) -> None:
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
-def evict(path: Path) -> str:
-    """Drop ``path``'s pages (a file, or every file under a folder) from the page cache, so the
-    next read comes from the disk: the whole cache where root may write ``drop_caches``, else
-    each file's written-back pages (POSIX_FADV_DONTNEED). Returns which was used."""
+def evict(*paths: Path) -> str:
+    """Drop the pages of ``paths`` (files, or every file under a folder) from the page cache,
+    so the next reads come from the disk: the whole cache where root may write
+    ``drop_caches``, else each file's written-back pages (POSIX_FADV_DONTNEED). Returns which
+    was used."""
     os.sync()
     try:
         DROP_CACHES.write_text("3\n")
         return "drop_caches"
     except OSError:
-        for file in [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]:
-            with open(file, "rb") as handle:
-                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        for path in paths:
+            for file in [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]:
+                with open(file, "rb") as handle:
+                    os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         return "posix_fadvise"
 
 
@@ -119,8 +121,7 @@ def main() -> None:
                       "load": lambda: load(folder), "read": lambda: read(file)}
         for key in in_turn(["save", "write"], i):
             times[key].append(_timed(operations[key]))
-        evict(folder)
-        eviction = evict(file)
+        eviction = evict(folder, file)
         for key in in_turn(["load", "read"], i):
             times[key].append(_timed(operations[key]))
         shutil.rmtree(folder)
