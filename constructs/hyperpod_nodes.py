@@ -13,6 +13,7 @@ public construct of its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -112,14 +113,21 @@ def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_
     return found
 
 
+@functools.cache
+def _training_plan_arn_rule() -> dict:
+    """``pattern``, ``min`` and ``max`` of ``TrainingPlanArn`` in botocore's SageMaker model,
+    read once: the model takes about 50 ms to load, and both the configuration and the
+    constructs check every group."""
+    import botocore.session
+
+    return botocore.session.get_session().get_service_model("sagemaker").shape_for(
+        "ClusterInstanceGroupSpecification").members["TrainingPlanArn"].metadata
+
+
 def training_plan_arn_problem(arn: str) -> str | None:
     """Why CreateCluster would reject ``arn`` as a group's ``TrainingPlanArn``, or None. The
     rule is the API's own: the shape's pattern and length in botocore's SageMaker model."""
-    import botocore.session
-
-    shape = botocore.session.get_session().get_service_model("sagemaker").shape_for(
-        "ClusterInstanceGroupSpecification").members["TrainingPlanArn"]
-    rule = shape.metadata
+    rule = _training_plan_arn_rule()
     if rule["min"] <= len(arn) <= rule["max"] and re.fullmatch(rule["pattern"], arn):
         return None
     return problem("not a SageMaker training plan ARN", got=arn,
