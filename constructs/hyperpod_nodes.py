@@ -56,6 +56,15 @@ class HyperPodInstanceGroup:
     """Extra EBS volume per node, mounted by HyperPod at /opt/sagemaker, in GiB. Default: 500."""
     training_plan_arn: str | None = None
     """A SageMaker training plan that reserves this group's capacity. Default: on-demand."""
+    deep_health_checks: bool = True
+    """Run HyperPod's deep health checks (InstanceStress, InstanceConnectivity) when a node starts.
+    They only exist for GPU and Trainium types and are skipped on others. Default: True."""
+
+    @property
+    def runs_deep_health_checks(self) -> bool:
+        """Whether HyperPod runs deep health checks on this group's nodes: asked for, and a type that has them
+        (SageMaker Developer Guide, "Deep health checks": GPU and Trainium instances only)."""
+        return self.deep_health_checks and self.spec is not None and self.spec.is_accelerated
 
     @property
     def spec(self) -> instance_catalog.InstanceSpec | None:
@@ -138,7 +147,7 @@ def training_plan_arn_problem(arn: str) -> str | None:
 def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
                             life_cycle: sagemaker.CfnCluster.ClusterLifeCycleConfigProperty,
                             **orchestrator_fields) -> sagemaker.CfnCluster.ClusterInstanceGroupProperty:
-    """One ``InstanceGroups`` entry: automatic deep health checks on accelerator groups, one
+    """One ``InstanceGroups`` entry: deep health checks on accelerator groups (unless turned off), one
     thread per core on GPU groups, the EBS volume; ``orchestrator_fields`` add
     ``slurm_config`` or ``kubernetes_config``."""
     spec = g.spec
@@ -151,7 +160,7 @@ def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
         # One thread per core on GPU groups: the trainer pins one process per GPU and
         # hyper-threads add noise to its data loading (HyperPod ThreadsPerCore).
         threads_per_core=1 if spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU else None,
-        on_start_deep_health_checks=["InstanceStress", "InstanceConnectivity"] if spec.is_accelerated else None,
+        on_start_deep_health_checks=["InstanceStress", "InstanceConnectivity"] if g.runs_deep_health_checks else None,
         instance_storage_configs=[sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
             ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(volume_size_in_gb=g.ebs_volume_size_gib),
         )],

@@ -90,6 +90,8 @@ class InstanceGroupConfig:
     """Extra EBS volume per node in GiB (HyperPod mounts it at /opt/sagemaker), 1 to 16384."""
     training_plan_arn: str | None = None
     """A SageMaker training plan that reserves this group's capacity. Default: on-demand."""
+    deep_health_checks: bool = True
+    """Run HyperPod's deep health checks (stress and NCCL connectivity tests) when a node starts; GPU and Trainium types only, skipped on others. EKS: a group with them cannot carry taints."""
     labels: dict[str, str] = field(default_factory=dict)
     """EKS only: Kubernetes labels on every node of the group."""
     # The construct's own Taint dataclass: the same keys, defaults and checks.
@@ -102,8 +104,8 @@ class InstanceGroupConfig:
         return EksInstanceGroup(
             name=self.name, role=_EKS_ROLES.get(self.role, EksNodeRole.SYSTEM), instance_type=self.instance_type,
             instance_count=self.instance_count, ebs_volume_size_gib=self.ebs_volume_size_gib,
-            training_plan_arn=self.training_plan_arn, labels=dict(self.labels),
-            taints=self.taints,
+            training_plan_arn=self.training_plan_arn, deep_health_checks=self.deep_health_checks,
+            labels=dict(self.labels), taints=self.taints,
         )
 
     def to_props(self) -> SlurmInstanceGroup:
@@ -111,6 +113,7 @@ class InstanceGroupConfig:
             name=self.name, node_type=_NODE_TYPES.get(self.role, NodeType.COMPUTE), instance_type=self.instance_type,
             instance_count=self.instance_count, partition=self.partition,
             ebs_volume_size_gib=self.ebs_volume_size_gib, training_plan_arn=self.training_plan_arn,
+            deep_health_checks=self.deep_health_checks,
         )
 
 

@@ -92,3 +92,17 @@ def test_labels_and_system_groups_are_refused_with_slurm():
     errors = errors_for(SLURM, mutate)
     assert "cluster.instance_groups[1].role: system groups are for EKS clusters (got 'system'; allowed controller, login or compute)" in errors
     assert "cluster.instance_groups[2].labels: only EKS nodes have Kubernetes labels and taints (got {'a': 'b'}; allowed none with this orchestrator)" in errors
+
+
+def test_taints_with_deep_health_checks_are_a_config_error():
+    errors = errors_for(EKS, lambda d: d["cluster"]["instance_groups"][1].update(
+        taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
+    assert [e.split(":")[0] for e in errors] == ["cluster.instance_groups[1].taints"]
+    assert "custom taints cannot be combined with deep health checks" in errors[0]
+
+
+def test_taints_are_accepted_once_deep_health_checks_are_off():
+    data = copy.deepcopy(EKS)
+    data["cluster"]["instance_groups"][1].update(deep_health_checks=False,
+                                                 taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
+    assert parse_config(data).cluster.instance_groups[1].taints[0].key == "nvidia.com/gpu"

@@ -138,8 +138,11 @@ def test_liveness_probe_command_fails_on_a_stale_file(spec, tmp_path):
     assert subprocess.run([*command[:-1], script]).returncode != 0
 
 
-def test_tolerations_match_the_group_taints(spec):
-    pod = pods(render_pytorchjob(spec))[0]["spec"]
+def test_tolerations_match_the_group_taints():
+    data = yaml.safe_load(CONFIG.read_text())
+    data["cluster"]["instance_groups"][1] |= {"deep_health_checks": False,
+                                              "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}
+    pod = pods(render_pytorchjob(job_spec_from_config(parse_config(data), image=IMAGE)))[0]["spec"]
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 

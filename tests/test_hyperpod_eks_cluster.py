@@ -3,6 +3,8 @@ recovery and health checks, EKS node permissions, and the training operator add-
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import aws_cdk as cdk
@@ -26,8 +28,10 @@ from conftest import ROOT
 
 GROUPS = (
     EksInstanceGroup(name="system", role=EksNodeRole.SYSTEM, instance_type="ml.m5.2xlarge", instance_count=2),
-    EksInstanceGroup(name="gpu", instance_type="ml.p5en.48xlarge", instance_count=2, labels={"moe-cdk/pool": "training"},
-                     taints=(Taint(key="nvidia.com/gpu"),)),
+    EksInstanceGroup(name="gpu", instance_type="ml.p5en.48xlarge", instance_count=2, labels={"moe-cdk/pool": "training"}),
+    # Custom taints need deep health checks off (HyperPod EKS prerequisites).
+    EksInstanceGroup(name="tainted", instance_type="ml.p5en.48xlarge", instance_count=1, deep_health_checks=False,
+                     labels={"moe-cdk/pool": "training"}, taints=(Taint(key="nvidia.com/gpu"),)),
 )
 
 
@@ -71,7 +75,7 @@ def test_eks_orchestrator_with_automatic_recovery(built):
 
 
 def test_labels_and_taints_reach_the_nodes(template):
-    config = _groups(template)["gpu"]["KubernetesConfig"]
+    config = _groups(template)["tainted"]["KubernetesConfig"]
     assert config == {"Labels": {"moe-cdk/pool": "training"}, "Taints": [{"Key": "nvidia.com/gpu", "Effect": "NoSchedule"}]}
 
 
@@ -107,7 +111,7 @@ def test_training_operator_waits_for_the_hyperpod_cluster(template):
 def test_provisioning_parameters_say_eks_and_carry_no_fsx():
     parameters = provisioning_parameters(instance_groups=GROUPS, region="us-east-2")
     assert (parameters["workload_manager"], parameters["fsx_lustre"]) == ("eks", None)
-    assert [g["instance_group_name"] for g in parameters["worker_groups"]] == ["system", "gpu"]
+    assert [g["instance_group_name"] for g in parameters["worker_groups"]] == ["system", "gpu", "tainted"]
     fixture = json.loads((ROOT / "tests/fixtures/eks_provisioning_parameters.json").read_text())
     assert set(parameters) == set(fixture) and set(parameters["container_runtime"]) == set(fixture["container_runtime"])
 
@@ -119,9 +123,31 @@ def test_a_system_group_is_required():
 
 
 def test_bad_labels_and_taints_are_reported():
-    group = EksInstanceGroup(name="gpu", instance_type="ml.p5en.48xlarge", instance_count=1,
+    group = EksInstanceGroup(name="gpu", instance_type="ml.p5en.48xlarge", instance_count=1, deep_health_checks=False,
                              labels={"bad key!": "x", "ok": "bad value!"}, taints=(Taint(key="-bad"),))
     with pytest.raises(PropsError) as error:
         _build(groups=(GROUPS[0], group))
     assert [p.split(":")[0] for p in error.value.problems] == [
         "instance_groups[1].labels", "instance_groups[1].labels.ok", "instance_groups[1].taints[0].key"]
+
+
+def test_taints_on_a_group_with_deep_health_checks_are_refused():
+    group = dataclasses.replace(GROUPS[2], deep_health_checks=True)
+    with pytest.raises(PropsError) as error:
+        _build(groups=(GROUPS[0], group))
+    (message,) = error.value.problems
+    assert message.startswith("instance_groups[1].taints: custom taints cannot be combined with deep health checks")
+    assert "deep_health_checks: false" in message
+
+
+def test_a_group_without_deep_health_checks_asks_for_none(template):
+    assert "OnStartDeepHealthChecks" not in _groups(template)["tainted"]
+
+
+def test_reserved_label_and_taint_prefixes_are_refused():
+    group = dataclasses.replace(GROUPS[2], labels={"kubernetes.io/pool": "x"},
+                                taints=(Taint(key="sagemaker.amazonaws.com/mine"),))
+    with pytest.raises(PropsError) as error:
+        _build(groups=(GROUPS[0], group))
+    assert all(": uses a prefix reserved for system use (got " in p for p in error.value.problems)
+    assert [p.split(":")[0] for p in error.value.problems] == ["instance_groups[1].labels", "instance_groups[1].taints"]
