@@ -27,6 +27,8 @@ from moe_cdk.constructs.hyperpod_nodes import (
 from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
 
 
+DATABASE_NAME = re.compile(r"^[a-zA-Z0-9$_]{1,64}$")
+HOST_NAME = re.compile(r"^(?=.{1,255}$)[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$")
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+$")
 
 
@@ -64,6 +66,17 @@ class SlurmInstanceGroup(HyperPodInstanceGroup):
         return (self.partition or self.name) if self.node_type is NodeType.COMPUTE else None
 
 
+class NodeProvisioningMode(enum.Enum):
+    """How HyperPod provisions the cluster's nodes (``NodeProvisioningMode``)."""
+
+    STANDARD = "standard"
+    """All nodes at creation; creation fails when a group cannot be filled (the property is omitted)."""
+    CONTINUOUS = "continuous"
+    """Partial capacity is accepted and failed launches are retried (``Continuous``). SageMaker Developer
+    Guide, "Continuous provisioning for Slurm": it rejects any ``SlurmConfigStrategy``, and it is the only
+    mode with an external accounting database."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class AccountingDatabase:
     """An external MySQL-compatible database for slurmdbd (``Orchestrator.Slurm.AccountingDatabase``)."""
@@ -83,6 +96,11 @@ class AccountingDatabase:
                                         allowed="arn:aws:secretsmanager:<region>:<account>:secret:<name>")
         if not 1 <= self.port <= 65535:
             yield "port", problem("not a TCP port", got=self.port, allowed="1 to 65535")
+        # SageMaker API reference, ClusterAccountingDatabase: Name is 1 to 64 of [a-zA-Z0-9$_], Endpoint a host name.
+        if not DATABASE_NAME.match(self.name):
+            yield "name", problem("not a database name", got=self.name, allowed="1 to 64 letters, digits, '$' or '_'")
+        if not is_unresolved(self.endpoint) and not HOST_NAME.match(self.endpoint):
+            yield "endpoint", problem("not a host name", got=self.endpoint, allowed="a DNS name of up to 255 characters")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,10 +141,14 @@ class HyperPodSlurmClusterProps:
     """Bucket the nodes may read and write. Default: none."""
     require_efa: bool = True
     """Reject compute groups without EFA. Default: True."""
-    slurm_config_strategy: SlurmConfigStrategy = SlurmConfigStrategy.MANAGED
-    """Who owns slurm.conf. Default: Managed."""
+    node_provisioning_mode: NodeProvisioningMode = NodeProvisioningMode.STANDARD
+    """Standard or continuous node provisioning. Default: standard."""
+    slurm_config_strategy: SlurmConfigStrategy | None = None
+    """Who owns slurm.conf. Default: Managed in standard mode; must stay None in continuous mode, which
+    rejects the property."""
     accounting_database: AccountingDatabase | None = None
-    """External accounting database. Default: none (no slurmdbd)."""
+    """External accounting database; needs continuous provisioning. The execution role may read its
+    secret. Default: none (slurmdbd on the controller, as HyperPod sets it up)."""
 
 
 def provisioning_parameters(*, instance_groups: Sequence[SlurmInstanceGroup], region: str, fsx: FsxMount | None) -> dict:
@@ -174,6 +196,29 @@ def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa
     return found
 
 
+def provisioning_problems(*, mode: NodeProvisioningMode, slurm_config_strategy: SlurmConfigStrategy | None,
+                          accounting_database: AccountingDatabase | None) -> list[tuple[str, str]]:
+    """``(key, message)`` for combinations CreateCluster rejects. Not in CloudFormation's schema (cfn-lint
+    passes them), so checked here."""
+    found: list[tuple[str, str]] = []
+    continuous = mode is NodeProvisioningMode.CONTINUOUS
+    # SageMaker Developer Guide, "Continuous provisioning for Slurm": "Passing any SlurmConfigStrategy
+    # value results in an API error."
+    if continuous and slurm_config_strategy is not None:
+        found.append(("slurm_config_strategy", problem(
+            "continuous provisioning rejects any SlurmConfigStrategy", got=slurm_config_strategy.value,
+            allowed="unset with node_provisioning_mode continuous")))
+    if accounting_database is not None:
+        # SageMaker API reference, ClusterOrchestratorSlurmConfig.AccountingDatabase: "only supported for
+        # clusters using Continuous as the NodeProvisioningMode".
+        if not continuous:
+            found.append(("accounting_database", problem(
+                "an external accounting database needs continuous node provisioning", got=mode.value,
+                allowed="node_provisioning_mode continuous (and no slurm_config_strategy)")))
+        found += [(f"accounting_database.{key}", message) for key, message in accounting_database.problems()]
+    return found
+
+
 class HyperPodSlurmCluster(Construct):
     """A HyperPod Slurm cluster with automatic node recovery, deep health checks on accelerator
     groups, one thread per core on GPU groups, and lifecycle scripts that mount the shared
@@ -206,8 +251,17 @@ class HyperPodSlurmCluster(Construct):
                                       directory=props.lifecycle_scripts_directory, parameters=self.provisioning_parameters)
         self.lifecycle_bundle, self.lifecycle_entry = lifecycle.bundle, lifecycle.entry
 
+        continuous = props.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS
+        if props.accounting_database is not None:
+            # slurmdbd reads the credentials with the nodes' role. AWS's multi-head-node sample grants
+            # exactly this (aws-samples/awsome-distributed-training, 1.architectures/5.sagemaker-hyperpod/
+            # sagemaker-hyperpod-slurm-multi-headnode.yaml at 7217859); the managed instance policy has no
+            # Secrets Manager action. A secret under a customer managed key also needs kms:Decrypt on it.
+            self.role.add_to_policy(iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
+                                                        resources=[props.accounting_database.secret_arn]))
+        strategy = props.slurm_config_strategy or (None if continuous else SlurmConfigStrategy.MANAGED)
         orchestrator_slurm = sagemaker.CfnCluster.ClusterOrchestratorSlurmConfigProperty(
-            slurm_config_strategy=props.slurm_config_strategy.value,
+            slurm_config_strategy=strategy.value if strategy else None,
             accounting_database=None if props.accounting_database is None else {
                 "endpoint": props.accounting_database.endpoint, "secretArn": props.accounting_database.secret_arn,
                 "name": props.accounting_database.name, "port": props.accounting_database.port,
@@ -217,6 +271,7 @@ class HyperPodSlurmCluster(Construct):
             self, "Resource",
             cluster_name=props.cluster_name,
             node_recovery="Automatic",
+            node_provisioning_mode="Continuous" if continuous else None,
             orchestrator=sagemaker.CfnCluster.OrchestratorProperty(slurm=orchestrator_slurm),
             vpc_config=sagemaker.CfnCluster.VpcConfigProperty(
                 security_group_ids=[props.security_group.security_group_id], subnets=[props.subnet.subnet_id],
@@ -235,8 +290,9 @@ class HyperPodSlurmCluster(Construct):
     def _problems(props: HyperPodSlurmClusterProps) -> list[str]:
         found = [f"{key}: {message}" for key, message in group_problems(props.instance_groups, require_efa=props.require_efa)]
         found += lifecycle_directory_problems(props.lifecycle_scripts_directory)
-        if props.accounting_database is not None:
-            found += [f"accounting_database.{key}: {message}" for key, message in props.accounting_database.problems()]
+        found += [f"{key}: {message}" for key, message in provisioning_problems(
+            mode=props.node_provisioning_mode, slurm_config_strategy=props.slurm_config_strategy,
+            accounting_database=props.accounting_database)]
         fsx, zone = props.fsx, props.subnet.availability_zone
         if fsx is not None and fsx.efa_enabled and not is_unresolved(zone) and fsx.availability_zone != zone:
             found.append("fsx.availability_zone: " + problem("an EFA-enabled file system must be in the cluster's zone",

@@ -57,7 +57,9 @@ class SlurmClusterStack(Stack):
             region=config.region,
             fsx=fsx,
             require_efa=config.cluster.require_efa,
-            slurm_config_strategy=SlurmConfigStrategy[config.cluster.slurm_config_strategy.name],
+            node_provisioning_mode=config.cluster.node_provisioning_mode,
+            slurm_config_strategy=None if config.cluster.slurm_config_strategy is None
+            else SlurmConfigStrategy[config.cluster.slurm_config_strategy.name],
             accounting_database=config.cluster.accounting_database,
         ))
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)

@@ -18,7 +18,15 @@ import yaml
 from moe_cdk.constructs.data_repository import DEFAULT_ASSOCIATIONS, DataRepositoryAssociation, association_problems
 from moe_cdk.constructs import cluster_software
 from moe_cdk.constructs.hyperpod_eks_cluster import EksInstanceGroup, EksNodeRole, Taint, eks_group_problems
-from moe_cdk.constructs.hyperpod_slurm_cluster import AccountingDatabase, NodeType, SlurmInstanceGroup, group_problems
+from moe_cdk.constructs.hyperpod_slurm_cluster import (
+    AccountingDatabase,
+    NodeProvisioningMode,
+    NodeType,
+    SlurmConfigStrategy,
+    SlurmInstanceGroup,
+    group_problems,
+    provisioning_problems,
+)
 from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
 from moe_cdk.constructs.lustre_volume import KUBERNETES_NAME
 from moe_cdk.constructs.training_image import IMAGE_CHECKOUT_DIR
@@ -129,18 +137,31 @@ class ClusterConfig:
     """Reject compute groups whose instance type has no EFA."""
     instance_groups: tuple[InstanceGroupConfig, ...]
     """The node groups. Slurm: exactly one controller group of one node, at most one login group, one or more compute groups. Training jobs: one compute group."""
-    slurm_config_strategy: SlurmStrategy = SlurmStrategy.MANAGED
-    """Who owns slurm.conf: managed (HyperPod), overwrite or merge."""
-    # The construct's own dataclass: the same keys, defaults and checks.
+    # The construct's own enum and dataclass: the same values, defaults and checks.
+    node_provisioning_mode: NodeProvisioningMode = NodeProvisioningMode.STANDARD
+    """Slurm: standard (every node at creation, or creation fails) or continuous (partial capacity accepted, failed launches retried; needed for `accounting_database`)."""
+    slurm_config_strategy: SlurmStrategy | None = None
+    """Who owns slurm.conf: managed (HyperPod), overwrite or merge. Default: managed; leave unset with continuous provisioning, which rejects it."""
     accounting_database: AccountingDatabase | None = None
-    """External Slurm accounting database. Default: none."""
+    """External Slurm accounting database (MySQL-compatible; credentials in Secrets Manager). Needs `node_provisioning_mode: continuous`. Default: none (HyperPod's database on the controller)."""
 
     def problems(self) -> Problems:
+        if self.orchestrator is not Orchestrator.SLURM:
+            for key, default in (("node_provisioning_mode", NodeProvisioningMode.STANDARD),
+                                 ("slurm_config_strategy", None), ("accounting_database", None)):
+                if getattr(self, key) != default:
+                    yield key, problem("only Slurm clusters have this setting", got=getattr(self, key),
+                                       allowed=f"unset with orchestrator {self.orchestrator.value}")
         if self.orchestrator is Orchestrator.EKS:
             yield from self._eks_problems()
             return
         yield from group_problems([g.to_props() for g in self.instance_groups], require_efa=self.require_efa,
                                   slurm=self.orchestrator is Orchestrator.SLURM)
+        if self.orchestrator is Orchestrator.SLURM:
+            yield from provisioning_problems(
+                mode=self.node_provisioning_mode, accounting_database=self.accounting_database,
+                slurm_config_strategy=None if self.slurm_config_strategy is None
+                else SlurmConfigStrategy[self.slurm_config_strategy.name])
         for i, g in enumerate(self.instance_groups):
             if g.role is NodeRole.SYSTEM:
                 yield f"instance_groups[{i}].role", problem("system groups are for EKS clusters", got=g.role.value,

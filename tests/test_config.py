@@ -178,3 +178,22 @@ def _config_classes():
 def test_every_configuration_key_is_documented(cls):
     documented = attribute_docs(cls)
     assert [f.name for f in dataclasses.fields(cls) if not documented.get(f.name)] == []
+
+
+def test_accounting_database_without_continuous_provisioning_is_refused():
+    data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
+    data["cluster"]["accounting_database"] = {"endpoint": "db.example.com",
+                                              "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:db"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert caught.value.errors == ["cluster.accounting_database: an external accounting database needs continuous node "
+                                   "provisioning (got 'standard'; allowed node_provisioning_mode continuous (and no "
+                                   "slurm_config_strategy))"]
+
+
+def test_continuous_provisioning_refuses_a_slurm_config_strategy():
+    data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
+    data["cluster"] |= {"node_provisioning_mode": "continuous", "slurm_config_strategy": "managed"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert [e.split(":")[0] for e in caught.value.errors] == ["cluster.slurm_config_strategy"]

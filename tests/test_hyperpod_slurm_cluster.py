@@ -16,6 +16,7 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
+    NodeProvisioningMode,
     NodeType,
     SlurmInstanceGroup,
     provisioning_parameters,
@@ -188,8 +189,27 @@ def test_bad_accounting_database_is_reported_by_prop(scripts):
     from moe_cdk.constructs.hyperpod_slurm_cluster import AccountingDatabase
 
     with pytest.raises(PropsError) as error:
-        _build(scripts, accounting_database=AccountingDatabase(endpoint="db", secret_arn="nope", port=0))
-    assert [p.split(":")[0] for p in error.value.problems] == ["accounting_database.secret_arn", "accounting_database.port"]
+        _build(scripts, node_provisioning_mode=NodeProvisioningMode.CONTINUOUS,
+               accounting_database=AccountingDatabase(endpoint="db_1", secret_arn="nope", port=0, name="no-dash"))
+    assert [p.split(":")[0] for p in error.value.problems] == [
+        "accounting_database.secret_arn", "accounting_database.port", "accounting_database.name",
+        "accounting_database.endpoint"]
+
+
+def test_accounting_database_needs_continuous_provisioning(scripts):
+    from moe_cdk.constructs.hyperpod_slurm_cluster import AccountingDatabase
+
+    database = AccountingDatabase(endpoint="db.example.com",
+                                  secret_arn="arn:aws:secretsmanager:us-east-2:123456789012:secret:db")
+    with pytest.raises(PropsError, match=r"accounting_database: an external accounting database needs continuous node "
+                                         r"provisioning \(got 'standard'"):
+        _build(scripts, accounting_database=database)
+
+
+def test_continuous_provisioning_omits_the_slurm_config_strategy(scripts):
+    _, stack, _ = _build(scripts, node_provisioning_mode=NodeProvisioningMode.CONTINUOUS)
+    (cluster,) = Template.from_stack(stack).find_resources("AWS::SageMaker::Cluster").values()
+    assert (cluster["Properties"]["NodeProvisioningMode"], cluster["Properties"]["Orchestrator"]) == ("Continuous", {"Slurm": {}})
 
 
 def test_a_training_plan_arn_of_the_apis_shape_reaches_the_group(scripts):

@@ -6,11 +6,12 @@ import json
 import subprocess
 
 import pytest
+import yaml
 
 from conftest import PYTHON, ROOT, SHIPPED_CONFIGS, read_json, resources_of_type, synth
 from aws_cdk import aws_s3 as s3
 
-from moe_cdk.stacks.config import load_config
+from moe_cdk.stacks.config import load_config, parse_config
 from moe_cdk.stacks.deployment import build_app
 
 
@@ -90,3 +91,27 @@ def test_cdk_cli_and_python_app_write_the_same_templates(tmp_path):
     assert names == sorted(p.name for p in direct.glob("*.template.json")) and names
     for name in names:
         assert (cli / name).read_bytes() == (direct / name).read_bytes(), name
+
+
+ACCOUNTING = {"endpoint": "slurmdb.cluster-abc.us-east-2.rds.amazonaws.com",
+              "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:slurmdb-AbCdEf"}
+
+
+def test_accounting_database_synthesizes_what_cloudformation_accepts(tmp_path):
+    # AccountingDatabase needs NodeProvisioningMode Continuous, which rejects SlurmConfigStrategy
+    # (SageMaker API reference and "Continuous provisioning for Slurm"); cfn-lint knows neither rule.
+    data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
+    data["cluster"] |= {"node_provisioning_mode": "continuous", "accounting_database": ACCOUNTING}
+    config = parse_config(data)
+    synth(config, tmp_path)  # also fails on any unacknowledged cdk-nag finding
+    template = read_json(tmp_path / "moe-cluster.template.json")
+    (cluster,) = resources_of_type(template, "AWS::SageMaker::Cluster").values()
+    assert cluster["Properties"]["NodeProvisioningMode"] == "Continuous"
+    assert cluster["Properties"]["Orchestrator"] == {"Slurm": {"AccountingDatabase": {
+        "Endpoint": ACCOUNTING["endpoint"], "SecretArn": ACCOUNTING["secret_arn"], "Name": "slurm_acct_db", "Port": 3306}}}
+    statements = [s for p in resources_of_type(template, "AWS::IAM::Policy").values()
+                  for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    assert {"Action": "secretsmanager:GetSecretValue", "Effect": "Allow", "Resource": ACCOUNTING["secret_arn"]} in statements
+    result = subprocess.run([str(ROOT / ".venv/bin/cfn-lint"), "--regions", config.region, "--ignore-checks", "W3010",
+                             "W3005", "--", str(tmp_path / "moe-cluster.template.json")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
