@@ -3,16 +3,25 @@ every construct and stack that acknowledges a finding."""
 
 from __future__ import annotations
 
+import re
+
 import aws_cdk as cdk
 
 
 def nag_text(stack: cdk.Stack, value: str) -> str:
-    """``value`` as cdk-nag writes it in a finding id: pseudo parameters as ``<AWS::X>``."""
-    resolved = stack.resolve(value)
+    """``value`` as cdk-nag writes it in a finding id: pseudo parameters as ``<AWS::X>``, in plain
+    strings, ``Ref``, ``Fn::Sub`` and ``Fn::Join``."""
+    return _nag_text(stack.resolve(value))
+
+
+def _nag_text(resolved) -> str:
     if isinstance(resolved, str):
         return resolved
-    parts = resolved["Fn::Join"][1]
-    return "".join(p if isinstance(p, str) else f"<{p['Ref']}>" for p in parts)
+    if "Ref" in resolved:
+        return f"<{resolved['Ref']}>"
+    if "Fn::Sub" in resolved:
+        return re.sub(r"\$\{([^}]+)\}", r"<\1>", resolved["Fn::Sub"])
+    return "".join(_nag_text(part) for part in resolved["Fn::Join"][1])
 
 
 def managed_policy_finding(name: str) -> str:

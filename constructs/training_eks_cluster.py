@@ -22,7 +22,7 @@ from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
 from constructs import Construct
 
 from moe_cdk.constructs import cluster_software as software, instance_catalog
-from moe_cdk.constructs.nag import managed_policy_finding
+from moe_cdk.constructs.nag import managed_policy_finding, nag_text
 from moe_cdk.constructs.validation import problem, raise_if_any
 
 
@@ -59,8 +59,9 @@ class TrainingEksClusterProps:
     """Pinned versions by add-on name. Default: EKS's default version for the cluster version."""
     container_insights: bool = False
     """Install the CloudWatch Observability add-on (Container Insights). Default: False."""
-    hyperpod_chart_directory: str | None = None
-    """The HyperPod dependencies chart (``make hyperpod-chart``). Default: not installed, with a synth warning."""
+    hyperpod_chart_directory: str
+    """AWS's HyperPod dependencies chart, as ``make hyperpod-chart`` stages it. Required: HyperPod needs it on
+    every cluster created through the APIs."""
 
 
 def endpoint_problems(endpoint_access: EndpointAccess, public_access_cidrs: Sequence[str]) -> list[tuple[str, str]]:
@@ -226,17 +227,20 @@ class TrainingEksCluster(Construct):
                 version=chart.version, namespace=chart.namespace, release=chart.name,
                 values=values(specs, self.props.node_tolerations),
                 create_namespace=False)
-        directory = self.props.hyperpod_chart_directory
-        if directory is None:
-            cdk.Annotations.of(self).add_warning_v2(
-                "moe-cdk:hyperpod-chart",
-                "The HyperPod dependencies chart is not staged, so the cluster gets no health-monitoring agent, deep "
-                "health checks or Kubeflow training operator. Run `make hyperpod-chart` before deploying.")
-        else:
-            charts["hyperpod-dependencies"] = eks.HelmChart(
-                self, "Chart-hyperpod-dependencies", cluster=self.cluster, release="hyperpod-dependencies",
-                chart_asset=s3_assets.Asset(self, "HyperPodChart", path=directory), namespace="kube-system",
-                values=software.HYPERPOD_CHART_VALUES, create_namespace=False)
+        chart_asset = s3_assets.Asset(self, "HyperPodChart", path=self.props.hyperpod_chart_directory)
+        charts["hyperpod-dependencies"] = eks.HelmChart(
+            self, "Chart-hyperpod-dependencies", cluster=self.cluster, release="hyperpod-dependencies",
+            chart_asset=chart_asset, namespace="kube-system", values=software.HYPERPOD_CHART_VALUES,
+            create_namespace=False)
+        # HelmChart grants the kubectl handler Asset.grant_read on the chart: s3:GetObject*,
+        # s3:GetBucket* and s3:List* on the file-asset bucket and its objects.
+        handler = self.cluster.node.find_child("KubectlProvider").node.find_child("Handler")
+        reason = ("The kubectl handler downloads the HyperPod chart asset; aws-cdk-lib's Asset.grant_read gives it "
+                  "read-only access to the CDK file-asset bucket, which holds only deployment assets.")
+        cdk.Validations.of(handler.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(*(
+            cdk.Acknowledgment(id=f"AwsSolutions-IAM5[{finding}]", reason=reason) for finding in (
+                "Action::s3:GetObject*", "Action::s3:GetBucket*", "Action::s3:List*",
+                f"Resource::{nag_text(cdk.Stack.of(self), chart_asset.bucket.bucket_arn)}/*")))
         for chart in charts.values():
             # The plugins' pods need the CNI and DNS to start.
             chart.node.add_dependency(*self.addons.values())
@@ -255,10 +259,15 @@ class TrainingEksCluster(Construct):
         for i, name in enumerate(props.instance_types):
             if instance_catalog.lookup(name) is None:
                 found.append(f"instance_types[{i}]: {instance_catalog.unknown_instance_type_message(name)}")
+        # SageMaker Developer Guide, "Installing packages on the Amazon EKS cluster using Helm": without
+        # the chart a HyperPod cluster may not work "or the creation process failing entirely", and
+        # its health-monitoring agent is what node recovery needs.
         directory = props.hyperpod_chart_directory
-        if directory is not None and not (Path(directory) / "Chart.yaml").is_file():
-            found.append("hyperpod_chart_directory: " + problem("has no Chart.yaml", got=directory,
-                                                                allowed="the folder `make hyperpod-chart` writes"))
+        if not (Path(directory) / "Chart.yaml").is_file():
+            found.append("hyperpod_chart_directory: " + problem(
+                "has no Chart.yaml: AWS's HyperPod dependencies chart is not staged, and without it (the "
+                "health-monitoring agent) cluster creation can fail; run `make hyperpod-chart CONFIG=...`",
+                got=directory, allowed="the folder `make hyperpod-chart` writes"))
         return found
 
 

@@ -223,8 +223,8 @@ class EksConfig:
     """Whether IAM Identity Center is enabled for the account. Managed Grafana signs users in through it (`AWS_SSO`), so `observability` needs it: enable it first (IAM Identity Center console), then set this to true."""
     namespace: str = "moe"
     """Kubernetes namespace for training jobs and the FSx volume claim."""
-    hyperpod_chart_directory: str | None = ".cache/hyperpod-helm-chart"
-    """The HyperPod dependencies chart that `make hyperpod-chart` stages, relative to the repository root; when missing, synth warns and skips it."""
+    hyperpod_chart_directory: str = ".cache/hyperpod-helm-chart"
+    """AWS's HyperPod dependencies chart as `make hyperpod-chart` stages it, relative to the repository root. Synth fails while it is missing: HyperPod needs it on every cluster created through the APIs."""
 
     def problems(self) -> Problems:
         if (p := kubernetes_version_problem(self.kubernetes_version)):
@@ -239,12 +239,9 @@ class EksConfig:
                                        allowed="lowercase letters, digits and inner hyphens")
 
     @property
-    def hyperpod_chart_path(self) -> Path | None:
-        """The staged chart, if it is there."""
-        if self.hyperpod_chart_directory is None:
-            return None
-        path = REPO_ROOT / self.hyperpod_chart_directory
-        return path if (path / "Chart.yaml").is_file() else None
+    def hyperpod_chart_path(self) -> Path:
+        """Where the staged chart is (or should be)."""
+        return REPO_ROOT / self.hyperpod_chart_directory
 
 
 @dataclass(frozen=True, kw_only=True)

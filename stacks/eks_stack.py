@@ -23,7 +23,6 @@ class EksStack(Stack):
         eks_config = config.eks
         zones = [config.cluster.availability_zone, eks_config.second_availability_zone]
         subnets = [network.network.subnet_in(zone) for zone in zones]
-        chart = eks_config.hyperpod_chart_path
         self.training_cluster = TrainingEksCluster(self, "Eks", TrainingEksClusterProps(
             cluster_name=config.name,
             vpc=network.network.vpc,
@@ -37,7 +36,7 @@ class EksStack(Stack):
             admin_role_arns=eks_config.admin_role_arns,
             addon_versions=eks_config.addon_versions,
             container_insights=eks_config.container_insights,
-            hyperpod_chart_directory=None if chart is None else str(chart),
+            hyperpod_chart_directory=str(eks_config.hyperpod_chart_path),
         ))
         cluster = self.training_cluster.cluster
         lustre = storage.lustre

@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
     except ConfigError as error:
         return report_problems(args.config, error.errors)
-    if config.cluster.orchestrator is not Orchestrator.EKS or config.eks.hyperpod_chart_directory is None:
+    if config.cluster.orchestrator is not Orchestrator.EKS:
         log(f"{args.config}: no HyperPod dependencies chart to stage")
         return 0
-    destination = REPO_ROOT / config.eks.hyperpod_chart_directory
+    destination = config.eks.hyperpod_chart_path
     marker = destination / ".moe-cdk-ref"
     if marker.is_file() and cluster_software.HYPERPOD_CHART_REF in marker.read_text():
         log(f"{destination} already holds {cluster_software.HYPERPOD_CHART_REF}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import sys
@@ -14,7 +16,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 import aws_cdk as cdk  # noqa: E402
 
-from moe_cdk.stacks.config import Config, load_config  # noqa: E402
+from moe_cdk.stacks.config import Config, Orchestrator, load_config  # noqa: E402
 from moe_cdk.stacks.deployment import build_app  # noqa: E402
 
 from survivors import mark_session, survivors  # noqa: E402
@@ -46,9 +48,22 @@ def default_config() -> Config:
     return load_config(ROOT / "config/default.yaml")
 
 
+# Synth needs AWS's HyperPod chart for EKS configurations; only GitHub serves it (`make hyperpod-chart`).
+STANDIN_CHART = ROOT / "tests/fixtures/hyperpod-chart-standin"
+
+
+def with_staged_chart(config: Config) -> Config:
+    """``config`` with the test stand-in as its staged HyperPod chart (EKS configurations only)."""
+    if config.cluster.orchestrator is not Orchestrator.EKS:
+        return config
+    return dataclasses.replace(config, eks=dataclasses.replace(
+        config.eks, hyperpod_chart_directory=str(STANDIN_CHART.relative_to(ROOT))))
+
+
 def synth(config: Config, outdir: Path) -> dict[str, dict]:
-    """Synthesize ``config`` the way ``make synth`` does (cdk-nag included) and return the templates by stack name."""
-    assembly = build_app(config, outdir=str(outdir), cloudformation_validation=False).synth()
+    """Synthesize ``config`` the way ``make synth`` does (cdk-nag included) and return the templates by stack name;
+    an EKS configuration gets the stand-in HyperPod chart."""
+    assembly = build_app(with_staged_chart(config), outdir=str(outdir), cloudformation_validation=False).synth()
     return {stack.stack_name: stack.template for stack in assembly.stacks}
 
 

@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from conftest import ROOT, resources_of_type
+from conftest import ROOT, resources_of_type, with_staged_chart
 from moe_cdk.stacks.config import load_config
 from moe_cdk.stacks.deployment import build_app, summary_lines
 
 
 @pytest.fixture(scope="module")
 def assembly(tmp_path_factory):
-    return build_app(load_config(ROOT / "config/eks-p5en.yaml"), outdir=str(tmp_path_factory.mktemp("cdk.out")),
+    return build_app(with_staged_chart(load_config(ROOT / "config/eks-p5en.yaml")), outdir=str(tmp_path_factory.mktemp("cdk.out")),
                      cloudformation_validation=False).synth()
 
 

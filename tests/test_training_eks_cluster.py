@@ -15,7 +15,7 @@ from moe_cdk.constructs import cluster_software
 from moe_cdk.constructs.training_eks_cluster import EndpointAccess, TrainingEksCluster, TrainingEksClusterProps
 from moe_cdk.constructs.validation import PropsError
 
-from conftest import resources_of_type
+from conftest import STANDIN_CHART, resources_of_type
 
 TYPES = ("ml.m5.2xlarge", "ml.p5en.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge")
 
@@ -27,7 +27,7 @@ def _build(*, nag=False, **overrides):
     vpc.add_flow_log("FlowLog")
     nodes = ec2.SecurityGroup(stack, "Nodes", vpc=vpc)
     props = dict(cluster_name="t", vpc=vpc, subnets=vpc.private_subnets, node_security_group=nodes,
-                 instance_types=TYPES) | overrides
+                 instance_types=TYPES, hyperpod_chart_directory=str(STANDIN_CHART)) | overrides
     cluster = TrainingEksCluster(stack, "Eks", TrainingEksClusterProps(**props))
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
@@ -125,13 +125,16 @@ def test_nvidia_plugin_runs_on_exactly_the_gpu_types(built):
 
 def test_neuron_plugin_only_with_trainium_groups():
     _, stack, _ = _build(instance_types=("ml.m5.2xlarge", "ml.p5en.48xlarge"))
-    charts = {r["Properties"]["Chart"] for r in resources_of_type(Template.from_stack(stack).to_json(),
-                                                                 "Custom::AWSCDK-EKS-HelmChart").values()}
-    assert charts == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter", "prometheus-node-exporter"}
+    charts = {r["Properties"]["Release"] for r in resources_of_type(Template.from_stack(stack).to_json(),
+                                                                   "Custom::AWSCDK-EKS-HelmChart").values()}
+    assert charts == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter", "prometheus-node-exporter",
+                      "hyperpod-dependencies"}
 
 
 def test_charts_are_pinned_to_the_catalog_versions(built):
     for r in built[1].find_resources("Custom::AWSCDK-EKS-HelmChart").values():
+        if "ChartAssetURL" in r["Properties"]:  # the HyperPod chart, pinned by commit (make hyperpod-chart)
+            continue
         chart = next(c for c in cluster_software.CHARTS if c.chart == r["Properties"]["Chart"])
         assert (r["Properties"]["Version"], r["Properties"]["Repository"]) == (chart.version, chart.repository)
 
@@ -146,9 +149,12 @@ def test_hyperpod_chart_is_staged_as_an_asset(tmp_path):
     assert json.loads(release["Values"]) == cluster_software.HYPERPOD_CHART_VALUES
 
 
-def test_missing_hyperpod_chart_is_a_synth_warning():
-    _, stack, _ = _build()
-    Annotations.from_stack(stack).has_warning("/T/Eks", Match.string_like_regexp("make hyperpod-chart"))
+def test_missing_hyperpod_chart_is_a_synth_error(tmp_path):
+    with pytest.raises(PropsError) as error:
+        _build(hyperpod_chart_directory=str(tmp_path / "not-staged"))
+    (message,) = error.value.problems
+    assert message.startswith("hyperpod_chart_directory: has no Chart.yaml: AWS's HyperPod dependencies chart is not staged")
+    assert "make hyperpod-chart" in message
 
 
 def test_nodes_and_control_plane_can_reach_each_other(built):
