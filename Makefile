@@ -37,9 +37,10 @@ help:
 setup: $(STAMP) $(CDK)
 
 # Debian packages the tests use: shellcheck for the lifecycle scripts, a real Slurm
-# (controller, node daemon, client, munge) for the sbatch tests, and graphviz for the
+# (controller, node daemon, client, munge) for the sbatch and lifecycle tests, Slurm's headers
+# (libslurm-dev, and gcc) for the stand-in pyxis plugin those tests build, and graphviz for the
 # architecture diagram. Root installs them once.
-SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge graphviz
+SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge libslurm-dev gcc graphviz
 system-packages:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

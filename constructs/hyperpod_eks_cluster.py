@@ -208,7 +208,8 @@ class HyperPodEksCluster(Construct):
 
         self.provisioning_parameters = provisioning_parameters(instance_groups=props.instance_groups, region=props.region)
         lifecycle = publish_lifecycle(self, construct_name="HyperPodEksCluster",
-                                      directory=props.lifecycle_scripts_directory, parameters=self.provisioning_parameters)
+                                      directory=props.lifecycle_scripts_directory, parameters=self.provisioning_parameters,
+                                      after_hyperpod_setup=False)
         self.lifecycle_bundle, self.lifecycle_entry = lifecycle.bundle, lifecycle.entry
         self._resource = sagemaker.CfnCluster(
             self, "Resource",

@@ -263,9 +263,11 @@ class PublishedLifecycle:
     config: sagemaker.CfnCluster.ClusterLifeCycleConfigProperty
 
 
-def publish_lifecycle(scope: Construct, *, construct_name: str, directory: str, parameters: dict) -> PublishedLifecycle:
+def publish_lifecycle(scope: Construct, *, construct_name: str, directory: str, parameters: dict,
+                      after_hyperpod_setup: bool) -> PublishedLifecycle:
     """Stage ``directory`` plus ``provisioning_parameters.json`` as one asset, with a generated
-    entry script beside it."""
+    entry script beside it. ``after_hyperpod_setup`` runs it as ``OnInitComplete``, after HyperPod's
+    AMI-based configuration (Slurm only); otherwise as ``OnCreate``, which EKS requires."""
     bundle = s3_assets.Asset(scope, "LifecycleBundle", path=str(_stage_bundle(directory, parameters)))
     entry = s3_assets.Asset(scope, "LifecycleEntry", path=str(_stage_entry_script(bundle.asset_hash)))
     # No grant needed: the managed instance policy reads sagemaker-* buckets, which the
@@ -278,8 +280,11 @@ def publish_lifecycle(scope: Construct, *, construct_name: str, directory: str, 
             "with 'sagemaker-'; give the stack lifecycle_synthesizer(...)",
             got=name, allowed="a stack synthesizer whose file-asset bucket starts with sagemaker-")])
     prefix = entry.s3_object_key[: -len(entry.asset_hash) - 3]
+    script = f"{entry.asset_hash}.sh"
     return PublishedLifecycle(bundle, entry, sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(
-        source_s3_uri=f"s3://{entry.s3_bucket_name}/{prefix}", on_create=f"{entry.asset_hash}.sh",
+        source_s3_uri=f"s3://{entry.s3_bucket_name}/{prefix}",
+        on_init_complete=script if after_hyperpod_setup else None,
+        on_create=None if after_hyperpod_setup else script,
     ))
 
 

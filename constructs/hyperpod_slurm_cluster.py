@@ -248,7 +248,10 @@ class HyperPodSlurmCluster(Construct):
         self.provisioning_parameters = provisioning_parameters(
             instance_groups=props.instance_groups, region=props.region, fsx=props.fsx)
         lifecycle = publish_lifecycle(self, construct_name="HyperPodSlurmCluster",
-                                      directory=props.lifecycle_scripts_directory, parameters=self.provisioning_parameters)
+                                      directory=props.lifecycle_scripts_directory, parameters=self.provisioning_parameters,
+                                      # HyperPod then starts Slurm and installs enroot and pyxis itself
+                                      # (lifecycle_scripts/on_create.sh says what is left to do).
+                                      after_hyperpod_setup=True)
         self.lifecycle_bundle, self.lifecycle_entry = lifecycle.bundle, lifecycle.entry
 
         continuous = props.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS

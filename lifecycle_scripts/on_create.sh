@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# on_create.sh: HyperPod's LifeCycleConfig.OnCreate entry point, run as root on every node
-# when the cluster (or a replacement node) is created, from the folder HyperPod downloaded
-# from S3 (it also holds provisioning_parameters.json, written by the CDK construct).
+# on_create.sh: the lifecycle entry point, run as root on every node when the cluster (or a
+# replacement node) is created, from the folder the generated entry script unpacked.
 #
-# Steps, in order (README.md has the details):
+# Slurm: HyperPod runs it as LifeCycleConfig.OnInitComplete, after its AMI-based configuration
+# has written slurm.conf, started slurmctld or slurmd (configless, --conf-server), set up
+# accounting, and installed Docker, enroot and pyxis (SageMaker Developer Guide, "Getting
+# started with SageMaker HyperPod using the AWS CLI": with OnCreate instead, "HyperPod does not
+# run AMI-based configuration and does not start Slurm"). These steps do the rest.
+# EKS: HyperPod requires OnCreate there, and runs it before the node joins the cluster.
+#
+# Steps, in order (README.md has the details and each step's source):
 #   validate         node_info.py --check provisioning_parameters.json
 #   node_info        which instance group this node is in, its role, the cluster-wide settings
 #   efa_env          install efa_env.sh as /etc/profile.d/moe-cdk-efa.sh   (all nodes)
 # then, with "workload_manager": "slurm":
 #   mount_fsx        mount_fsx.sh                                          (all nodes)
 #   setup_enroot     setup_enroot.sh                                       (login and compute)
-#   slurm_features   slurm_features.sh                                     (compute)
+#   setup_pyxis      setup_pyxis.sh                                        (all nodes)
+#   slurm_features   slurm_features.sh           (compute: set; controller: the trigger)
 # or, with "workload_manager": "eks" (no Slurm, enroot or pyxis; the FSx CSI driver mounts
 # FSx into pods):
 #   setup_containerd setup_containerd.sh                                   (all nodes)
-# HyperPod's managed Slurm configuration writes slurm.conf; nothing here touches it.
 # The first failing command stops the run with diagnostics (see lib.sh) and a non-zero exit.
 set -euo pipefail
 
@@ -52,8 +58,9 @@ slurm_steps() {
     login | compute) run_step setup_enroot bash ./setup_enroot.sh ;;
     *) log "skipping setup_enroot on a ${MOE_NODE_ROLE} node" ;;
   esac
+  run_step setup_pyxis bash ./setup_pyxis.sh
   case "${MOE_NODE_ROLE}" in
-    compute) run_step slurm_features bash ./slurm_features.sh ;;
+    compute | controller) run_step slurm_features bash ./slurm_features.sh ;;
     *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
   esac
 }
@@ -61,7 +68,7 @@ slurm_steps() {
 eks_steps() {
   log "skipping mount_fsx on EKS: the FSx CSI driver mounts FSx for Lustre into pods"
   log "skipping setup_enroot on EKS: pods run under containerd; there is no enroot or pyxis"
-  log "skipping slurm_features on EKS: there is no Slurm; Kubernetes schedules the pods"
+  log "skipping setup_pyxis and slurm_features on EKS: there is no Slurm; Kubernetes schedules the pods"
   run_step setup_containerd bash ./setup_containerd.sh
 }
 

@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# setup_enroot.sh: point enroot at the instance NVMe and register pyxis with Slurm.
+# setup_enroot.sh: point enroot at the instance NVMe, and fix where it keeps credentials.
 #
-# Downloads nothing: enroot and pyxis come with HyperPod's AMI, and a node without them fails
-# here rather than fetching software at boot.
+# Source: HyperPod's AMI-based configuration installs enroot (and pyxis, see setup_pyxis.sh)
+# before these scripts run as OnInitComplete (SageMaker Developer Guide, "Getting started with
+# SageMaker HyperPod using the AWS CLI"), so nothing is downloaded here and a node without
+# enroot fails: its jobs could not run their containers. Like AWS's reference
+# (aws-samples/awsome-distributed-training, 1.architectures/5.sagemaker-hyperpod/
+# LifecycleScripts/base-config/utils/install_enroot_pyxis.sh at 7217859), runtime, cache, data
+# and temporary files go to the NVMe at /opt/dlami/nvme. Unlike it, the cache stays on the node
+# rather than on /fsx: a shared cache needs locking that enroot does not do.
+#
+# ENROOT_CONFIG_PATH is pinned to ${HOME}/.config/enroot (enroot's default when XDG_CONFIG_HOME
+# is unset): AWS's sample enroot.conf moves it to ~/enroot, and the batch script writes each
+# job's ECR credentials (.credentials) there, so the place must not depend on the AMI's file.
 #
 # enroot.conf: enroot keeps the FIRST definition of a key it reads (an ENROOT_* variable in
 # the environment beats both), so the block this script owns, between "# BEGIN moe-cdk" and
@@ -18,7 +28,7 @@ readonly END_MARK="# END moe-cdk"
 
 require_enroot() {
   if ! command -v enroot >/dev/null 2>&1; then
-    die "enroot is not installed. SageMaker HyperPod's AMI provides enroot and pyxis; these lifecycle scripts download nothing at boot, so use a HyperPod AMI (or an image built from one) that has them"
+    die "enroot is not installed. HyperPod's AMI-based configuration installs enroot and pyxis before OnInitComplete runs these scripts; check the instance group's LifeCycleConfig (OnInitComplete, not OnCreate) and its AMI"
   fi
   log "enroot $(enroot version 2>/dev/null || echo '(version unknown)') at $(command -v enroot)"
 }
@@ -46,6 +56,7 @@ managed_block() {
   printf 'ENROOT_CACHE_PATH %s\n' "${dir}/cache/user-\$(id -u)"
   printf 'ENROOT_DATA_PATH %s\n' "${dir}/data/user-\$(id -u)"
   printf 'ENROOT_TEMP_PATH %s\n' "${dir}/tmp"
+  printf 'ENROOT_CONFIG_PATH %s\n' "\${HOME}/.config/enroot"
   printf '%s\n' "${END_MARK}"
 }
 
@@ -66,7 +77,7 @@ write_enroot_conf() {
     log "${conf} is already up to date"
     return 0
   fi
-  log "wrote ENROOT_RUNTIME_PATH, ENROOT_CACHE_PATH, ENROOT_DATA_PATH and ENROOT_TEMP_PATH under ${dir} to ${conf}"
+  log "wrote ENROOT_RUNTIME_PATH, ENROOT_CACHE_PATH, ENROOT_DATA_PATH and ENROOT_TEMP_PATH under ${dir}, and ENROOT_CONFIG_PATH, to ${conf}"
 }
 
 # The shared parents are world-writable with the sticky bit, like /tmp; enroot creates each
@@ -77,29 +88,6 @@ make_data_dirs() {
     mkdir -p -- "${MOE_LC_ROOT}${dir}/${sub}"
     chmod 1777 -- "${MOE_LC_ROOT}${dir}/${sub}"
   done
-}
-
-setup_pyxis() {
-  local plugstack_dir="${MOE_LC_ROOT}/etc/slurm/plugstack.conf.d"
-  local link="${plugstack_dir}/pyxis.conf" shipped="${MOE_LC_ROOT}/usr/local/share/pyxis/pyxis.conf"
-  if [[ "${MOE_PYXIS}" != "true" ]]; then
-    log "container_runtime.pyxis is false; not registering pyxis with Slurm"
-    return 0
-  fi
-  if [[ -e "${link}" ]]; then
-    log "pyxis is already registered: ${link}"
-  elif [[ -e "${shipped}" ]]; then
-    mkdir -p -- "${plugstack_dir}"
-    ln -sfn -- "${shipped}" "${link}"
-    log "registered pyxis: ${link} -> ${shipped}"
-  else
-    warn "pyxis is not installed (neither ${link} nor ${shipped} exists); srun --container-image will not work"
-    return 0
-  fi
-  local plugstack="${MOE_LC_ROOT}/etc/slurm/plugstack.conf"
-  if [[ -f "${plugstack}" ]] && ! grep -q 'plugstack\.conf\.d' "${plugstack}"; then
-    warn "${plugstack} does not include plugstack.conf.d/*; Slurm will not load pyxis"
-  fi
 }
 
 main() {
@@ -114,7 +102,6 @@ main() {
   check_data_dir "${dir}"
   make_data_dirs "${dir}"
   write_enroot_conf "${dir}"
-  setup_pyxis
 }
 
 main "$@"

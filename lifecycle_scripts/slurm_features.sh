@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# slurm_features.sh: give this compute node its Slurm features, so that jobs can ask for
-# them (`#SBATCH --constraint=efa`).
+# slurm_features.sh: give compute nodes their Slurm features, so that jobs can ask for them
+# (`#SBATCH --constraint=efa`), and keep them through `scontrol reconfigure`.
 #
-# The features come from the node's worker group in provisioning_parameters.json (the CDK
-# construct lists "efa" only for EFA-capable instance types). "efa" is dropped, with a
-# WARNING, when this node shows no EFA device. HyperPod owns slurm.conf, so the features are
-# set at runtime with scontrol; slurmctld may not be up yet, hence the retries.
-# Does nothing on controller and login nodes.
+#   slurm_features.sh            (lifecycle step) compute node: set its features; controller:
+#                                register the trigger below; login node: nothing
+#   slurm_features.sh --reapply  (the trigger's program, on the controller) set again every
+#                                node's features from its Extra field
+#
+# Source: HyperPod writes slurm.conf from the API's SlurmConfig, which has node types and
+# partitions but no features (SageMaker API reference, ClusterSlurmConfig), so features are set
+# at run time. The features come from the node's worker group in the parameters (the CDK
+# construct lists "efa" only for EFA-capable instance types); "efa" is dropped, with a WARNING,
+# when this node shows no EFA device. HyperPod started slurmctld and this node's slurmd before
+# OnInitComplete runs these scripts; the retries cover a controller that is still starting.
+#
+# Features set with `scontrol update` last until slurmctld rereads slurm.conf: on Slurm 22.05
+# `scontrol reconfigure` resets them to slurm.conf's (tests/test_lifecycle_slurm.py shows it),
+# and HyperPod reconfigures whenever nodes join or are replaced. A node's Extra field does
+# survive, so each compute node records its features there ("moe-cdk-features:a,b"), and the
+# controller registers a permanent reconfig trigger (strigger --reconfig --flags=PERM) whose
+# program puts them back. Nothing else uses Extra on HyperPod's nodes.
 set -euo pipefail
 
 MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "${MOE_LC_DIR}/lib.sh"
+
+readonly EXTRA_PREFIX="moe-cdk-features:"
+# HyperPod's Slurm commands, for the trigger program, which runs with slurmctld's environment.
+PATH="${PATH}:/opt/slurm/bin"
 
 # efa_visible: true when an EFA device is visible (and libfabric sees the efa provider,
 # where fi_info is installed).
@@ -28,17 +45,14 @@ efa_visible() {
   return 0
 }
 
-main() {
-  install_err_trap
-  load_node_facts
-  if [[ "${MOE_NODE_ROLE}" != "compute" ]]; then
-    log "${MOE_NODE_ROLE} node (group ${MOE_NODE_GROUP}); Slurm features are only set on compute nodes"
-    return 0
-  fi
+# set_features NODE FEATURES: available, active and recorded in Extra.
+set_features() {
+  scontrol update NodeName="$1" AvailableFeatures="$2" ActiveFeatures="$2" Extra="${EXTRA_PREFIX}$2"
+}
 
-  local features=() feature
+compute_node() {
+  local features=() feature kept=() joined node
   IFS=, read -r -a features <<<"${MOE_FEATURES}"
-  local kept=()
   for feature in "${features[@]}"; do
     if [[ "${feature}" == "efa" ]] && ! efa_visible; then
       warn "dropping the efa feature on this ${MOE_INSTANCE_TYPE} node: jobs with --constraint=efa will not run here"
@@ -50,12 +64,56 @@ main() {
     log "worker group ${MOE_NODE_GROUP} has no Slurm features to set"
     return 0
   fi
-
-  local joined node
   joined="$(IFS=,; printf '%s' "${kept[*]}")"
   node="$(hostname -s)"
-  retry 10 3 scontrol update NodeName="${node}" AvailableFeatures="${joined}" ActiveFeatures="${joined}"
+  retry 10 3 set_features "${node}" "${joined}"
   log "node ${node} (partition ${MOE_PARTITION}): AvailableFeatures=${joined} ActiveFeatures=${joined}"
+}
+
+controller_node() {
+  # The program runs with slurmctld's environment; MOE_LC_ROOT goes with it (empty on a node).
+  local program="/usr/bin/env MOE_LC_ROOT=${MOE_LC_ROOT} /bin/bash ${MOE_LC_DIR}/slurm_features.sh --reapply" triggers
+  triggers="$(retry 10 3 strigger --get)"
+  if grep -qF -- "${MOE_LC_DIR}/slurm_features.sh" <<<"${triggers}"; then
+    log "the reconfig trigger that restores node features is already registered"
+    return 0
+  fi
+  retry 10 3 strigger --set --reconfig --flags=PERM --program="${program}"
+  log "registered a permanent reconfig trigger: ${program}"
+}
+
+# reapply: every node whose Extra names its features gets them back where they were reset.
+reapply() {
+  local line name extra active
+  while IFS= read -r line; do
+    name="$(field NodeName "${line}")"
+    extra="$(field Extra "${line}")"
+    active="$(field ActiveFeatures "${line}")"
+    [[ "${extra}" == "${EXTRA_PREFIX}"* ]] || continue
+    if [[ "${active}" != "${extra#"${EXTRA_PREFIX}"}" ]]; then
+      set_features "${name}" "${extra#"${EXTRA_PREFIX}"}"
+      log "node ${name}: features ${extra#"${EXTRA_PREFIX}"} restored (were ${active})"
+    fi
+  done < <(scontrol show node -o)
+}
+
+# field KEY LINE: the value of KEY=value in a `scontrol show node -o` line.
+field() {
+  tr ' ' '\n' <<<"$2" | awk -v key="$1" -F= '$1 == key { sub(/^[^=]*=/, ""); print; exit }'
+}
+
+main() {
+  install_err_trap
+  if [[ "${1:-}" == "--reapply" ]]; then
+    reapply
+    return 0
+  fi
+  load_node_facts
+  case "${MOE_NODE_ROLE}" in
+    compute) compute_node ;;
+    controller) controller_node ;;
+    *) log "${MOE_NODE_ROLE} node (group ${MOE_NODE_GROUP}): no Slurm features to set" ;;
+  esac
 }
 
 main "$@"

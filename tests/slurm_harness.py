@@ -114,12 +114,22 @@ class SlurmCluster:
     carry the features ``efa`` and ``cpu``.
     """
 
-    def __init__(self, *, startup_timeout: float = 60.0, job_env: dict[str, str] | None = None):
+    def __init__(self, *, startup_timeout: float = 60.0, job_env: dict[str, str] | None = None,
+                 etc_dir: Path | None = None, configless: bool = False):
         """``job_env`` is added to the environment of every command, and so of every job
         (sbatch exports it). By default ``OMP_NUM_THREADS=1``: both virtual nodes share this
-        machine's cores, and torch ranks that each start one thread per core starve each other."""
+        machine's cores, and torch ranks that each start one thread per core starve each other.
+
+        ``etc_dir`` is where slurm.conf and plugstack.conf go (default: the cluster's folder),
+        e.g. a node sandbox's ``opt/slurm/etc``, HyperPod's Slurm prefix. An existing
+        plugstack.conf there is kept. ``configless`` runs the cluster as HyperPod's is: slurmctld
+        with ``SlurmctldParameters=enable_configless``, and each slurmd with ``--conf-server``
+        and no slurm.conf of its own, caching what slurmctld sends in its spool folder."""
         self.startup_timeout = startup_timeout
         self.job_env = {"OMP_NUM_THREADS": "1"} if job_env is None else dict(job_env)
+        self.etc_dir = etc_dir
+        self.configless = configless
+        self.ctld_port = 0
         self.dir: Path | None = None
         self.conf: Path | None = None
         self.env: dict[str, str] = {}
@@ -150,7 +160,10 @@ class SlurmCluster:
         atexit.register(self.stop)
         self.dir = Path(tempfile.mkdtemp(prefix="moeci-slurm-"))
         self.dir.chmod(0o755)  # munged runs as munge and must reach its folder
-        self.conf = self.dir / "slurm.conf"
+        etc = self.etc_dir or self.dir
+        etc.mkdir(parents=True, exist_ok=True)
+        self.conf = etc / "slurm.conf"
+        self.plugstack = etc / "plugstack.conf"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
         self.env.update(self.job_env)
         self.env["SLURM_CONF"] = str(self.conf)
@@ -163,10 +176,13 @@ class SlurmCluster:
         key.chmod(0o600)
         for path in (munge_dir, key):
             os.chown(path, munge.pw_uid, munge.pw_gid)
-        self.munge_socket = munge_dir / "munge.socket"
+        # munge's default socket name: a configless slurmd asks for its configuration before it
+        # knows AuthInfo, so it looks for /run/munge/munge.socket.2 (see _spawn_slurmd).
+        self.munge_socket = munge_dir / "munge.socket.2"
         for sub in ("ctld", "spool/node1", "spool/node2", "logs"):
             (self.dir / sub).mkdir(parents=True)
-        (self.dir / "plugstack.conf").write_text("")  # no SPANK plugins from /etc/slurm
+        if not self.plugstack.exists():
+            self.plugstack.write_text("")  # no SPANK plugins from /etc/slurm
         self.conf.write_text(self._slurm_conf())
 
         self._spawn("munged", ["munged", "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
@@ -177,7 +193,7 @@ class SlurmCluster:
         self._spawn("slurmctld", ["slurmctld", "-D"])
         self._wait(lambda: "UP" in self.run("scontrol", "ping").stdout, "slurmctld to answer", "slurmctld")
         for node in NODES:
-            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+            self._spawn_slurmd(node)
         self._wait(self._nodes_idle, "node1 and node2 to become idle", "slurmd-node1")
         return self
 
@@ -206,10 +222,11 @@ class SlurmCluster:
         atexit.unregister(self.stop)
 
     def stray_pids(self) -> list[int]:
-        """PIDs of processes (other than those started here) whose environment names this cluster's slurm.conf."""
+        """PIDs of processes (other than those started here) whose environment names this cluster's slurm.conf
+        (or, under a configless slurmd, its folder)."""
         if self.conf is None:
             return []
-        marker = f"SLURM_CONF={self.conf}".encode()
+        markers = {f"SLURM_CONF={self.conf}".encode(), f"MOE_CI_SLURM={self.dir}".encode()}
         mine = {p.pid for p in self._procs.values()} | {os.getpid()}
         found = []
         for entry in Path("/proc").iterdir():
@@ -219,7 +236,7 @@ class SlurmCluster:
                 environ = (entry / "environ").read_bytes()
             except OSError:
                 continue
-            if marker in environ.split(b"\0"):
+            if markers & set(environ.split(b"\0")):
                 found.append(int(entry.name))
         return found
 
@@ -280,13 +297,13 @@ class SlurmCluster:
     def _slurm_conf(self) -> str:
         assert self.dir is not None
         hw = _hardware()
-        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        self.ctld_port, *node_ports = _free_ports(1 + len(NODES))
         d = self.dir
         lines = [
             "# Written by tests/slurm_harness.py: a private two-node cluster on one machine.",
             "ClusterName=moeci",
             "SlurmctldHost=localhost",  # the container's hostname may not resolve
-            f"SlurmctldPort={ctld_port}",
+            f"SlurmctldPort={self.ctld_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -302,7 +319,7 @@ class SlurmCluster:
             f"SlurmdLogFile={d / 'logs'}/slurmd-%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            f"PlugStackConfig={d / 'plugstack.conf'}",
+            f"PlugStackConfig={self.plugstack}",
             # The cgroup plugins fail here and leave the node drained.
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
@@ -319,6 +336,7 @@ class SlurmCluster:
             "KillWait=30",
             "InactiveLimit=0",
             "SchedulerParameters=sched_interval=5",
+            *(["SlurmctldParameters=enable_configless"] if self.configless else []),
         ]
         cpus = (f"CPUs={hw['CPUs']} Boards={hw['Boards']} SocketsPerBoard={hw['SocketsPerBoard']} "
                 f"CoresPerSocket={hw['CoresPerSocket']} ThreadsPerCore={hw['ThreadsPerCore']}")
@@ -329,11 +347,28 @@ class SlurmCluster:
         lines.append(f"PartitionName=ci Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
+    def _spawn_slurmd(self, node: str) -> None:
+        argv = ["slurmd", "-D", "-N", node]
+        if self.configless:
+            # As on HyperPod's compute nodes (AWS's start_slurm.sh: slurmd --conf-server <controller>).
+            # Before it has the configuration, slurmd authenticates through munge's default socket:
+            # in a mount namespace of its own, the cluster's folder is bind-mounted over /run, so
+            # that /run/munge/munge.socket.2 is this cluster's munged and nothing outside changes.
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /run && exec "$@"',
+                    str(self.dir), *argv, "--conf-server", f"localhost:{self.ctld_port}"]
+            # No SLURM_CONF: the configuration comes from slurmctld alone. The marker lets stop()
+            # find the job steps this slurmd leaves behind.
+            env = {k: v for k, v in self.env.items() if k != "SLURM_CONF"} | {"MOE_CI_SLURM": str(self.dir)}
+            self._spawn(f"slurmd-{node}", argv, env=env)
+        else:
+            self._spawn(f"slurmd-{node}", argv)
+
     def _spawn(self, name: str, argv: list[str], **kwargs) -> None:
         assert self.dir is not None
         out = open(self.dir / "logs" / f"{name}.console", "wb")
         try:
-            self._procs[name] = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+            kwargs.setdefault("env", self.env)
+            self._procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                  stderr=subprocess.STDOUT, start_new_session=True,
                                                  preexec_fn=_die_with_parent, **kwargs)
         finally:

@@ -151,3 +151,7 @@ def test_reserved_label_and_taint_prefixes_are_refused():
         _build(groups=(GROUPS[0], group))
     assert all(": uses a prefix reserved for system use (got " in p for p in error.value.problems)
     assert [p.split(":")[0] for p in error.value.problems] == ["instance_groups[1].labels", "instance_groups[1].taints"]
+
+
+def test_lifecycle_runs_as_on_create_which_eks_requires(template):
+    assert all(set(g["LifeCycleConfig"]) == {"SourceS3Uri", "OnCreate"} for g in _groups(template).values())

@@ -87,11 +87,18 @@ def test_controller_has_no_partition_or_deep_health_checks(built):
     assert "OnStartDeepHealthChecks" not in controller and "ThreadsPerCore" not in controller
 
 
+def test_lifecycle_runs_after_hyperpods_own_slurm_setup(built):
+    # OnCreate would make the scripts install and start Slurm themselves ("Getting started with
+    # SageMaker HyperPod using the AWS CLI"); the two are mutually exclusive.
+    groups = next(iter(built[1].find_resources("AWS::SageMaker::Cluster").values()))["Properties"]["InstanceGroups"]
+    assert all("OnInitComplete" in g["LifeCycleConfig"] and "OnCreate" not in g["LifeCycleConfig"] for g in groups)
+
+
 def test_lifecycle_config_points_into_the_sagemaker_bucket(built):
     cluster, template, _ = built
     groups = next(iter(template.find_resources("AWS::SageMaker::Cluster").values()))["Properties"]["InstanceGroups"]
     life_cycle = groups[0]["LifeCycleConfig"]
-    assert life_cycle["OnCreate"] == f"{cluster.lifecycle_entry.asset_hash}.sh"
+    assert life_cycle["OnInitComplete"] == f"{cluster.lifecycle_entry.asset_hash}.sh"
     assert life_cycle["SourceS3Uri"] == {"Fn::Join": ["", ["s3://", {"Fn::Sub": "sagemaker-${AWS::AccountId}-us-east-2-t"},
                                                             "/lifecycle/bundle1/"]]}
 

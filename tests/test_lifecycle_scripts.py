@@ -1,12 +1,15 @@
 """The HyperPod lifecycle scripts, executed in a sandbox, one behaviour per test.
 
 Each sandbox is a temporary folder with
-  root/   the node's file system (MOE_LC_ROOT): resource_config.json, the instance id in the
-          DMI asset tag, an EFA device under sys/class/infiniband, pyxis's shipped pyxis.conf,
-          a stock /etc/fstab and /etc/enroot/enroot.conf;
+  root/   the node's file system (MOE_LC_ROOT), laid out as HyperPod documents its nodes:
+          /opt/ml/config/resource_config.json, the instance id in the DMI asset tag, an EFA
+          device under sys/class/infiniband, the NVMe at /opt/dlami/nvme, Slurm under
+          /opt/slurm (configless: a compute node has no slurm.conf), pyxis's shipped
+          /usr/local/share/pyxis/pyxis.conf, a stock /etc/fstab and /etc/enroot/enroot.conf;
   lc/     a copy of lifecycle_scripts/ with a provisioning_parameters.json beside on_create.sh;
   bin/    stubs, first on PATH, for mount, mountpoint, modprobe, lctl, findmnt, aws, scontrol,
-          enroot, fi_info, hostname and systemctl; each appends "NAME ARGS" to state/calls.log.
+          strigger, enroot, fi_info, hostname and systemctl; each appends "NAME ARGS" to
+          state/calls.log. (tests/test_lifecycle_slurm.py runs the Slurm steps on a real Slurm.)
 The stubs keep the mounted paths in state/mounts: `mount` adds its target (or fails with
 MOE_STUB_MOUNT_FAIL=1), `mountpoint -q` succeeds only for a listed path, and `mount` with no
 arguments prints them as a mount table.
@@ -112,6 +115,13 @@ case "${name}" in
 esac
 """,
     "scontrol": "exit 0\n",
+    "strigger": r"""
+touch "${MOE_STUB_STATE}/triggers"
+case "$1" in
+  --get) cat "${MOE_STUB_STATE}/triggers" ;;
+  --set) echo "$*" >>"${MOE_STUB_STATE}/triggers" ;;
+esac
+""",
     "enroot": r"""[ "$1" = version ] && echo "3.5.0"
 exit 0
 """,
@@ -239,14 +249,15 @@ def test_compute_node_points_enroot_at_nvme(compute_run):
     box, _ = compute_run
     conf = box.read("etc/enroot/enroot.conf").splitlines()
     assert conf[0].startswith("# BEGIN moe-cdk")
-    assert conf[1:6] == [
+    assert conf[1:7] == [
         "ENROOT_RUNTIME_PATH /opt/dlami/nvme/enroot/runtime/user-$(id -u)",
         "ENROOT_CACHE_PATH /opt/dlami/nvme/enroot/cache/user-$(id -u)",
         "ENROOT_DATA_PATH /opt/dlami/nvme/enroot/data/user-$(id -u)",
         "ENROOT_TEMP_PATH /opt/dlami/nvme/enroot/tmp",
+        "ENROOT_CONFIG_PATH ${HOME}/.config/enroot",
         "# END moe-cdk",
     ]
-    assert "\n".join(conf[6:]) + "\n" == STOCK_ENROOT_CONF
+    assert "\n".join(conf[7:]) + "\n" == STOCK_ENROOT_CONF
 
 
 def test_compute_node_creates_shared_enroot_dirs(compute_run):
@@ -255,11 +266,17 @@ def test_compute_node_creates_shared_enroot_dirs(compute_run):
         assert (box.root / "opt/dlami/nvme/enroot" / sub).stat().st_mode & 0o7777 == 0o1777
 
 
-def test_compute_node_registers_pyxis(compute_run):
+def test_compute_node_links_pyxis_conf_under_opt_slurm(compute_run):
     box, _ = compute_run
-    link = box.root / "etc/slurm/plugstack.conf.d/pyxis.conf"
+    link = box.root / "opt/slurm/etc/plugstack.conf.d/pyxis.conf"
     assert link.is_symlink()
     assert Path(os.readlink(link)) == box.root / "usr/local/share/pyxis/pyxis.conf"
+
+
+def test_compute_node_leaves_plugstack_conf_to_the_controller(compute_run):
+    box, _ = compute_run
+    assert not (box.root / "opt/slurm/etc/plugstack.conf").exists()
+    assert "scontrol reconfigure" not in box.calls("scontrol")
 
 
 def test_compute_node_installs_efa_env(compute_run):
@@ -270,7 +287,8 @@ def test_compute_node_installs_efa_env(compute_run):
 def test_compute_node_sets_slurm_features(compute_run):
     box, _ = compute_run
     assert box.calls("scontrol") == [
-        "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=efa,p5en,gpu ActiveFeatures=efa,p5en,gpu"
+        "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=efa,p5en,gpu ActiveFeatures=efa,p5en,gpu "
+        "Extra=moe-cdk-features:efa,p5en,gpu"
     ]
 
 
@@ -283,7 +301,7 @@ def test_compute_node_leaves_slurm_conf_to_hyperpod(compute_run):
 def test_compute_node_logs_every_step_to_the_log_file(compute_run):
     box, result = compute_run
     log = box.read("var/log/provision/moe-cdk-lifecycle.log")
-    for step in ("validate", "node_info", "efa_env", "mount_fsx", "setup_enroot", "slurm_features"):
+    for step in ("validate", "node_info", "efa_env", "mount_fsx", "setup_enroot", "setup_pyxis", "slurm_features"):
         assert f"[{step}] step finished in" in log
     assert "[on_create] on_create.sh finished in" in result.stdout
     assert all(line[:20].endswith("Z") and line[4] == "-" and line[10] == "T" for line in log.splitlines())
@@ -302,14 +320,40 @@ def test_second_run_changes_nothing(sandbox):
     assert sandbox.read("etc/enroot/enroot.conf") == enroot_conf
 
 
-def test_controller_node_skips_enroot_and_slurm_features(tmp_path):
+def test_controller_node_skips_enroot_and_sets_no_features(tmp_path):
     box = Sandbox(tmp_path, instance_id=None)  # found through `hostname -I`
     result = succeeded(box.on_create(MOE_STUB_IPS="172.17.0.1 10.0.64.10"))
     assert "role controller" in result.stdout
-    assert box.calls("scontrol") == []
+    assert not [call for call in box.calls("scontrol") if call.startswith("scontrol update")]
     assert box.read("etc/enroot/enroot.conf") == STOCK_ENROOT_CONF
-    assert not (box.root / "etc/slurm/plugstack.conf.d").exists()
     assert len(box.calls("mount -t lustre")) == 1
+
+
+def test_controller_includes_pyxis_in_its_plugstack_and_reconfigures(tmp_path):
+    box = Sandbox(tmp_path, instance_id="i-0123")
+    box.write("opt/slurm/etc/plugstack.conf", "# HyperPod's plugstack.conf\n")
+    succeeded(box.on_create())
+    assert box.read("opt/slurm/etc/plugstack.conf") == (
+        f"# HyperPod's plugstack.conf\ninclude {box.root}/opt/slurm/etc/plugstack.conf.d/pyxis.conf\n")
+    assert box.calls("scontrol") == ["scontrol reconfigure"]
+
+
+def test_controller_leaves_hyperpods_pyxis_registration_alone(tmp_path):
+    box = Sandbox(tmp_path, instance_id="i-0123")
+    registered = "include /opt/slurm/etc/plugstack.conf.d/pyxis.conf\n"
+    box.write("opt/slurm/etc/plugstack.conf", registered)
+    result = succeeded(box.on_create())
+    assert "pyxis is already registered" in result.stdout
+    assert box.read("opt/slurm/etc/plugstack.conf") == registered and box.calls("scontrol") == []
+
+
+def test_controller_registers_the_feature_trigger_once(tmp_path):
+    box = Sandbox(tmp_path, instance_id="i-0123")
+    succeeded(box.on_create())
+    succeeded(box.on_create())
+    assert box.calls("strigger --set") == [
+        f"strigger --set --reconfig --flags=PERM --program=/usr/bin/env MOE_LC_ROOT={box.root} /bin/bash "
+        f"{box.lc}/slurm_features.sh --reapply"]
 
 
 def test_login_node_configures_enroot_but_not_features(tmp_path):
@@ -354,7 +398,8 @@ def test_efa_feature_dropped_without_efa_device(sandbox):
     result = succeeded(sandbox.on_create())
     assert "WARNING: dropping the efa feature" in result.stdout
     assert sandbox.calls("scontrol") == [
-        "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=p5en,gpu ActiveFeatures=p5en,gpu"
+        "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=p5en,gpu ActiveFeatures=p5en,gpu "
+        "Extra=moe-cdk-features:p5en,gpu"
     ]
 
 
@@ -376,7 +421,7 @@ def test_missing_enroot_fails_without_downloading(sandbox):
     result = sandbox.on_create(PATH=bare_path)
     assert shutil.which("enroot", path=bare_path) is None
     assert result.returncode != 0
-    assert "enroot is not installed. SageMaker HyperPod's AMI provides enroot" in result.stdout
+    assert "enroot is not installed. HyperPod's AMI-based configuration installs enroot" in result.stdout
     assert "step:        setup_enroot" in result.stderr
 
 
@@ -608,11 +653,11 @@ def test_eks_node_leaves_fstab_enroot_and_slurm_alone(eks_run):
     box, result = eks_run
     assert box.read("etc/fstab") == STOCK_FSTAB
     assert box.read("etc/enroot/enroot.conf") == STOCK_ENROOT_CONF
-    assert not (box.root / "etc/slurm").exists()
+    assert not (box.root / "opt/slurm").exists()
     assert not (box.root / "fsx").exists()
-    for command in ("mount", "aws", "scontrol", "enroot", "modprobe"):
+    for command in ("mount", "aws", "scontrol", "strigger", "enroot", "modprobe"):
         assert box.calls(command + " ") == [], command
-    for step in ("mount_fsx", "setup_enroot", "slurm_features"):
+    for step in ("mount_fsx", "setup_enroot", "setup_pyxis and slurm_features"):
         assert f"skipping {step} on EKS: " in result.stdout
     log = box.read("var/log/provision/moe-cdk-lifecycle.log")
     for step in ("validate", "node_info", "efa_env", "setup_containerd"):
