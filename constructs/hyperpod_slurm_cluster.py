@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from aws_cdk import aws_ec2 as ec2, aws_iam as iam, aws_s3 as s3, aws_sagemaker as sagemaker
+from aws_cdk import aws_ec2 as ec2, aws_ecr as ecr, aws_iam as iam, aws_s3 as s3, aws_sagemaker as sagemaker
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_nodes import (
@@ -139,6 +139,8 @@ class HyperPodSlurmClusterProps:
     """The shared file system. Default: none."""
     data_bucket: s3.IBucket | None = None
     """Bucket the nodes may read and write. Default: none."""
+    image_repository: ecr.IRepository | None = None
+    """ECR repository of the training image, which the nodes' enroot pulls with the role. Default: none."""
     require_efa: bool = True
     """Reject compute groups without EFA. Default: True."""
     node_provisioning_mode: NodeProvisioningMode = NodeProvisioningMode.STANDARD
@@ -230,8 +232,16 @@ class HyperPodSlurmCluster(Construct):
         self.props = props
         stack = cdk.Stack.of(self)
 
+        # ecr:GetAuthorizationToken has no resource-level permissions (Service Authorization Reference).
         self.role = execution_role(self, cluster_name=props.cluster_name, subnet=props.subnet,
-                                   security_group=props.security_group)
+                                   security_group=props.security_group,
+                                   unscoped_actions=["ecr:GetAuthorizationToken"] if props.image_repository else [])
+        if props.image_repository is not None:
+            # SageMaker Developer Guide, "IAM role for SageMaker HyperPod": the managed instance policy
+            # has no ECR actions; the pull actions are the ones the guide lists for EKS nodes.
+            self.role.add_to_policy(iam.PolicyStatement(
+                actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+                resources=[props.image_repository.repository_arn]))
         if props.fsx is not None:
             for name in (props.fsx.dns_name_parameter, props.fsx.mount_name_parameter):
                 self.role.add_to_policy(iam.PolicyStatement(

@@ -56,6 +56,7 @@ class SlurmClusterStack(Stack):
             lifecycle_scripts_directory=str(LIFECYCLE_SCRIPTS),
             region=config.region,
             fsx=fsx,
+            image_repository=storage.training_image.asset.repository,
             require_efa=config.cluster.require_efa,
             node_provisioning_mode=config.cluster.node_provisioning_mode,
             slurm_config_strategy=None if config.cluster.slurm_config_strategy is None

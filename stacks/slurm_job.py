@@ -9,6 +9,10 @@
   ``wait``s, and ``--signal=B:USR1@N`` signals the batch shell only;
 * forwards USR1 and TERM to the job step as USR1, so the trainer saves a checkpoint at the
   next step boundary and exits 143;
+* on a HyperPod node (``/opt/sagemaker_cluster`` exists), runs the training step with
+  ``srun --auto-resume=1``: after HyperPod replaces a failed node it runs the step again, and
+  the trainer resumes from its last checkpoint;
+* for an image in Amazon ECR, writes the enroot credentials that let every node pull it;
 * maps the trainer's exit code onto Slurm: 0 ends the job, 1 to 127 are permanent failures
   (2 is a bad configuration) and end it with that code, 128 to 255 are retryable (143
   preempted or signalled, 138 crashed, 137 killed) and requeue the job with
@@ -34,6 +38,11 @@ _JOB_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 # A registry host in an image reference: it has a dot or a port, or is localhost (Docker's rule).
 _REGISTRY = re.compile(r"^(localhost|[^/]*[.:][^/]*)$")
+# A private Amazon ECR registry (Amazon ECR User Guide, "Private registry"): the region is in the name.
+_ECR_REGISTRY = re.compile(r"^\d{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$")
+# How AWS's sample batch scripts recognize a HyperPod node (aws-samples/awsome-distributed-training,
+# 3.test_cases/pytorch/FSDP/slurm/llama3_1_8b-training.sbatch at 7217859).
+HYPERPOD_MARKER = "/opt/sagemaker_cluster"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +96,9 @@ class SlurmJobSpec:
     """File of EFA/NCCL variables that the script sources when it exists (not when ``local``)."""
     max_requeues: int = 10
     """How many times the script requeues the job after a retryable exit before it gives up."""
+    hyperpod_marker: str = HYPERPOD_MARKER
+    """A folder that exists only on HyperPod nodes; where it does, the training step runs with
+    ``srun --auto-resume=1`` (not when ``local``)."""
 
     def problems(self) -> list[str]:
         """Every problem with this spec, one ``field: what (got X; allowed Y)`` line each."""
@@ -187,6 +199,13 @@ def enroot_image(image: str) -> str:
     return f"{user}{registry}#{rest}" if _REGISTRY.match(registry) else image
 
 
+def ecr_registry(image: str) -> tuple[str, str] | None:
+    """``(registry, region)`` when ``image`` is in a private Amazon ECR registry, else None."""
+    registry = image.split("/", 1)[0].rsplit("@", 1)[-1] if "/" in image else ""
+    match = _ECR_REGISTRY.match(registry)
+    return (registry, match.group(1)) if match else None
+
+
 def _sbatch_lines(spec: SlurmJobSpec) -> list[str]:
     lines = [f"--job-name={spec.job_name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}"]
     if spec.gpus_per_node is not None and not spec.local:
@@ -211,7 +230,7 @@ def _sbatch_lines(spec: SlurmJobSpec) -> list[str]:
 
 def _command(spec: SlurmJobSpec) -> str:
     """The srun command line, one option per continued line."""
-    srun = ["srun", "--kill-on-bad-exit=1"]
+    srun = ["srun", *([] if spec.local else ['"${auto_resume[@]}"']), "--kill-on-bad-exit=1"]
     if spec.container_image is not None:
         srun.append(f"--container-image={shlex.quote(enroot_image(spec.container_image))}")
         if spec.container_mounts is not None:
@@ -256,6 +275,43 @@ if [[ -r "$efa_env_file" ]]; then
     source "$efa_env_file"
     set -u
     log "sourced ${efa_env_file}"
+fi
+"""
+
+# The credentials line follows the ECR example of enroot's doc/cmd/import.md.
+_ENROOT_CREDENTIALS = """\
+# enroot pulls the image from Amazon ECR on every node. Its credentials file (netrc format,
+# ${HOME}/.config/enroot/.credentials, ENROOT_CONFIG_PATH as the lifecycle scripts set it)
+# gets this registry's line, written by one task per node; enroot runs a password that starts
+# with "$" at each import, so every pull gets a fresh ECR token (valid 12 hours) from the
+# node's role.
+# shellcheck disable=SC2317  # run through declare -f by the srun below
+write_enroot_credentials() {
+    local registry="$1" region="$2" dir="${HOME}/.config/enroot" tmp
+    mkdir -p "$dir"
+    chmod 700 "$dir"
+    tmp="$(mktemp "${dir}/.credentials.XXXXXX")"
+    if [[ -f "${dir}/.credentials" ]]; then
+        awk -v registry="$registry" '!($1 == "machine" && $2 == registry)' "${dir}/.credentials" >"$tmp"
+    fi
+    # shellcheck disable=SC2016  # enroot, not this shell, runs the $(...)
+    printf 'machine %s login AWS password $(aws ecr get-login-password --region %s)\\n' "$registry" "$region" >>"$tmp"
+    chmod 600 "$tmp"
+    mv -f "$tmp" "${dir}/.credentials"
+}
+srun --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" --kill-on-bad-exit=1 \\
+    bash -c "$(declare -f write_enroot_credentials); write_enroot_credentials __REGISTRY__ __REGION__"
+log "enroot credentials for __REGISTRY__ written on every node"
+"""
+
+_AUTO_RESUME = """\
+# HyperPod auto-resume (SageMaker Developer Guide, "Automatic node recovery and auto-resume"):
+# when a node fails, HyperPod replaces it and runs this srun step again, and the trainer
+# resumes from its last checkpoint. Elsewhere the requeue below is the only retry.
+auto_resume=()
+if [[ -d __MARKER__ ]]; then
+    auto_resume=(--auto-resume=1)
+    log "HyperPod node: the training step runs with srun --auto-resume=1"
 fi
 """
 
@@ -329,10 +385,13 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
     ]
     if not spec.local:
         parts.append(_EFA.replace("__EFA_ENV_FILE__", shlex.quote(spec.efa_env_file)))
+        if (ecr := ecr_registry(spec.container_image)) is not None:
+            parts.append(_ENROOT_CREDENTIALS.replace("__REGISTRY__", ecr[0]).replace("__REGION__", ecr[1]))
+        parts.append(_AUTO_RESUME.replace("__MARKER__", shlex.quote(spec.hyperpod_marker)))
     # A job that Slurm may not requeue (requeue=False) stops at its first retryable exit.
     max_requeues = spec.max_requeues if spec.requeue else 0
     parts.append(_SIGNALS + _command(spec) + "\n" + _WAIT_AND_EXIT.replace("__MAX_REQUEUES__", str(max_requeues)))
     return "\n".join(parts)
 
 
-__all__ = ["SlurmJobSpec", "enroot_image", "render_sbatch"]
+__all__ = ["HYPERPOD_MARKER", "SlurmJobSpec", "ecr_registry", "enroot_image", "render_sbatch"]

@@ -8,7 +8,7 @@ import zipfile
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ec2 as ec2, aws_ecr as ecr
 from aws_cdk.assertions import Match, Template
 from cdk_nag import AwsSolutionsChecks
 
@@ -40,7 +40,8 @@ def scripts(tmp_path_factory):
     return str(folder)
 
 
-def _build(scripts, *, groups=GROUPS, fsx=FSX, synthesizer=True, nag=False, outdir=None, **overrides):
+def _build(scripts, *, groups=GROUPS, fsx=FSX, synthesizer=True, nag=False, outdir=None, repository_name=None,
+           **overrides):
     app = cdk.App(outdir=outdir)
     bucket = "sagemaker-${AWS::AccountId}-us-east-2-t"
     stack = cdk.Stack(app, "T", env=cdk.Environment(region="us-east-2"),
@@ -48,6 +49,8 @@ def _build(scripts, *, groups=GROUPS, fsx=FSX, synthesizer=True, nag=False, outd
     vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0123456789abcdef0", availability_zones=["us-east-2a"],
                                       private_subnet_ids=["subnet-0123456789abcdef0"])
     group = ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")
+    if repository_name is not None:
+        overrides["image_repository"] = ecr.Repository.from_repository_name(stack, "Images", repository_name)
     props = dict(cluster_name="t", instance_groups=groups, subnet=vpc.private_subnets[0], security_group=group,
                  lifecycle_scripts_directory=scripts, region="us-east-2", fsx=fsx) | overrides
     cluster = HyperPodSlurmCluster(stack, "Cluster", HyperPodSlurmClusterProps(**props))
@@ -226,3 +229,15 @@ def test_a_training_plan_arn_of_the_apis_shape_reaches_the_group(scripts):
     _, stack, _ = _build(scripts, groups=groups)
     Template.from_stack(stack).has_resource_properties("AWS::SageMaker::Cluster", {
         "InstanceGroups": Match.array_with([Match.object_like({"InstanceGroupName": "gpu", "TrainingPlanArn": arn})])})
+
+
+
+def test_nodes_may_pull_the_training_image(scripts, tmp_path):
+    app, stack, _ = _build(scripts, nag=True, outdir=str(tmp_path), repository_name="cdk-assets-images")
+    app.synth()  # the role's new '*' action is covered by its acknowledgment
+    statements = [st for p in Template.from_stack(stack).find_resources("AWS::IAM::Policy").values()
+                  for st in p["Properties"]["PolicyDocument"]["Statement"]]
+    pull = next(st for st in statements if "ecr:BatchGetImage" in st["Action"])
+    assert pull["Action"] == ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+    assert "cdk-assets-images" in json.dumps(pull["Resource"])
+    assert any("ecr:GetAuthorizationToken" in st["Action"] and st["Resource"] == "*" for st in statements)

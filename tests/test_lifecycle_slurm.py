@@ -1,4 +1,5 @@
-"""The lifecycle's Slurm steps, run for real against a Slurm laid out as HyperPod's.
+"""The lifecycle's Slurm steps, and the batch script's HyperPod path, run for real against a
+Slurm laid out as HyperPod's.
 
 The cluster (slurm_harness.SlurmCluster) keeps slurm.conf and plugstack.conf in the node
 sandbox's ``opt/slurm/etc``, as HyperPod's nodes keep them under /opt/slurm, and runs
@@ -23,7 +24,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
+from moe_cdk.stacks.slurm_job import SlurmJobSpec, render_sbatch  # noqa: E402
+from slurm_harness import TERMINAL_STATES, SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import Sandbox, succeeded  # noqa: E402
 
 STANDIN_SOURCE = Path(__file__).resolve().parent / "fixtures/spank_standin.c"
@@ -105,3 +107,25 @@ def test_pyxis_registered_on_the_controller_loads_on_every_configless_node(box, 
                     "printenv", "MOE_STANDIN_IMAGE", timeout=60)
     assert job.returncode == 0, job.stderr + slurm.log_tail(20)
     assert job.stdout.split() == ["123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1"] * 2
+
+
+def test_batch_script_asks_for_auto_resume_on_hyperpod_nodes_only(tmp_path, box, slurm, standin_plugin):
+    # Slurm 22.05 has no --auto-resume (HyperPod's srun adds it), so srun refusing the option
+    # shows it was passed; without the HyperPod marker the step gets past option parsing.
+    box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
+    as_node(box, CONTROLLER)
+    step(box, slurm, "setup_pyxis.sh")
+    marker = tmp_path / "sagemaker_cluster"
+    marker.mkdir()
+    logs = {}
+    for name, folder in (("hyperpod", marker), ("elsewhere", tmp_path / "absent")):
+        spec = SlurmJobSpec(job_name=name, nodes=2, tasks_per_node=1, partition="ci", time_limit="00:10:00",
+                            container_image="localhost:5000/moe:1", train_config="moe.yaml", requeue=False,
+                            hyperpod_marker=str(folder))
+        script = tmp_path / f"{name}.sh"
+        script.write_text(render_sbatch(spec))
+        job = slurm.submit(script)
+        slurm.wait_for(job, TERMINAL_STATES, timeout=60)
+        logs[name] = (tmp_path / f"{name}-{job}.out").read_text()
+    assert "srun --auto-resume=1" in logs["hyperpod"] and "unrecognized option '--auto-resume=1'" in logs["hyperpod"]
+    assert "auto-resume" not in logs["elsewhere"] and "trainer exited with" in logs["elsewhere"]

@@ -299,3 +299,73 @@ def test_slurm_usr1_to_batch_shell_checkpoints_and_requeues(slurm, tmp_path):
     assert _resumed_step(second_run) == stopped_at >= 12
     # The second run starts right after the step the first one stopped at: no step repeats.
     assert job.steps() == list(range(1, 25))
+
+
+# -- enroot's ECR credentials ---------------------------------------------------------------------
+
+REGISTRY = "123456789012.dkr.ecr.us-east-2.amazonaws.com"
+
+
+def _write_credentials(home: Path, path: str) -> Path:
+    """Run the rendered script's write_enroot_credentials for REGISTRY with HOME=home."""
+    script = render_sbatch(DEFAULT_SPEC)
+    function = re.search(r"^write_enroot_credentials\(\) \{\n.*?^\}\n", script, re.MULTILINE | re.DOTALL).group(0)
+    subprocess.run(["bash", "-c", f"set -euo pipefail\n{function}write_enroot_credentials {REGISTRY} us-east-2"],
+                   env={"HOME": str(home), "PATH": path}, check=True)
+    return home / ".config/enroot/.credentials"
+
+
+def test_enroot_credentials_give_curl_the_ecr_token(tmp_path):
+    # enroot hands the credentials file to curl's netrc reader after running each password
+    # that starts with "$" through the shell (enroot doc/cmd/import.md; common.sh evalnetrc).
+    # Here `aws` prints a token (no AWS account), the shell runs it as enroot would, and a
+    # real curl must then send the registry "AWS:<token>" as basic auth.
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    import base64
+    import threading
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "aws").write_text('#!/bin/sh\n[ "$*" = "ecr get-login-password --region us-east-2" ] && echo tok3n\n')
+    (bin_dir / "aws").chmod(0o755)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    credentials = _write_credentials(tmp_path / "home", path)
+    assert credentials.stat().st_mode & 0o777 == 0o600
+    evaluated = tmp_path / "netrc"
+    line = credentials.read_text()
+    evaluated.write_text(subprocess.run(["sh", "-c", f"echo {line}"], env={"PATH": path}, capture_output=True,
+                                        text=True, check=True).stdout)
+    seen = []
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    port = server.server_address[1]
+    subprocess.run(["curl", "-sf", "--netrc-file", str(evaluated), "--resolve", f"{REGISTRY}:{port}:127.0.0.1",
+                    f"http://{REGISTRY}:{port}/v2/"], check=True, timeout=30)
+    server.server_close()
+    assert seen == ["Basic " + base64.b64encode(b"AWS:tok3n").decode()]
+
+
+def test_enroot_credentials_keep_other_registries_and_replace_their_own(tmp_path):
+    home = tmp_path / "home"
+    other = "machine nvcr.io login $oauthtoken password secret\n"
+    (home / ".config/enroot").mkdir(parents=True)
+    (home / ".config/enroot/.credentials").write_text(other + f"machine {REGISTRY} login AWS password old\n")
+    credentials = _write_credentials(home, "/usr/bin:/bin")
+    _write_credentials(home, "/usr/bin:/bin")
+    assert credentials.read_text() == other + (
+        f"machine {REGISTRY} login AWS password $(aws ecr get-login-password --region us-east-2)\n")
+
+
+def test_images_outside_ecr_get_no_credentials_step():
+    script = render_sbatch(dataclasses.replace(DEFAULT_SPEC, container_image="nvcr.io/nvidia/pytorch:25.01-py3"))
+    assert "write_enroot_credentials" not in script

@@ -39,6 +39,38 @@ if [[ -r "$efa_env_file" ]]; then
     log "sourced ${efa_env_file}"
 fi
 
+# enroot pulls the image from Amazon ECR on every node. Its credentials file (netrc format,
+# ${HOME}/.config/enroot/.credentials, ENROOT_CONFIG_PATH as the lifecycle scripts set it)
+# gets this registry's line, written by one task per node; enroot runs a password that starts
+# with "$" at each import, so every pull gets a fresh ECR token (valid 12 hours) from the
+# node's role.
+# shellcheck disable=SC2317  # run through declare -f by the srun below
+write_enroot_credentials() {
+    local registry="$1" region="$2" dir="${HOME}/.config/enroot" tmp
+    mkdir -p "$dir"
+    chmod 700 "$dir"
+    tmp="$(mktemp "${dir}/.credentials.XXXXXX")"
+    if [[ -f "${dir}/.credentials" ]]; then
+        awk -v registry="$registry" '!($1 == "machine" && $2 == registry)' "${dir}/.credentials" >"$tmp"
+    fi
+    # shellcheck disable=SC2016  # enroot, not this shell, runs the $(...)
+    printf 'machine %s login AWS password $(aws ecr get-login-password --region %s)\n' "$registry" "$region" >>"$tmp"
+    chmod 600 "$tmp"
+    mv -f "$tmp" "${dir}/.credentials"
+}
+srun --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" --kill-on-bad-exit=1 \
+    bash -c "$(declare -f write_enroot_credentials); write_enroot_credentials 123456789012.dkr.ecr.us-east-2.amazonaws.com us-east-2"
+log "enroot credentials for 123456789012.dkr.ecr.us-east-2.amazonaws.com written on every node"
+
+# HyperPod auto-resume (SageMaker Developer Guide, "Automatic node recovery and auto-resume"):
+# when a node fails, HyperPod replaces it and runs this srun step again, and the trainer
+# resumes from its last checkpoint. Elsewhere the requeue below is the only retry.
+auto_resume=()
+if [[ -d /opt/sagemaker_cluster ]]; then
+    auto_resume=(--auto-resume=1)
+    log "HyperPod node: the training step runs with srun --auto-resume=1"
+fi
+
 # USR1 (--signal=B:USR1@N, scancel --batch --signal=USR1) and TERM (scancel, scontrol
 # requeue, preemption) reach this shell; the ranks must see USR1 to save a checkpoint and
 # exit 143. Checked on Slurm 22.05 with two nodes: srun relays a USR1 it receives to its
@@ -61,6 +93,7 @@ trap 'forward_usr1 USR1' USR1
 trap 'forward_usr1 TERM' TERM
 
 srun \
+    "${auto_resume[@]}" \
     --kill-on-bad-exit=1 \
     --container-image='123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:latest' \
     --container-mounts=/fsx:/fsx \
