@@ -18,6 +18,7 @@ import yaml
 from moe_cdk.constructs.data_repository import DEFAULT_ASSOCIATIONS, DataRepositoryAssociation, association_problems
 from moe_cdk.constructs import cluster_software
 from moe_cdk.constructs.hyperpod_eks_cluster import EksInstanceGroup, EksNodeRole, Taint, eks_group_problems
+from moe_cdk.constructs.hyperpod_nodes import subnet_capacity_problem
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
     AccountingDatabase,
     NodeProvisioningMode,
@@ -285,7 +286,7 @@ class NetworkConfig:
     vpc_cidr: str = "10.0.0.0/16"
     """IPv4 range of the new VPC."""
     private_subnet_cidr_mask: int = 18
-    """Prefix length of each private subnet. Every EFA interface takes an address: a p5en node uses 17."""
+    """Prefix length of each private subnet. HyperPod nodes take one address per network card on Slurm (a p5en: 16, a p5: 32) and 49 more on EKS (p5en: 65, p5: 81); synth checks that the cluster's subnet holds them."""
     public_subnet_cidr_mask: int = 24
     """Prefix length of each public subnet, which holds only the NAT gateway."""
     interface_endpoints: bool = True
@@ -425,6 +426,11 @@ class Config:
                     got=lustre_zone, allowed=self.cluster.availability_zone)
         yield from self._eks_problems()
         existing = self.network.existing_vpc
+        hyperpod = self.cluster.orchestrator in (Orchestrator.SLURM, Orchestrator.EKS)
+        if existing is None and hyperpod and (message := subnet_capacity_problem(
+                [g.to_props() for g in self.cluster.instance_groups], eks=self.cluster.orchestrator is Orchestrator.EKS,
+                prefix_length=self.network.private_subnet_cidr_mask)):
+            yield "network.private_subnet_cidr_mask", message
         if existing is None:
             for key, message in cidr_problems(
                 self.network.vpc_cidr, public_mask=self.network.public_subnet_cidr_mask,

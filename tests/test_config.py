@@ -197,3 +197,24 @@ def test_continuous_provisioning_refuses_a_slurm_config_strategy():
     with pytest.raises(ConfigError) as caught:
         parse_config(data)
     assert [e.split(":")[0] for e in caught.value.errors] == ["cluster.slurm_config_strategy"]
+
+
+def test_a_private_subnet_too_small_for_the_nodes_interfaces_is_refused():
+    # HyperPod: a Slurm P5 node takes 32 addresses (one per network card); 8 of them need 256,
+    # and a /24 has 251 after AWS's 5 reserved ones.
+    data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
+    compute = next(g for g in data["cluster"]["instance_groups"] if g["role"] == "compute")
+    compute |= {"instance_type": "ml.p5.48xlarge", "instance_count": 8}
+    data["network"] = {"private_subnet_cidr_mask": 24}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    (error,) = [e for e in caught.value.errors if e.startswith("network.private_subnet_cidr_mask")]
+    assert "8 x ml.p5.48xlarge (32 each)" in error and "(got 24; allowed 23 or less (a larger subnet))" in error
+
+
+def test_eks_nodes_count_the_primary_interfaces_addresses():
+    from moe_cdk.constructs import instance_catalog
+    from moe_cdk.constructs.hyperpod_nodes import node_ip_addresses
+
+    p5 = instance_catalog.lookup("ml.p5.48xlarge")
+    assert (node_ip_addresses(p5, eks=False), node_ip_addresses(p5, eks=True)) == (32, 81)  # HyperPod's figures
