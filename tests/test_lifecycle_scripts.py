@@ -133,7 +133,14 @@ case "$1" in
   *) echo "${MOE_STUB_HOSTNAME:-ip-10-0-64-11}.us-east-2.compute.internal" ;;
 esac
 """,
-    "systemctl": "exit 0\n",
+    "systemctl": r"""
+# is-active: only the units in MOE_STUB_ACTIVE (default: containerd) are running.
+if [ "$1" = is-active ]; then
+  for unit in ${MOE_STUB_ACTIVE-containerd}; do [ "${unit}" = "$3" ] && exit 0; done
+  exit 3
+fi
+exit 0
+""",
 }
 
 
@@ -588,11 +595,26 @@ def eks_resource_config() -> dict:
     }
 
 
-def eks_sandbox(base: Path, instance_id: str = "i-0e01", config: str | None = STOCK_CONTAINERD_CONFIG) -> Sandbox:
-    """The sandbox of EKS node accelerated-1, with the AMI's containerd config.toml unless config is None."""
+AL2_TEMPLATE = "etc/eks/containerd/containerd-config.toml"
+AL2023_DROP_IN = "etc/systemd/system/containerd.service.d/10-moe-cdk-root.conf"
+OS_RELEASE = {"al2": 'NAME="Amazon Linux"\nVERSION="2"\nID="amzn"\nVERSION_ID="2"\n',
+              "al2023": 'NAME="Amazon Linux"\nVERSION="2023"\nID="amzn"\nVERSION_ID="2023"\n'}
+
+
+def eks_sandbox(base: Path, instance_id: str = "i-0e01", config: str | None = STOCK_CONTAINERD_CONFIG,
+                os: str | None = None) -> Sandbox:
+    """The sandbox of EKS node accelerated-1, with the AMI's containerd config.toml unless config is None,
+    and, for os "al2" or "al2023", that EKS AMI's os-release and containerd files (AL2's bootstrap template;
+    AL2023's config.toml as nodeadm writes it)."""
     box = Sandbox(base, instance_id=instance_id, params=EKS_PARAMS, resource=eks_resource_config())
     if config is not None:
         box.write(CONTAINERD_CONFIG, config)
+    if os is not None:
+        box.write("etc/os-release", OS_RELEASE[os])
+    if os == "al2":
+        box.write(AL2_TEMPLATE, STOCK_CONTAINERD_CONFIG)
+    box.write("var/lib/kubelet/kubeconfig", "apiVersion: v1\n")
+    box.write("var/lib/kubelet/.hidden", "x\n")
     return box
 
 
@@ -640,7 +662,7 @@ def test_eks_node_puts_containerd_root_on_nvme(eks_run):
     box, result = eks_run
     assert box.read(CONTAINERD_CONFIG) == with_root(STOCK_CONTAINERD_CONFIG, "/opt/dlami/nvme/containerd")
     assert (box.root / "opt/dlami/nvme/containerd").stat().st_mode & 0o7777 == 0o711
-    assert box.calls("systemctl") == ["systemctl restart containerd"]
+    assert box.calls("systemctl restart") == ["systemctl restart containerd"]
     assert "containerd data goes to the instance NVMe: /opt/dlami/nvme/containerd" in result.stdout
 
 
@@ -673,7 +695,7 @@ def test_eks_node_falls_back_to_sagemaker_volume_without_nvme(tmp_path):
     assert not (box.root / "opt/dlami/nvme/containerd").exists()
     assert ("WARNING: /opt/dlami/nvme is not a mount point, so containerd data goes to /opt/sagemaker/containerd "
             "(container_runtime.fallback_data_dir) instead of /opt/dlami/nvme/containerd") in result.stdout
-    assert box.calls("systemctl") == ["systemctl restart containerd"]
+    assert box.calls("systemctl restart") == ["systemctl restart containerd"]
 
 
 def test_eks_second_run_changes_nothing(tmp_path):
@@ -682,8 +704,8 @@ def test_eks_second_run_changes_nothing(tmp_path):
     config = box.read(CONTAINERD_CONFIG)
     second = succeeded(box.on_create())
     assert box.read(CONTAINERD_CONFIG) == config
-    assert len(box.calls("systemctl")) == 1
-    assert 'already has root = "/opt/dlami/nvme/containerd"; not restarting containerd' in second.stdout
+    assert len(box.calls("systemctl restart")) == 1
+    assert "containerd's data root is already /opt/dlami/nvme/containerd; not restarting containerd" in second.stdout
     assert not list((box.root / "etc/containerd").glob("*.moe-cdk.*"))
 
 
@@ -692,7 +714,7 @@ def test_eks_inserts_root_only_at_top_level(tmp_path):
     box = eks_sandbox(tmp_path, config=config)
     succeeded(box.on_create())
     assert box.read(CONTAINERD_CONFIG) == 'root = "/opt/dlami/nvme/containerd"\n' + config
-    assert box.calls("systemctl") == ["systemctl restart containerd"]
+    assert box.calls("systemctl restart") == ["systemctl restart containerd"]
 
 
 def test_eks_missing_containerd_config_fails_with_diagnostics(tmp_path):
@@ -752,3 +774,40 @@ def test_check_rejects_slurm_container_runtime_on_eks(tmp_path):
         "container_runtime: unknown key (got 'enroot_data_dir'; allowed containerd_data_dir, fallback_data_dir)",
         "container_runtime: unknown key (got 'pyxis'; allowed containerd_data_dir, fallback_data_dir)",
     ]
+
+
+def test_eks_al2_sets_the_root_in_the_bootstrap_template(tmp_path):
+    box = eks_sandbox(tmp_path, config=None, os="al2")
+    succeeded(box.on_create())
+    assert box.read(AL2_TEMPLATE) == with_root(STOCK_CONTAINERD_CONFIG, "/opt/dlami/nvme/containerd")
+    assert not (box.root / CONTAINERD_CONFIG).exists()
+
+
+def test_eks_al2023_overrides_the_root_on_containerds_command_line(tmp_path):
+    box = eks_sandbox(tmp_path, os="al2023")
+    succeeded(box.on_create())
+    assert box.read(CONTAINERD_CONFIG) == STOCK_CONTAINERD_CONFIG  # nodeadm's file stays nodeadm's
+    assert box.read(AL2023_DROP_IN).splitlines()[1:] == [
+        "[Service]", "ExecStart=", "ExecStart=/usr/bin/containerd --root /opt/dlami/nvme/containerd"]
+    assert box.calls("systemctl daemon-reload") and box.calls("systemctl restart") == ["systemctl restart containerd"]
+
+
+def test_eks_al2023_does_not_start_a_stopped_containerd(tmp_path):
+    box = eks_sandbox(tmp_path, os="al2023")
+    result = succeeded(box.on_create(MOE_STUB_ACTIVE=""))
+    assert box.calls("systemctl restart") == []
+    assert "containerd is not running; it starts with its data root at /opt/dlami/nvme/containerd" in result.stdout
+
+
+def test_eks_kubelet_folder_moves_to_the_nvme_with_its_files(eks_run):
+    box, _ = eks_run
+    link = box.root / "var/lib/kubelet"
+    assert link.is_symlink() and os.readlink(link) == "/opt/dlami/nvme/kubelet"
+    assert sorted(p.name for p in (box.root / "opt/dlami/nvme/kubelet").iterdir()) == [".hidden", "kubeconfig"]
+
+
+def test_eks_kubelet_folder_stays_while_kubelet_runs(tmp_path):
+    box = eks_sandbox(tmp_path)
+    result = succeeded(box.on_create(MOE_STUB_ACTIVE="containerd kubelet"))
+    assert not (box.root / "var/lib/kubelet").is_symlink()
+    assert "WARNING: kubelet is running, so /var/lib/kubelet stays where it is" in result.stdout
