@@ -24,6 +24,7 @@ from moe_cdk.constructs.hyperpod_nodes import (
     lifecycle_directory_problems,
     publish_lifecycle,
 )
+from moe_cdk.constructs.lustre_storage import efa_client_interfaces
 from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
 
 
@@ -167,6 +168,9 @@ def provisioning_parameters(*, instance_groups: Sequence[SlurmInstanceGroup], re
         "fsx_lustre": None if fsx is None else {
             "dns_name_parameter": fsx.dns_name_parameter, "mount_name_parameter": fsx.mount_name_parameter,
             "mount_point": fsx.mount_point,
+            # Worker groups that reach an EFA-enabled file system over EFA, with their interface count.
+            "efa_interfaces": {g.name: n for g in by_type[NodeType.COMPUTE]
+                               if fsx.efa_enabled and (n := efa_client_interfaces(g.instance_type))},
         },
         "container_runtime": {"enroot_data_dir": "/opt/dlami/nvme/enroot", "pyxis": True},
     }

@@ -6,6 +6,23 @@
 # Idempotent: an existing mount is left alone, and /etc/fstab keeps exactly one line for the
 # mount point. Skips (successfully) when fsx_lustre is null.
 #
+# Source: AWS's reference mount_fsx.sh (aws-samples/awsome-distributed-training,
+# 1.architectures/5.sagemaker-hyperpod/LifecycleScripts/base-config/mount_fsx.sh at 7217859):
+# load lnet and lustre, mount DNS@tcp:/MOUNTNAME with noatime,flock,_netdev, retried.
+# HyperPod mounts FSx itself only when the instance group has an FsxLustreConfig, which the
+# construct does not send, so this step owns the mount.
+#
+# Lustre over EFA: for an EFA-enabled file system the construct lists, per worker group, how
+# many EFA interfaces its nodes use (fsx_lustre.efa_interfaces; the FSx default, 8 on the P5
+# family). Before mounting, such a node adds them to LNet's efa network, the command the FSx
+# for Lustre User Guide gives ("Configuring EFA clients": lnetctl net add --net efa --if
+# DEVICE --peer-credits 32), after `lnetctl lnet configure`; the mount still names the @tcp
+# NID, as AWS's script does, and LNet multi-rail then uses the EFA interfaces. HyperPod's
+# DLAMI-based AMI ships the Lustre client and EFA driver that needs ("If you are using a Deep
+# Learning AMI, you can skip this step"). AWS's script downloads the guide's setup.sh at boot
+# instead; this downloads nothing. Without lnetctl or EFA devices, or when a command fails,
+# the node mounts over TCP with a WARNING: slower, not broken.
+#
 # Paths on the command line carry ${MOE_LC_ROOT} (so tests can run in a sandbox); the fstab
 # line names the mount point as the node sees it (no prefix).
 set -euo pipefail
@@ -38,6 +55,32 @@ load_lustre_module() {
   fi
 }
 
+# lnet_over_efa COUNT: add the first COUNT EFA devices to LNet's efa network (those already
+# there are skipped); returns non-zero when it could not.
+lnet_over_efa() {
+  local count="$1" devices=() device configured
+  if ! command -v lnetctl >/dev/null 2>&1; then
+    warn "lnetctl is not installed: no Lustre client with EFA support"
+    return 1
+  fi
+  mapfile -t devices < <(find "${MOE_LC_ROOT}/sys/class/infiniband" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort)
+  if ((${#devices[@]} == 0)); then
+    warn "no EFA device under ${MOE_LC_ROOT}/sys/class/infiniband"
+    return 1
+  fi
+  modprobe lnet || return
+  lnetctl lnet configure || return
+  configured="$(lnetctl net show --net efa 2>/dev/null || true)"
+  for device in "${devices[@]:0:count}"; do
+    if grep -qw -- "${device}" <<<"${configured}"; then
+      log "LNet efa network already has ${device}"
+    else
+      lnetctl net add --net efa --if "${device}" --peer-credits 32 || return
+      log "LNet efa network: added ${device}"
+    fi
+  done
+}
+
 # ensure_fstab_line LINE MOUNT_POINT: LINE becomes the only fstab entry for MOUNT_POINT.
 ensure_fstab_line() {
   local line="$1" mount_point="$2" fstab="${MOE_LC_ROOT}/etc/fstab" tmp
@@ -59,6 +102,7 @@ ensure_fstab_line() {
 main() {
   install_err_trap
   load_params
+  load_node_facts
   if [[ "${MOE_FSX_ENABLED}" != "true" ]]; then
     log "fsx_lustre is null in provisioning_parameters.json; no FSx for Lustre to mount, skipping"
     return 0
@@ -83,6 +127,13 @@ main() {
   log "mounting ${device} at ${mount_point}"
 
   load_lustre_module
+  if ((MOE_LUSTRE_EFA_INTERFACES > 0)); then
+    if lnet_over_efa "${MOE_LUSTRE_EFA_INTERFACES}"; then
+      log "Lustre traffic uses up to ${MOE_LUSTRE_EFA_INTERFACES} EFA interfaces"
+    else
+      warn "Lustre over EFA is not configured; ${mount_point} is mounted over TCP"
+    fi
+  fi
   mkdir -p -- "${target}"
   retry 5 5 mount -t lustre -o "${LUSTRE_OPTIONS}" "${device}" "${target}"
   log "mounted ${device} at ${mount_point}"

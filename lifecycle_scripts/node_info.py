@@ -6,10 +6,12 @@ Standard library only, Python 3.8+ (the Python on HyperPod's AMI).
     node_info.py RESOURCE_CONFIG PROVISIONING_PARAMETERS
         Finds this node in HyperPod's resource_config.json and prints
             NODE_GROUP, NODE_ROLE (controller|login|compute on Slurm, worker on EKS),
-            PARTITION, FEATURES, INSTANCE_TYPE, INSTANCE_ID
+            PARTITION, FEATURES, INSTANCE_TYPE, INSTANCE_ID, LUSTRE_EFA_INTERFACES
         as KEY=value lines. PARTITION and FEATURES (comma-separated) are empty except on
         Slurm compute nodes; on EKS every node is a worker, PARTITION is always empty and
-        FEATURES lists its worker group's features.
+        FEATURES lists its worker group's features. LUSTRE_EFA_INTERFACES is how many EFA
+        interfaces the node sets up for an EFA-enabled file system (fsx_lustre.efa_interfaces
+        of its group), 0 for TCP.
     node_info.py --params PROVISIONING_PARAMETERS
         Prints the cluster-wide settings the scripts need: WORKLOAD_MANAGER (slurm|eks),
         REGION, FSX_ENABLED (true|false), FSX_DNS_NAME_PARAMETER, FSX_MOUNT_NAME_PARAMETER,
@@ -68,6 +70,7 @@ TOP_LEVEL_KEYS = (
 )
 WORKER_KEYS = ("instance_group_name", "partition_name", "instance_type", "features")
 FSX_KEYS = ("dns_name_parameter", "mount_name_parameter", "mount_point")
+FSX_OPTIONAL_KEYS = ("efa_interfaces",)
 CONTAINER_KEYS = ("enroot_data_dir", "pyxis")
 EKS_CONTAINER_KEYS = ("containerd_data_dir", "fallback_data_dir")
 WORKLOAD_MANAGERS = ("slurm", "eks")
@@ -90,6 +93,7 @@ DESCRIPTIONS = {
     "dns_name_parameter": SSM_ALLOWED,
     "mount_name_parameter": SSM_ALLOWED,
     "mount_point": "an absolute path other than '/'",
+    "efa_interfaces": "an object of worker group names to EFA interface counts (1 to 32)",
 }
 # On EKS (workload_manager "eks") these keys hold something else.
 EKS_NULL = "null when workload_manager is 'eks'"
@@ -235,7 +239,12 @@ def validate(params: object) -> dict:
         if not isinstance(fsx, dict):
             check.add("fsx_lustre", "invalid", show(fsx), DESCRIPTIONS["fsx_lustre"])
         else:
-            check.keys(fsx, "fsx_lustre.", FSX_KEYS)
+            check.keys(fsx, "fsx_lustre.", FSX_KEYS, FSX_OPTIONAL_KEYS)
+            efa = fsx.get("efa_interfaces", {})
+            names = {w.get("instance_group_name") for w in (workers or []) if isinstance(w, dict)}
+            if not isinstance(efa, dict) or any(
+                    g not in names or type(n) is not int or not 1 <= n <= 32 for g, n in efa.items()):
+                check.add("fsx_lustre.efa_interfaces", "invalid", show(efa), DESCRIPTIONS["efa_interfaces"])
             check.string(fsx, "fsx_lustre.", "dns_name_parameter", SSM_NAME, SSM_ALLOWED)
             check.string(fsx, "fsx_lustre.", "mount_name_parameter", SSM_NAME, SSM_ALLOWED)
             mount_point = fsx.get("mount_point")
@@ -368,6 +377,7 @@ def node_facts(resource_config_path: str, params_path: str) -> dict:
               f"says {workers[name]['instance_type']!r}", file=sys.stderr)
     facts["INSTANCE_TYPE"] = instance_type
     facts["INSTANCE_ID"] = instance.get("InstanceId", "")
+    facts["LUSTRE_EFA_INTERFACES"] = str(((params["fsx_lustre"] or {}).get("efa_interfaces") or {}).get(name, 0))
     return facts
 
 

@@ -7,6 +7,8 @@ also enforces are imported from the construct's module, so both word them the sa
 
 from __future__ import annotations
 
+from collections import Counter
+
 import enum
 import re
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     group_problems,
     provisioning_problems,
 )
-from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
+from moe_cdk.constructs.lustre_storage import capacity_problem, efa_client_problems, throughput_problem
 from moe_cdk.constructs.lustre_volume import KUBERNETES_NAME
 from moe_cdk.constructs.training_image import IMAGE_CHECKOUT_DIR
 from moe_cdk.constructs.training_eks_cluster import (
@@ -310,7 +312,7 @@ class LustreConfig:
     per_unit_storage_throughput_mb_s_tib: int = 250
     """Throughput tier in MB/s per TiB: 125, 250, 500 or 1000."""
     efa_enabled: bool = False
-    """Serve the clients over EFA. The file system must then be in the cluster's zone."""
+    """Serve the clients over EFA. The file system must then be in the cluster's zone, a compute group must be of an FSx EFA client type (the P5 family; others mount over TCP), at most 1024 EFA connections in all (8 per P5-family node), and the orchestrator Slurm: its lifecycle scripts add the EFA interfaces to LNet."""
     availability_zone: str | None = None
     """Zone of the file system. Default: `cluster.availability_zone`."""
 
@@ -425,6 +427,8 @@ class Config:
                     "an EFA-enabled file system must be in the cluster's zone",
                     got=lustre_zone, allowed=self.cluster.availability_zone)
         yield from self._eks_problems()
+        if self.storage.lustre.efa_enabled:
+            yield from self._efa_client_problems()
         existing = self.network.existing_vpc
         hyperpod = self.cluster.orchestrator in (Orchestrator.SLURM, Orchestrator.EKS)
         if existing is None and hyperpod and (message := subnet_capacity_problem(
@@ -444,6 +448,20 @@ class Config:
                     yield "network.existing_vpc.private_subnets", problem(
                         "no subnet in a zone the deployment uses", got=sorted(covered), allowed=f"a subnet in {zone}")
 
+
+    def _efa_client_problems(self) -> Problems:
+        if self.cluster.orchestrator is Orchestrator.EKS:
+            # AWS's EKS sample runs the FSx EFA client setup in its lifecycle; these scripts do not.
+            yield "storage.lustre.efa_enabled", problem(
+                "the EKS lifecycle scripts do not configure Lustre over EFA, so pods would reach the file system "
+                "over TCP", got=True, allowed="false with orchestrator eks")
+            return
+        compute = Counter()
+        for g in self.cluster.instance_groups:
+            if g.role is NodeRole.COMPUTE:
+                compute[g.instance_type] += g.instance_count
+        for message in efa_client_problems(dict(compute)):
+            yield "storage.lustre.efa_enabled", message
 
     def _eks_problems(self) -> Problems:
         second = self.eks.second_availability_zone

@@ -218,3 +218,25 @@ def test_eks_nodes_count_the_primary_interfaces_addresses():
 
     p5 = instance_catalog.lookup("ml.p5.48xlarge")
     assert (node_ip_addresses(p5, eks=False), node_ip_addresses(p5, eks=True)) == (32, 81)  # HyperPod's figures
+
+
+def test_efa_file_system_without_an_efa_client_is_refused():
+    # FSx for Lustre User Guide: EFA clients are Nitro v4 EFA instances other than trn2.
+    data = yaml.safe_load((ROOT / "config/p5-efa-lustre.yaml").read_text())
+    compute = next(g for g in data["cluster"]["instance_groups"] if g["role"] == "compute")
+    compute["instance_type"] = "ml.trn2.48xlarge"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    (error,) = [e for e in caught.value.errors if e.startswith("storage.lustre.efa_enabled")]
+    assert "no compute node can use EFA to the file system" in error and "ml.trn2.48xlarge" in error
+
+
+def test_efa_file_system_connection_limit_is_checked():
+    data = yaml.safe_load((ROOT / "config/p5-efa-lustre.yaml").read_text())
+    next(g for g in data["cluster"]["instance_groups"] if g["role"] == "compute")["instance_count"] = 129
+    data["network"] = {"private_subnet_cidr_mask": 16, "vpc_cidr": "10.0.0.0/14"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert [e for e in caught.value.errors if e.startswith("storage.lustre.efa_enabled")] == [
+        "storage.lustre.efa_enabled: more EFA connections than one file system accepts (got 1032; allowed at most "
+        "1024 (8 per P5-family node by default))"]

@@ -106,3 +106,10 @@ def test_taints_are_accepted_once_deep_health_checks_are_off():
     data["cluster"]["instance_groups"][1].update(deep_health_checks=False,
                                                  taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
     assert parse_config(data).cluster.instance_groups[1].taints[0].key == "nvidia.com/gpu"
+
+
+def test_efa_file_system_on_eks_is_refused():
+    errors = errors_for(EKS, lambda d: d["storage"]["lustre"].update(efa_enabled=True, storage_capacity_gib=19200))
+    assert [e for e in errors if e.startswith("storage.lustre.efa_enabled")] == [
+        "storage.lustre.efa_enabled: the EKS lifecycle scripts do not configure Lustre over EFA, so pods would reach "
+        "the file system over TCP (got True; allowed false with orchestrator eks)"]

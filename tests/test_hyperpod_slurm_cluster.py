@@ -133,7 +133,8 @@ def test_provisioning_parameters_come_from_the_groups_and_the_file_system():
     assert parameters["worker_groups"] == [{"instance_group_name": "gpu", "partition_name": "gpu",
                                             "instance_type": "ml.p5en.48xlarge", "features": ["efa", "p5en", "gpu"]}]
     assert parameters["fsx_lustre"] == {"dns_name_parameter": "/moe-cdk/t/fsx/dns-name",
-                                        "mount_name_parameter": "/moe-cdk/t/fsx/mount-name", "mount_point": "/fsx"}
+                                        "mount_name_parameter": "/moe-cdk/t/fsx/mount-name", "mount_point": "/fsx",
+                                        "efa_interfaces": {}}  # a TCP file system
 
 
 def test_bundle_id_changes_with_the_scripts_or_the_parameters(scripts, tmp_path):
@@ -241,3 +242,12 @@ def test_nodes_may_pull_the_training_image(scripts, tmp_path):
     assert pull["Action"] == ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
     assert "cdk-assets-images" in json.dumps(pull["Resource"])
     assert any("ecr:GetAuthorizationToken" in st["Action"] and st["Resource"] == "*" for st in statements)
+
+
+def test_efa_file_system_tells_p5_groups_how_many_efa_interfaces_to_use():
+    fsx = FsxMount(file_system_id="fs-1", availability_zone="us-east-2a", efa_enabled=True,
+                   dns_name_parameter="/a", mount_name_parameter="/b")
+    groups = (*GROUPS, SlurmInstanceGroup(name="old", node_type=NodeType.COMPUTE, instance_type="ml.p4de.24xlarge",
+                                          instance_count=1))
+    parameters = provisioning_parameters(instance_groups=groups, region="us-east-2", fsx=fsx)
+    assert parameters["fsx_lustre"]["efa_interfaces"] == {g.name: 8 for g in GROUPS if g.node_type is NodeType.COMPUTE}

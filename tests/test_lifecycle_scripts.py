@@ -8,7 +8,7 @@ Each sandbox is a temporary folder with
           /usr/local/share/pyxis/pyxis.conf, a stock /etc/fstab and /etc/enroot/enroot.conf;
   lc/     a copy of lifecycle_scripts/ with a provisioning_parameters.json beside on_create.sh;
   bin/    stubs, first on PATH, for mount, mountpoint, modprobe, lctl, findmnt, aws, scontrol,
-          strigger, enroot, fi_info, hostname and systemctl; each appends "NAME ARGS" to
+          strigger, lnetctl, enroot, fi_info, hostname and systemctl; each appends "NAME ARGS" to
           state/calls.log. (tests/test_lifecycle_slurm.py runs the Slurm steps on a real Slurm.)
 The stubs keep the mounted paths in state/mounts: `mount` adds its target (or fails with
 MOE_STUB_MOUNT_FAIL=1), `mountpoint -q` succeeds only for a listed path, and `mount` with no
@@ -91,6 +91,11 @@ grep -qxF -- "$1" "${MOE_STUB_STATE}/mounts"
 """,
     "modprobe": "exit 0\n",
     "lctl": r"""[ "$1" = list_nids ] && echo "10.0.64.11@tcp"
+exit 0
+""",
+    "lnetctl": r"""[ "${MOE_STUB_LNETCTL_FAIL:-0}" = 1 ] && exit 1
+[ "$1 $2" = "net show" ] && cat "${MOE_STUB_STATE}/lnet" 2>/dev/null
+[ "$1 $2" = "net add" ] && echo "$6" >>"${MOE_STUB_STATE}/lnet"
 exit 0
 """,
     "findmnt": r"""echo "TARGET SOURCE FSTYPE OPTIONS"
@@ -479,7 +484,7 @@ def test_node_info_describes_compute_node(sandbox):
                                          str(sandbox.lc / "provisioning_parameters.json")))
     assert result.stdout.splitlines() == [
         "NODE_GROUP=gpu", "NODE_ROLE=compute", "PARTITION=gpu", "FEATURES=efa,p5en,gpu",
-        "INSTANCE_TYPE=ml.p5en.48xlarge", "INSTANCE_ID=i-0456",
+        "INSTANCE_TYPE=ml.p5en.48xlarge", "INSTANCE_ID=i-0456", "LUSTRE_EFA_INTERFACES=0",
     ]
 
 
@@ -644,7 +649,7 @@ def test_eks_node_info_makes_every_group_a_worker(tmp_path, instance_id, group, 
                                      str(box.lc / "provisioning_parameters.json")))
     assert result.stdout.splitlines() == [
         f"NODE_GROUP={group}", "NODE_ROLE=worker", "PARTITION=", f"FEATURES={features}",
-        f"INSTANCE_TYPE={instance_type}", f"INSTANCE_ID={instance_id}",
+        f"INSTANCE_TYPE={instance_type}", f"INSTANCE_ID={instance_id}", "LUSTRE_EFA_INTERFACES=0",
     ]
 
 
@@ -811,3 +816,51 @@ def test_eks_kubelet_folder_stays_while_kubelet_runs(tmp_path):
     result = succeeded(box.on_create(MOE_STUB_ACTIVE="containerd kubelet"))
     assert not (box.root / "var/lib/kubelet").is_symlink()
     assert "WARNING: kubelet is running, so /var/lib/kubelet stays where it is" in result.stdout
+
+
+def efa_file_system_sandbox(base: Path) -> Sandbox:
+    """Compute node gpu-1 with three EFA devices, its group using two for an EFA-enabled file system."""
+    params = copy.deepcopy(PARAMS)
+    params["fsx_lustre"]["efa_interfaces"] = {"gpu": 2}
+    box = Sandbox(base, params=params)
+    for device in ("rdmap1s6", "rdmap2s6"):
+        (box.root / "sys/class/infiniband" / device).mkdir()
+    return box
+
+
+def test_efa_file_system_adds_efa_interfaces_to_lnet_before_mounting(tmp_path):
+    box = efa_file_system_sandbox(tmp_path)
+    succeeded(box.on_create())
+    calls = [c for c in box.calls() if c.startswith(("lnetctl", "mount -t"))]
+    assert calls == ["lnetctl lnet configure", "lnetctl net show --net efa",
+                     "lnetctl net add --net efa --if rdmap0s6 --peer-credits 32",
+                     "lnetctl net add --net efa --if rdmap1s6 --peer-credits 32",
+                     "mount -t lustre -o noatime,flock,_netdev fs.example@tcp:/abcdefgh " + str(box.root / "fsx")]
+
+
+def test_efa_interfaces_already_in_lnet_are_not_added_again(tmp_path):
+    box = efa_file_system_sandbox(tmp_path)
+    (box.state / "lnet").write_text("rdmap0s6\n")
+    succeeded(box.on_create())
+    assert box.calls("lnetctl net add") == ["lnetctl net add --net efa --if rdmap1s6 --peer-credits 32"]
+
+
+def test_lnet_failure_mounts_over_tcp_with_a_warning(tmp_path):
+    box = efa_file_system_sandbox(tmp_path)
+    result = succeeded(box.on_create(MOE_STUB_LNETCTL_FAIL="1"))
+    assert "WARNING: Lustre over EFA is not configured; /fsx is mounted over TCP" in result.stdout
+    assert len(box.calls("mount -t lustre")) == 1
+
+
+def test_tcp_file_system_leaves_lnet_alone(compute_run):
+    box, _ = compute_run
+    assert box.calls("lnetctl") == []
+
+
+def test_check_rejects_efa_interfaces_of_an_unknown_group(sandbox):
+    params = copy.deepcopy(PARAMS)
+    params["fsx_lustre"]["efa_interfaces"] = {"nope": 8}
+    sandbox.write_params(params)
+    result = sandbox.node_info("--check", str(sandbox.lc / "provisioning_parameters.json"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("fsx_lustre.efa_interfaces: invalid (got {\"nope\": 8}")
