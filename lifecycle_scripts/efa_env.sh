@@ -7,6 +7,8 @@
 # profile.d with /bin/sh too, so this file is plain POSIX sh and sets no shell options
 # (no `set -euo pipefail`: that would change every user's login shell).
 #
+# Source: AWS's EFA cheatsheet (aws-samples/awsome-distributed-training,
+# 1.architectures/efa-cheatsheet.md at 7217859), whose table gives each variable below.
 # Written for aws-ofi-nccl >= 1.7 with libfabric >= 1.18 (what HyperPod's AMI ships). Those
 # versions pick the EFA provider and GPUDirect RDMA by themselves, so these obsolete settings
 # are deliberately NOT set here:

@@ -316,8 +316,9 @@ def _write_credentials(home: Path, path: str) -> Path:
 
 
 def test_enroot_credentials_give_curl_the_ecr_token(tmp_path):
-    # enroot hands the credentials file to curl's netrc reader after running each password
-    # that starts with "$" through the shell (enroot doc/cmd/import.md; common.sh evalnetrc).
+    # enroot hands the credentials file to curl's netrc reader (src/docker.sh: --netrc-file)
+    # after echoing each line whose password starts with "$" through the shell (src/common.sh,
+    # common::evalnetrc; NVIDIA/enroot at 8ea147d).
     # Here `aws` prints a token (no AWS account), the shell runs it as enroot would, and a
     # real curl must then send the registry "AWS:<token>" as basic auth.
     from http.server import BaseHTTPRequestHandler, HTTPServer
