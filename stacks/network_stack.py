@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack, aws_ec2 as ec2
+from aws_cdk import CfnOutput, CrossStackReferences, ReferenceStrength, Stack, aws_ec2 as ec2
 from constructs import Construct
 
 from moe_cdk.constructs.efa_security_group import EfaSecurityGroup, EfaSecurityGroupProps
@@ -38,6 +38,13 @@ class NetworkStack(Stack):
             flow_log_retention_days=network.flow_log_retention_days,
         ))
         self.node_security_group = EfaSecurityGroup(self, "NodeSecurityGroup", EfaSecurityGroupProps(vpc=self.network.vpc))
+        # The app's references are weak (cdk.json), but a subnet or security group that the file
+        # system and the nodes still use must not be replaced under them: the other stacks import
+        # these (Fn::ImportValue), so CloudFormation refuses a network update that would replace
+        # one while they are in use, instead of leaving the file system and cluster on a deleted subnet.
+        for resource in (*self.network.private_subnets, self.node_security_group.security_group, self.network.vpc):
+            if resource.node.default_child is not None:  # created here, not adopted
+                CrossStackReferences.of(resource.node.default_child).produce(ReferenceStrength.STRONG)
 
         CfnOutput(self, "VpcId", value=self.network.vpc.vpc_id)
         CfnOutput(self, "PrivateSubnetIds", value=",".join(s.subnet_id for s in self.network.private_subnets))

@@ -4,7 +4,7 @@ checkpoint and output prefixes and the training image, in the training network."
 from __future__ import annotations
 
 import aws_cdk as cdk
-from aws_cdk import CfnOutput, Stack, aws_iam as iam
+from aws_cdk import CfnOutput, ReferenceStrength, Stack, aws_iam as iam
 from constructs import Construct
 
 from moe_cdk.constructs.nag import nag_text
@@ -64,8 +64,11 @@ class TrainingJobStack(Stack):
 
         subnet = network.network.subnet_in(config.cluster.availability_zone)
         CfnOutput(self, "RoleArn", value=self.role.role_arn)
-        CfnOutput(self, "SubnetIds", value=subnet.subnet_id)
-        CfnOutput(self, "SecurityGroupIds", value=network.node_security_group.security_group_id)
+        # Outputs only repeat the network stack's values, so they read them weakly: an output of an
+        # import would be an export chain (cfn-lint W6001) and blocks nothing.
+        CfnOutput(self, "SubnetIds", value=Stack.consume_reference(subnet.subnet_id, ReferenceStrength.WEAK))
+        CfnOutput(self, "SecurityGroupIds", value=Stack.consume_reference(
+            network.node_security_group.security_group_id, ReferenceStrength.WEAK))
         CfnOutput(self, "DataBucketName", value=bucket)
         CfnOutput(self, "FileSystemId", value=storage.lustre.file_system_id)
         CfnOutput(self, "FileSystemMountName", value=storage.lustre.mount_name)

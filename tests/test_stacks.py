@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -24,10 +25,9 @@ def test_file_system_is_in_the_cluster_zone(default_synth, default_config):
     _, templates = default_synth
     (fs,) = resources_of_type(templates["moe-storage"], "AWS::FSx::FileSystem").values()
     (subnet_reference,) = fs["Properties"]["SubnetIds"]
-    output = subnet_reference["Fn::GetStackOutput"]
-    assert output["StackName"] == "moe-network"
     network = templates["moe-network"]
-    subnet_logical_id = network["Outputs"][output["OutputName"]]["Value"]["Ref"]
+    (output,) = [o for o in network["Outputs"].values() if o.get("Export", {}).get("Name") == subnet_reference["Fn::ImportValue"]]
+    subnet_logical_id = output["Value"]["Ref"]
     assert network["Resources"][subnet_logical_id]["Properties"]["AvailabilityZone"] == default_config.cluster.availability_zone
 
 
@@ -115,3 +115,18 @@ def test_accounting_database_synthesizes_what_cloudformation_accepts(tmp_path):
     result = subprocess.run([str(ROOT / ".venv/bin/cfn-lint"), "--regions", config.region, "--ignore-checks", "W3010",
                              "W3005", "--", str(tmp_path / "moe-cluster.template.json")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_subnets_and_security_groups_in_use_are_strong_references(default_synth):
+    # Imported with Fn::ImportValue, a subnet or security group that the file system or the
+    # cluster uses cannot be replaced by a network update: CloudFormation refuses to change an
+    # export another stack imports. The app's other references stay weak (cdk.json).
+    _, templates = default_synth
+    exported = {o["Export"]["Name"]: o["Value"] for o in templates["moe-network"]["Outputs"].values() if "Export" in o}
+    network = templates["moe-network"]["Resources"]
+    for consumer in ("moe-storage", "moe-cluster"):
+        text = json.dumps(templates[consumer])
+        assert "Fn::GetStackOutput" not in text
+        imported = set(re.findall(r'"Fn::ImportValue": "([^"]+)"', text))
+        types = {network[(v.get("Ref") or v["Fn::GetAtt"][0])]["Type"] for name, v in exported.items() if name in imported}
+        assert types == {"AWS::EC2::Subnet", "AWS::EC2::SecurityGroup"} | ({"AWS::EC2::VPC"} if consumer == "moe-storage" else set())
