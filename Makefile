@@ -21,7 +21,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup system-packages synth test docs diagram validate deploy hyperpod-chart bench gpu-check-prepare clean
+.PHONY: help setup system-packages synth test docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -30,6 +30,7 @@ help:
 	@echo "make docs                          regenerate docs/configuration.md"
 	@echo "make diagram                       render docs/architecture.png from the default configuration"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
+	@echo "make destroy [CONFIG=...]          delete the stacks; what is kept: docs/operations.md"
 	@echo "make hyperpod-chart [CONFIG=...]   stage AWS's HyperPod dependencies chart for an EKS configuration (needs GitHub)"
 	@echo "make bench                         CPU benchmarks: MoE layer, checkpoint I/O, data loading, trainer overhead"
 	@echo "make gpu-check-prepare             wheels and plan figures for bench/gpu_check.sh on a GPU machine"
@@ -69,6 +70,10 @@ validate: setup
 
 deploy: setup hyperpod-chart
 	$(CDK) deploy --all -c config=$(CONFIG)
+
+# Keeps the buckets and (by default) the file system: docs/operations.md.
+destroy: setup
+	$(CDK) destroy --all -c config=$(CONFIG)
 
 # EKS configurations only: AWS publishes the chart on GitHub alone, so it is fetched here,
 # before synth, at the commit pinned in constructs/cluster_software.py.

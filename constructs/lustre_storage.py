@@ -107,7 +107,7 @@ class LustreStorageProps:
     kms_key: kms.IKey | None = None
     """Key for encryption at rest. Default: a new customer-managed key with rotation."""
     removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
-    """What happens to the file system when it leaves the stack. Default: RETAIN."""
+    """What happens to the file system, its KMS key and its security group when they leave the stack. Default: RETAIN."""
 
 
 class LustreStorage(Construct):
@@ -140,6 +140,9 @@ class LustreStorage(Construct):
             self, "SecurityGroup", vpc=props.vpc, allow_all_outbound=True,
             description="FSx for Lustre servers: Lustre traffic from the cluster nodes only",
         )
+        # Retained with the file system, whose network interfaces keep using it: a security group
+        # deleted under them fails the stack deletion (DependencyViolation).
+        self.security_group.apply_removal_policy(props.removal_policy)
         self.connections = ec2.Connections(security_groups=[self.security_group])
         sg, clients = self.security_group, props.client_security_group
         if props.efa_enabled:

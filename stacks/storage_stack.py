@@ -49,12 +49,18 @@ class StorageStack(Stack):
             storage_capacity_gib=lustre.storage_capacity_gib,
             per_unit_storage_throughput_mb_s_tib=lustre.per_unit_storage_throughput_mb_s_tib,
             efa_enabled=lustre.efa_enabled,
+            removal_policy=RemovalPolicy.RETAIN if lustre.retain_on_delete else RemovalPolicy.DESTROY,
         ))
         repository = config.storage.data_repository
+        # The buckets are retained and fixed-name, so after `cdk destroy` a new deployment adopts them
+        # (storage.adopt_retained_buckets) rather than failing to create them again.
+        adopt = config.storage.adopt_retained_buckets
+        data_bucket = data_bucket_name(config).replace("${AWS::AccountId}", self.account)
         self.data_repository = DataRepository(self, "DataRepository", DataRepositoryProps(
             file_system_id=self.lustre.file_system_id,
             associations=repository.associations,
-            bucket_name=data_bucket_name(config).replace("${AWS::AccountId}", self.account),
+            bucket=s3.Bucket.from_bucket_name(self, "AdoptedDataBucket", data_bucket) if adopt else None,
+            bucket_name=data_bucket,
         ))
         # Written by CloudFormation from the construct's attributes, read by the lifecycle
         # scripts: the deploy-time names reach the nodes without a hand-made copy.
@@ -63,9 +69,10 @@ class StorageStack(Stack):
             ssm.StringParameter(self, "FsxDnsName", parameter_name=dns_parameter, string_value=self.lustre.dns_name),
             ssm.StringParameter(self, "FsxMountName", parameter_name=mount_parameter, string_value=self.lustre.mount_name),
         )
-        self.lifecycle_bucket = s3.Bucket(
+        lifecycle_bucket = lifecycle_bucket_name(config).replace("${AWS::AccountId}", self.account)
+        self.lifecycle_bucket = s3.Bucket.from_bucket_name(self, "AdoptedLifecycleBucket", lifecycle_bucket) if adopt else s3.Bucket(
             self, "LifecycleBucket",
-            bucket_name=lifecycle_bucket_name(config).replace("${AWS::AccountId}", self.account),
+            bucket_name=lifecycle_bucket,
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
@@ -80,6 +87,9 @@ class StorageStack(Stack):
         CfnOutput(self, "FileSystemId", value=self.lustre.file_system_id)
         CfnOutput(self, "FileSystemDnsName", value=self.lustre.dns_name)
         CfnOutput(self, "FileSystemMountName", value=self.lustre.mount_name)
+        # What `cdk destroy` keeps with the file system (docs/operations.md).
+        CfnOutput(self, "FileSystemSecurityGroupId", value=self.lustre.security_group.security_group_id)
+        CfnOutput(self, "FileSystemKeyId", value=self.lustre.kms_key.key_id)
         CfnOutput(self, "DataBucketName", value=self.data_repository.bucket.bucket_name)
         CfnOutput(self, "LifecycleBucketName", value=self.lifecycle_bucket.bucket_name)
         CfnOutput(self, "TrainingImageUri", value=self.training_image.image_uri)

@@ -130,3 +130,39 @@ def test_subnets_and_security_groups_in_use_are_strong_references(default_synth)
         imported = set(re.findall(r'"Fn::ImportValue": "([^"]+)"', text))
         types = {network[(v.get("Ref") or v["Fn::GetAtt"][0])]["Type"] for name, v in exported.items() if name in imported}
         assert types == {"AWS::EC2::Subnet", "AWS::EC2::SecurityGroup"} | ({"AWS::EC2::VPC"} if consumer == "moe-storage" else set())
+
+
+def _storage_resources(tmp_path, **storage) -> dict:
+    data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
+    data.setdefault("storage", {}).update(storage)
+    return synth(parse_config(data), tmp_path)["moe-storage"]["Resources"]
+
+
+def _by_type(resources: dict, type_name: str) -> list[dict]:
+    return [r for r in resources.values() if r["Type"] == type_name]
+
+
+def test_file_system_key_and_security_group_are_retained_together(default_synth):
+    # A retained file system keeps using its security group: deleting the group under it fails
+    # the stack deletion with DependencyViolation.
+    resources = default_synth[1]["moe-storage"]["Resources"]
+    fsx_group = next(r for r in _by_type(resources, "AWS::EC2::SecurityGroup")
+                     if r["Properties"]["GroupDescription"].startswith("FSx for Lustre servers"))
+    for resource in (*_by_type(resources, "AWS::FSx::FileSystem"), *_by_type(resources, "AWS::KMS::Key"), fsx_group):
+        assert resource.get("DeletionPolicy") == "Retain", resource["Type"]
+
+
+def test_file_system_can_be_deleted_with_the_stack(tmp_path):
+    data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
+    data["storage"]["lustre"]["retain_on_delete"] = False
+    resources = synth(parse_config(data), tmp_path)["moe-storage"]["Resources"]
+    (file_system,) = _by_type(resources, "AWS::FSx::FileSystem")
+    assert file_system.get("DeletionPolicy") == "Delete"
+
+
+def test_a_redeploy_after_destroy_adopts_the_retained_buckets(tmp_path):
+    resources = _storage_resources(tmp_path, adopt_retained_buckets=True)
+    assert _by_type(resources, "AWS::S3::Bucket") == []
+    paths = [json.dumps(a["Properties"]["DataRepositoryPath"])
+             for a in _by_type(resources, "AWS::FSx::DataRepositoryAssociation")]
+    assert paths and all("moe-data-" in p and "-us-east-2-moe/" in p for p in paths)
