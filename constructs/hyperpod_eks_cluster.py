@@ -34,6 +34,8 @@ from moe_cdk.constructs.hyperpod_nodes import (
 from moe_cdk.constructs.nag import nag_text
 from moe_cdk.constructs.training_eks_cluster import pod_identity_role
 from moe_cdk.constructs.validation import problem, raise_if_any
+from moe_cdk.rules.sagemaker import kubernetes_metadata_problems as sagemaker_kubernetes_problems
+from moe_cdk.rules.sagemaker import taints_with_deep_health_checks_problem
 
 # Kubernetes label keys and values ("Labels and Selectors"): an optional DNS-subdomain
 # prefix, then a name of at most 63 characters; values are empty or such a name.
@@ -97,33 +99,14 @@ class EksInstanceGroup(HyperPodInstanceGroup):
         return self.role is EksNodeRole.COMPUTE
 
 
-# SageMaker Developer Guide, "Configuring custom Kubernetes labels and taints": prefixes
-# reserved for system use, which custom labels and taints may not carry.
-RESERVED_PREFIXES = ("kubernetes.io/", "k8s.io/", "sagemaker.amazonaws.com/", "eks.amazonaws.com/", "k8s.aws/",
-                     "karpenter.sh/")
-# SageMaker API reference, ClusterKubernetesConfig: Labels and Taints hold at most 50 entries each.
-MAX_LABELS = MAX_TAINTS = 50
-
-
 def kubernetes_metadata_problems(groups: Sequence[EksInstanceGroup]) -> list[tuple[str, str]]:
     found = []
     for i, g in enumerate(groups):
-        # SageMaker Developer Guide, "Amazon EKS prerequisites", resiliency considerations: "You
-        # cannot add custom taints to nodes in instance groups with DeepHealthChecks turned on."
-        if g.taints and g.runs_deep_health_checks:
-            found.append((f"instance_groups[{i}].taints", problem(
-                "custom taints cannot be combined with deep health checks, which HyperPod runs on this group's "
-                f"{g.instance_type} nodes", got=[t.key for t in g.taints],
-                allowed="no taints, or deep_health_checks: false (select the nodes with labels instead)")))
-        for name, count, limit in (("labels", len(g.labels), MAX_LABELS), ("taints", len(g.taints), MAX_TAINTS)):
-            if count > limit:
-                found.append((f"instance_groups[{i}].{name}", problem(f"too many {name}", got=count,
-                                                                      allowed=f"at most {limit}")))
-        for key in [*g.labels, *(t.key for t in g.taints)]:
-            if key.startswith(RESERVED_PREFIXES):
-                found.append((f"instance_groups[{i}].{'labels' if key in g.labels else 'taints'}", problem(
-                    "uses a prefix reserved for system use", got=key,
-                    allowed=f"a key without the prefixes {', '.join(RESERVED_PREFIXES)}")))
+        if g.runs_deep_health_checks and (p := taints_with_deep_health_checks_problem([t.key for t in g.taints],
+                                                                                     g.instance_type)):
+            found.append((f"instance_groups[{i}].taints", p))
+        found += [(f"instance_groups[{i}].{name}", message) for name, message in
+                  sagemaker_kubernetes_problems(list(g.labels), [t.key for t in g.taints])]
         for key, value in g.labels.items():
             if not LABEL_KEY.match(key):
                 found.append((f"instance_groups[{i}].labels", problem("not a Kubernetes label key", got=key,

@@ -13,7 +13,6 @@ public construct of its own.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
@@ -30,6 +29,7 @@ from constructs import Construct
 from moe_cdk.constructs import instance_catalog
 from moe_cdk.constructs.nag import managed_policy_finding, nag_text
 from moe_cdk.constructs.validation import problem, raise_if_any
+from moe_cdk.rules.sagemaker import node_ip_addresses, training_plan_arn_problem
 
 # SageMaker API reference, ClusterInstanceGroupSpecification.InstanceGroupName.
 GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -122,58 +122,10 @@ def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_
     return found
 
 
-# SageMaker Developer Guide, "Prerequisites for using SageMaker HyperPod", custom VPC: "For
-# Slurm-orchestrated clusters, each P5 instance can create 32 IP addresses (one per network
-# card). For EKS-orchestrated clusters, each P5 instance can create 81 IP addresses (50 from the
-# primary card plus one from each of the remaining 31 cards)." The guide gives no other type;
-# the rule is applied per network card, one per EFA interface of the catalog (p5en: 16 on Slurm,
-# 65 on EKS), and a type without EFA counts one card. 50 is the primary interface's IPv4 limit
-# of the accelerated types (and more than an m5's), so the EKS figure is an upper bound there.
-PRIMARY_INTERFACE_IPV4 = 50
-# Amazon VPC User Guide, "Subnet CIDR blocks": AWS reserves 5 addresses of every subnet.
-SUBNET_RESERVED_ADDRESSES = 5
-
-
-def node_ip_addresses(spec: instance_catalog.InstanceSpec, *, eks: bool) -> int:
-    """Private IPv4 addresses one HyperPod node of ``spec`` can take from its subnet."""
-    cards = max(1, spec.efa_interfaces)
-    return PRIMARY_INTERFACE_IPV4 + cards - 1 if eks else cards
-
-
-def subnet_capacity_problem(groups: Sequence[HyperPodInstanceGroup], *, prefix_length: int, eks: bool) -> str | None:
-    """Why a private subnet of ``/prefix_length`` cannot hold ``groups``' nodes, or None."""
-    needed = sum(g.instance_count * node_ip_addresses(g.spec, eks=eks) for g in groups if g.spec is not None)
-    usable = 2 ** (32 - prefix_length) - SUBNET_RESERVED_ADDRESSES
-    if needed <= usable:
-        return None
-    counts = ", ".join(f"{g.instance_count} x {g.instance_type} ({node_ip_addresses(g.spec, eks=eks)} each)"
-                       for g in groups if g.spec is not None)
-    fits = next((p for p in range(prefix_length, 15, -1) if 2 ** (32 - p) - SUBNET_RESERVED_ADDRESSES >= needed), None)
-    return problem(f"the cluster subnet is too small for the nodes' network interfaces: {counts} take {needed} "
-                   f"addresses, a /{prefix_length} has {usable}", got=prefix_length,
-                   allowed=f"{fits} or less (a larger subnet)" if fits else "fewer nodes: not even a /16 holds them")
-
-
-@functools.cache
-def _training_plan_arn_rule() -> dict:
-    """``pattern``, ``min`` and ``max`` of ``TrainingPlanArn`` in botocore's SageMaker model,
-    read once: the model takes about 50 ms to load, and both the configuration and the
-    constructs check every group."""
-    import botocore.session
-
-    return botocore.session.get_session().get_service_model("sagemaker").shape_for(
-        "ClusterInstanceGroupSpecification").members["TrainingPlanArn"].metadata
-
-
-def training_plan_arn_problem(arn: str) -> str | None:
-    """Why CreateCluster would reject ``arn`` as a group's ``TrainingPlanArn``, or None. The
-    rule is the API's own: the shape's pattern and length in botocore's SageMaker model."""
-    rule = _training_plan_arn_rule()
-    if rule["min"] <= len(arn) <= rule["max"] and re.fullmatch(rule["pattern"], arn):
-        return None
-    return problem("not a SageMaker training plan ARN", got=arn,
-                   allowed=f"{rule['pattern']} ({rule['min']} to {rule['max']} characters), "
-                           "e.g. arn:aws:sagemaker:us-east-2:123456789012:training-plan/my-plan")
+def subnet_nodes(groups: Sequence[HyperPodInstanceGroup], *, eks: bool) -> list[tuple[str, int, int]]:
+    """``(instance type, count, addresses each)`` per group, for ``rules.ec2.subnet_capacity_problem``."""
+    return [(g.instance_type, g.instance_count, node_ip_addresses(network_cards=g.spec.efa_interfaces, eks=eks))
+            for g in groups if g.spec is not None]
 
 
 def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,

@@ -24,8 +24,9 @@ from moe_cdk.constructs.hyperpod_nodes import (
     lifecycle_directory_problems,
     publish_lifecycle,
 )
-from moe_cdk.constructs.lustre_storage import efa_client_interfaces
 from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
+from moe_cdk.rules import sagemaker as rules
+from moe_cdk.rules.fsx import efa_client_interfaces
 
 
 DATABASE_NAME = re.compile(r"^[a-zA-Z0-9$_]{1,64}$")
@@ -204,23 +205,12 @@ def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa
 
 def provisioning_problems(*, mode: NodeProvisioningMode, slurm_config_strategy: SlurmConfigStrategy | None,
                           accounting_database: AccountingDatabase | None) -> list[tuple[str, str]]:
-    """``(key, message)`` for combinations CreateCluster rejects. Not in CloudFormation's schema (cfn-lint
-    passes them), so checked here."""
-    found: list[tuple[str, str]] = []
-    continuous = mode is NodeProvisioningMode.CONTINUOUS
-    # SageMaker Developer Guide, "Continuous provisioning for Slurm": "Passing any SlurmConfigStrategy
-    # value results in an API error."
-    if continuous and slurm_config_strategy is not None:
-        found.append(("slurm_config_strategy", problem(
-            "continuous provisioning rejects any SlurmConfigStrategy", got=slurm_config_strategy.value,
-            allowed="unset with node_provisioning_mode continuous")))
+    """``(key, message)`` for provisioning settings CreateCluster rejects (``rules.sagemaker``), and
+    for a bad accounting database."""
+    found = rules.provisioning_problems(
+        continuous=mode is NodeProvisioningMode.CONTINUOUS, accounting_database=accounting_database is not None,
+        slurm_config_strategy=None if slurm_config_strategy is None else slurm_config_strategy.value)
     if accounting_database is not None:
-        # SageMaker API reference, ClusterOrchestratorSlurmConfig.AccountingDatabase: "only supported for
-        # clusters using Continuous as the NodeProvisioningMode".
-        if not continuous:
-            found.append(("accounting_database", problem(
-                "an external accounting database needs continuous node provisioning", got=mode.value,
-                allowed="node_provisioning_mode continuous (and no slurm_config_strategy)")))
         found += [(f"accounting_database.{key}", message) for key, message in accounting_database.problems()]
     return found
 

@@ -11,7 +11,7 @@ from constructs import Construct
 from moe_cdk.constructs.validation import problem, raise_if_any
 
 # Only what `pip install .` needs reaches the Docker build context (and cdk.out).
-BUILD_CONTEXT_FILES = ("pyproject.toml", "README.md", "constructs", "stacks", "training")
+BUILD_CONTEXT_FILES = ("pyproject.toml", "README.md", "constructs", "rules", "stacks", "training")
 # Where the image holds the checkout's files (training/Dockerfile's WORKDIR): a trainer
 # profile `training/configs/x.yaml` is `/opt/moe-cdk/training/configs/x.yaml` in a job.
 IMAGE_CHECKOUT_DIR = "/opt/moe-cdk"

@@ -20,7 +20,7 @@ import yaml
 from moe_cdk.constructs.data_repository import DEFAULT_ASSOCIATIONS, DataRepositoryAssociation, association_problems
 from moe_cdk.constructs import cluster_software
 from moe_cdk.constructs.hyperpod_eks_cluster import EksInstanceGroup, EksNodeRole, Taint, eks_group_problems
-from moe_cdk.constructs.hyperpod_nodes import subnet_capacity_problem
+from moe_cdk.constructs.hyperpod_nodes import subnet_nodes
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
     AccountingDatabase,
     NodeProvisioningMode,
@@ -30,7 +30,7 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     group_problems,
     provisioning_problems,
 )
-from moe_cdk.constructs.lustre_storage import capacity_problem, efa_client_problems, throughput_problem
+from moe_cdk.constructs.lustre_storage import capacity_problem, throughput_problem
 from moe_cdk.constructs.lustre_volume import KUBERNETES_NAME
 from moe_cdk.constructs.training_image import IMAGE_CHECKOUT_DIR
 from moe_cdk.constructs.training_eks_cluster import (
@@ -41,6 +41,8 @@ from moe_cdk.constructs.training_eks_cluster import (
 )
 from moe_cdk.constructs.training_network import availability_zone_problem, cidr_problems, retention_problem
 from moe_cdk.constructs.validation import problem
+from moe_cdk.rules.ec2 import subnet_capacity_problem
+from moe_cdk.rules.fsx import efa_client_problems
 from moe_cdk.training.schema import ConfigError, build, render_docs
 
 Problems = Iterator[tuple[str, str]]
@@ -436,7 +438,8 @@ class Config:
         existing = self.network.existing_vpc
         hyperpod = self.cluster.orchestrator in (Orchestrator.SLURM, Orchestrator.EKS)
         if existing is None and hyperpod and (message := subnet_capacity_problem(
-                [g.to_props() for g in self.cluster.instance_groups], eks=self.cluster.orchestrator is Orchestrator.EKS,
+                subnet_nodes([g.to_props() for g in self.cluster.instance_groups],
+                             eks=self.cluster.orchestrator is Orchestrator.EKS),
                 prefix_length=self.network.private_subnet_cidr_mask)):
             yield "network.private_subnet_cidr_mask", message
         if existing is None:

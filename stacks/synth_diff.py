@@ -116,7 +116,7 @@ def package(name, path):
     sys.modules[name] = module
     return module
 top = package("moe_cdk", [])
-for sub in ("constructs", "stacks", "training"):
+for sub in ("constructs", "rules", "stacks", "training"):
     setattr(top, sub, package("moe_cdk." + sub, [root + "/" + sub]))
 sys.argv = [root + "/app.py"]
 sys.path[0] = root

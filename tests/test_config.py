@@ -214,10 +214,11 @@ def test_a_private_subnet_too_small_for_the_nodes_interfaces_is_refused():
 
 def test_eks_nodes_count_the_primary_interfaces_addresses():
     from moe_cdk.constructs import instance_catalog
-    from moe_cdk.constructs.hyperpod_nodes import node_ip_addresses
+    from moe_cdk.rules.sagemaker import node_ip_addresses
 
-    p5 = instance_catalog.lookup("ml.p5.48xlarge")
-    assert (node_ip_addresses(p5, eks=False), node_ip_addresses(p5, eks=True)) == (32, 81)  # HyperPod's figures
+    cards = instance_catalog.lookup("ml.p5.48xlarge").efa_interfaces
+    assert (node_ip_addresses(network_cards=cards, eks=False), node_ip_addresses(network_cards=cards, eks=True)) == (
+        32, 81)  # HyperPod's figures
 
 
 def test_efa_file_system_without_an_efa_client_is_refused():

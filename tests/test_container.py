@@ -39,7 +39,7 @@ def test_stacks_stage_only_the_build_context(default_synth):
     (image,) = assets.values()
     staged = outdir / image["source"]["directory"]
     assert image["source"]["dockerFile"] == "training/Dockerfile"
-    assert sorted(p.name for p in staged.iterdir()) == ["README.md", "constructs", "pyproject.toml", "stacks", "training"]
+    assert sorted(p.name for p in staged.iterdir()) == ["README.md", "constructs", "pyproject.toml", "rules", "stacks", "training"]
     assert not list(staged.rglob("__pycache__"))
 
 
