@@ -32,6 +32,13 @@ safe to read literally (lib.sh's load_kv does the latter). Invalid input exits w
 This node is found by its EC2 instance id (${MOE_LC_ROOT}/sys/devices/virtual/dmi/id/board_asset_tag
 on Nitro instances) or, failing that, by one of its IPv4 addresses (MOE_LC_IPS, space-separated,
 else `hostname -I`) matching an instance's CustomerIpAddress.
+
+Source: HyperPod writes resource_config.json at /opt/ml/config (its InstanceGroups[].Name and
+Instances[].CustomerIpAddress / InstanceId); AWS's reference lifecycle_script.py finds the node
+the same way, by matching its address against CustomerIpAddress and its group against
+controller_group and login_group (aws-samples/awsome-distributed-training,
+1.architectures/5.sagemaker-hyperpod/LifecycleScripts/base-config/lifecycle_script.py at 7217859).
+The instance id comes first here because a node has several addresses (EFA, containers).
 """
 
 from __future__ import annotations

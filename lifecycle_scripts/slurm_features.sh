@@ -12,7 +12,8 @@
 # at run time. The features come from the node's worker group in the parameters (the CDK
 # construct lists "efa" only for EFA-capable instance types); "efa" is dropped, with a WARNING,
 # when this node shows no EFA device. HyperPod started slurmctld and this node's slurmd before
-# OnInitComplete runs these scripts; the retries cover a controller that is still starting.
+# OnInitComplete runs these scripts; the retries (6, about 1.5 minutes) cover a controller that
+# is briefly busy, not one that never starts.
 #
 # Features set with `scontrol update` last until slurmctld rereads slurm.conf: on Slurm 22.05
 # `scontrol reconfigure` resets them to slurm.conf's (tests/test_lifecycle_slurm.py shows it),
@@ -66,19 +67,19 @@ compute_node() {
   fi
   joined="$(IFS=,; printf '%s' "${kept[*]}")"
   node="$(hostname -s)"
-  retry 10 3 set_features "${node}" "${joined}"
+  retry 6 3 set_features "${node}" "${joined}"
   log "node ${node} (partition ${MOE_PARTITION}): AvailableFeatures=${joined} ActiveFeatures=${joined}"
 }
 
 controller_node() {
   # The program runs with slurmctld's environment; MOE_LC_ROOT goes with it (empty on a node).
   local program="/usr/bin/env MOE_LC_ROOT=${MOE_LC_ROOT} /bin/bash ${MOE_LC_DIR}/slurm_features.sh --reapply" triggers
-  triggers="$(retry 10 3 strigger --get)"
+  triggers="$(retry 6 3 strigger --get)"
   if grep -qF -- "${MOE_LC_DIR}/slurm_features.sh" <<<"${triggers}"; then
     log "the reconfig trigger that restores node features is already registered"
     return 0
   fi
-  retry 10 3 strigger --set --reconfig --flags=PERM --program="${program}"
+  retry 6 3 strigger --set --reconfig --flags=PERM --program="${program}"
   log "registered a permanent reconfig trigger: ${program}"
 }
 
