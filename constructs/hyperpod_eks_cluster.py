@@ -34,8 +34,7 @@ from moe_cdk.constructs.hyperpod_nodes import (
 from moe_cdk.constructs.nag import nag_text
 from moe_cdk.constructs.training_eks_cluster import pod_identity_role
 from moe_cdk.constructs.validation import problem, raise_if_any
-from moe_cdk.rules.sagemaker import kubernetes_metadata_problems as sagemaker_kubernetes_problems
-from moe_cdk.rules.sagemaker import taints_with_deep_health_checks_problem
+from moe_cdk.rules.sagemaker import label_and_taint_key_problems, taints_with_deep_health_checks_problem
 
 # Kubernetes label keys and values ("Labels and Selectors"): an optional DNS-subdomain
 # prefix, then a name of at most 63 characters; values are empty or such a name.
@@ -106,7 +105,7 @@ def kubernetes_metadata_problems(groups: Sequence[EksInstanceGroup]) -> list[tup
                                                                                      g.instance_type)):
             found.append((f"instance_groups[{i}].taints", p))
         found += [(f"instance_groups[{i}].{name}", message) for name, message in
-                  sagemaker_kubernetes_problems(list(g.labels), [t.key for t in g.taints])]
+                  label_and_taint_key_problems(list(g.labels), [t.key for t in g.taints])]
         for key, value in g.labels.items():
             if not LABEL_KEY.match(key):
                 found.append((f"instance_groups[{i}].labels", problem("not a Kubernetes label key", got=key,

@@ -41,7 +41,7 @@ def taints_with_deep_health_checks_problem(taint_keys: Sequence[str], instance_t
                    allowed="no taints, or deep_health_checks: false (select the nodes with labels instead)")
 
 
-def kubernetes_metadata_problems(labels: Sequence[str], taints: Sequence[str]) -> list[tuple[str, str]]:
+def label_and_taint_key_problems(labels: Sequence[str], taints: Sequence[str]) -> list[tuple[str, str]]:
     """``("labels" | "taints", message)`` for label and taint keys HyperPod reserves, and for too many of either."""
     found = []
     for name, keys, limit in (("labels", labels, MAX_LABELS), ("taints", taints, MAX_TAINTS)):
