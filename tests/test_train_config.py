@@ -87,3 +87,30 @@ def test_layout_that_does_not_fit_the_world_is_rejected(overrides, world, expect
     with pytest.raises(ConfigError) as caught:
         plan_layout(load_train_config(TINY, overrides), world_size=world)
     assert any(line.startswith(expected) for line in caught.value.errors), caught.value.errors
+
+
+DEEPSEEK_ROUTER = ("moe.num_experts=8", "moe.top_k=4", "moe.score_function=sigmoid", "moe.expert_bias=true",
+                   "moe.aux_loss_coeff=0", "moe.shared_expert_ffn_hidden_size=96", "moe.num_groups=4",
+                   "moe.group_top_k=2", "moe.top_k_scaling_factor=2.5")
+
+
+def test_deepseek_style_router_options_reach_megatron():
+    from moe_cdk.training.model import build_transformer_config
+
+    built = build_transformer_config(load_train_config(TINY, list(DEEPSEEK_ROUTER)), on_gpu=False)
+    assert (built.moe_router_score_function, built.moe_router_enable_expert_bias, built.moe_shared_expert_intermediate_size,
+            built.moe_router_num_groups, built.moe_router_group_topk, built.moe_router_topk_scaling_factor) == (
+        "sigmoid", True, 96, 4, 2, 2.5)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["moe.expert_bias=true"], "moe.expert_bias: aux-loss-free expert bias needs sigmoid scores (got True;"),
+    (["moe.num_groups=3", "moe.group_top_k=1"], "moe.num_groups: must divide num_experts (got 3; allowed a divisor of 4)"),
+    (["moe.num_groups=2"], "moe.group_top_k: group-limited routing needs both num_groups and group_top_k (got None;"),
+    (["moe.num_groups=4", "moe.group_top_k=3"], "moe.group_top_k: must divide top_k into shares that fit a group (got 3;"),
+    (["moe.shared_expert_ffn_hidden_size=0"], "moe.shared_expert_ffn_hidden_size: must be positive (got 0;"),
+])
+def test_bad_router_options_name_the_key(overrides, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_train_config(TINY, overrides)
+    assert any(e.startswith(expected) for e in caught.value.errors), caught.value.errors

@@ -201,3 +201,19 @@ def test_missing_dataset_and_tokenizer_exit_2_before_training(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"  data.tokenizer: no such file (got '{tmp_path / 'tokenizer.json'}';" in result.stderr
     assert f"  data.prefixes[0]: dataset files missing (.bin, .idx) (got '{tmp_path / 'absent_document'}';" in result.stderr
+
+
+def test_deepseek_style_routing_trains_and_moves_the_expert_bias(tmp_path, data_prefix, single_run):
+    # Sigmoid scores, aux-loss-free expert bias, a shared expert and group-limited routing
+    # (test_train_config.DEEPSEEK_ROUTER), all megatron-core's own, on CPU.
+    from test_train_config import DEEPSEEK_ROUTER
+
+    overrides = [arg for option in DEEPSEEK_ROUTER for arg in ("--set", option)]
+    result = run_training(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "20", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [r["loss"] for r in records(tmp_path)]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
+    parameters = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "final.pt")
+    (bias,) = [v for k, v in parameters.items() if k.endswith("router.expert_bias")]  # layers stacked
+    assert bias.shape == (2, 8) and bool((bias.abs().sum(dim=1) > 0).all()), bias  # moved from 0 in both layers
+    assert any(".shared_experts." in k for k in parameters)

@@ -60,6 +60,13 @@ class RouterDtype(enum.Enum):
     FP64 = "fp64"
 
 
+class ScoreFunction(enum.Enum):
+    """How the router turns logits into expert scores."""
+
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+
+
 class RecomputeGranularity(enum.Enum):
     """Activation recompute: none, or megatron's selective recompute of chosen modules."""
 
@@ -137,6 +144,20 @@ class MoEConfig:
     """Fused token permutation (megatron's `moe_permute_fusion`; needs Transformer Engine)."""
     router_dtype: RouterDtype = RouterDtype.DEFAULT
     """Router precision (megatron's `moe_router_dtype`): default (the compute dtype), fp32 or fp64."""
+    score_function: ScoreFunction = ScoreFunction.SOFTMAX
+    """How router logits become expert scores (megatron's `moe_router_score_function`): softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)."""
+    expert_bias: bool = False
+    """Aux-loss-free balancing (DeepSeek-V3): a per-expert bias, moved after each step towards the under-used experts, steers which experts are chosen but not their weights (megatron's `moe_router_enable_expert_bias`). Needs `score_function: sigmoid`."""
+    bias_update_rate: float = 0.001
+    """How far the expert bias moves per step (megatron's `moe_router_bias_update_rate`)."""
+    shared_expert_ffn_hidden_size: int | None = None
+    """Hidden size of the shared expert that every token also goes through (megatron's `moe_shared_expert_intermediate_size`; DeepSeek, Qwen2-MoE). Default: none."""
+    num_groups: int | None = None
+    """Group-limited routing (DeepSeek-V3): the experts form this many equal groups (megatron's `moe_router_num_groups`). Default: none."""
+    group_top_k: int | None = None
+    """With `num_groups`: each token chooses its experts within its best this-many groups (megatron's `moe_router_group_topk`)."""
+    top_k_scaling_factor: float | None = None
+    """Multiplies the chosen experts' weights (megatron's `moe_router_topk_scaling_factor`; DeepSeek-V3 uses 2.5). Default: 1."""
 
     def problems(self) -> Problems:
         if self.num_experts < 2:
@@ -148,6 +169,34 @@ class MoEConfig:
                 yield key, problem("must not be negative", got=getattr(self, key), allowed="0 or more")
         if self.capacity_factor is not None and self.capacity_factor <= 0:
             yield "capacity_factor", problem("must be positive", got=self.capacity_factor, allowed="> 0, or null for dropless")
+        # The rules below are megatron-core's (transformer_config.py __post_init__), checked here so that
+        # they name the key.
+        if self.expert_bias and self.score_function is not ScoreFunction.SIGMOID:
+            yield "expert_bias", problem("aux-loss-free expert bias needs sigmoid scores", got=True,
+                                         allowed="score_function: sigmoid, or expert_bias: false")
+        if self.bias_update_rate < 0:
+            yield "bias_update_rate", problem("must not be negative", got=self.bias_update_rate, allowed="0 or more")
+        if self.shared_expert_ffn_hidden_size is not None and self.shared_expert_ffn_hidden_size < 1:
+            yield "shared_expert_ffn_hidden_size", problem("must be positive", got=self.shared_expert_ffn_hidden_size,
+                                                           allowed="1 or more, or null for none")
+        if self.top_k_scaling_factor is not None and self.top_k_scaling_factor <= 0:
+            yield "top_k_scaling_factor", problem("must be positive", got=self.top_k_scaling_factor,
+                                                  allowed="> 0, or null for 1")
+        groups, chosen = self.num_groups, self.group_top_k
+        if (groups is None) != (chosen is None):
+            yield "group_top_k" if groups is not None else "num_groups", problem(
+                "group-limited routing needs both num_groups and group_top_k", got=chosen if groups is not None else groups,
+                allowed="both set, or both null")
+        elif groups is not None:
+            if groups < 1 or self.num_experts % groups:
+                yield "num_groups", problem("must divide num_experts", got=groups, allowed=f"a divisor of {self.num_experts}")
+            elif not 1 <= chosen <= groups:
+                yield "group_top_k", problem("out of range", got=chosen, allowed=f"1 to num_groups ({groups})")
+            elif self.top_k % chosen or self.top_k // chosen > self.num_experts // groups:
+                # Each chosen group contributes top_k / group_top_k experts of its own.
+                yield "group_top_k", problem("must divide top_k into shares that fit a group", got=chosen,
+                                             allowed=f"a divisor of top_k ({self.top_k}) with top_k / group_top_k <= "
+                                                     f"{self.num_experts // groups} experts per group")
 
 
 @dataclass(frozen=True, kw_only=True)

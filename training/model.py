@@ -103,6 +103,13 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         moe_grouped_gemm=moe.grouped_gemm,
         moe_permute_fusion=moe.permute_fusion,
         moe_router_dtype=None if moe.router_dtype is RouterDtype.DEFAULT else moe.router_dtype.value,
+        moe_router_score_function=moe.score_function.value,
+        moe_router_enable_expert_bias=moe.expert_bias,
+        moe_router_bias_update_rate=moe.bias_update_rate,
+        moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size,
+        moe_router_num_groups=moe.num_groups,
+        moe_router_group_topk=moe.group_top_k,
+        moe_router_topk_scaling_factor=moe.top_k_scaling_factor,
         # megatron's mixed precision: parameters and compute in bf16, fp32 main weights in the optimizer.
         params_dtype=dtype,
         pipeline_dtype=dtype,
