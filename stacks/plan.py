@@ -175,7 +175,7 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
       all-to-all and the expert-tensor all-gather): their permuted input (h each) and the
       SwiGLU's intermediates, 6 x f/ETP each (fc1's 2f output and four f-wide tensors);
       ``moe_act`` recompute drops the activation's f-wide output (not measurable here: it
-      needs grouped GEMM, which needs a GPU);
+      needs grouped GEMM, which needs a GPU); a shared expert adds T x 6 x its width / t;
     - router bookkeeping, fp32 and int64: T x (13 E + 20 k) bytes; norm statistics 2T x 4;
       rotary tables 4 x s x head size x 4.
     """
@@ -200,6 +200,9 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
     routed = tokens / t * k
     expert_width = 6 * f - (f if RecomputeModule.MOE_ACT in recompute else 0)
     experts = routed * (etp * h + expert_width) * e
+    # A shared expert runs every token through a tensor-parallel SwiGLU: the same 6 x width
+    # intermediates, split t ways (an estimate by analogy with the routed experts, not measured).
+    experts += tokens * 6 * (moe.shared_expert_ffn_hidden_size or 0) * e / t
     bookkeeping = tokens * (13 * E + 20 * k) + 2 * tokens * 4
     return (hidden + scores + bookkeeping) / t + experts + 4 * s * head * 4
 

@@ -217,3 +217,23 @@ def test_deepseek_style_routing_trains_and_moves_the_expert_bias(tmp_path, data_
     (bias,) = [v for k, v in parameters.items() if k.endswith("router.expert_bias")]  # layers stacked
     assert bias.shape == (2, 8) and bool((bias.abs().sum(dim=1) > 0).all()), bias  # moved from 0 in both layers
     assert any(".shared_experts." in k for k in parameters)
+    assert _parameter_count(parameters) == _planned_parameters(parameters, *DEEPSEEK_ROUTER)
+
+
+def test_planned_parameter_count_is_megatrons(single_run, tmp_path):
+    parameters = final_parameters(single_run / "ckpt/step-20", tmp_path / "final.pt")
+    assert _parameter_count(parameters) == _planned_parameters(parameters)
+
+
+def _parameter_count(parameters: dict) -> int:
+    """Trainable parameters in a checkpoint: without the router's expert-bias buffer."""
+    return sum(v.numel() for k, v in parameters.items() if not k.endswith("expert_bias"))
+
+
+def _planned_parameters(parameters: dict, *overrides: str) -> int:
+    """``parameter_counts`` (what moe-cdk plan and the MFU figure use) for the checkpoint's vocabulary."""
+    from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.model import parameter_counts
+
+    vocab = parameters["embedding.word_embeddings.weight"].shape[0]
+    return parameter_counts(load_train_config(TINY, list(overrides)), vocab).total

@@ -250,10 +250,12 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     attention = h * (h + 2 * kv) + h * h  # QKV and output projection, no biases
     expert = 3 * h * m.ffn_hidden_size  # SwiGLU: gate, up, down
     router = h * moe.num_experts
+    # A shared expert is a SwiGLU MLP every token goes through: dense, and always active.
+    shared = 3 * h * (moe.shared_expert_ffn_hidden_size or 0)
     norms = 2 * h
     vocab = padded_vocab_size(vocab_size)
     embeddings = 2 * vocab * h + h  # input and output embeddings, final norm
-    dense = layers * (attention + router + norms) + embeddings
+    dense = layers * (attention + router + shared + norms) + embeddings
     return ParameterCounts(
         total=dense + layers * moe.num_experts * expert,
         active=dense + layers * moe.top_k * expert,
