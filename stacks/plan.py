@@ -166,8 +166,9 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
 
     - residual stream and norms: 8 x T*h (norm inputs and outputs, the attention output
       projection's input, the MoE layer's input and combine);
-    - attention: the fused QKV output T*(h + 2 d_kv), rotated q and k (T*h each), v expanded
-      to every head under grouped-query attention (T*h when d_kv < h);
+    - attention: the fused QKV output T*(q + 2 d_kv), rotated q and k (T*q each), v expanded
+      to every head under grouped-query attention (T*q when d_kv < q), with q the query width
+      (h unless ``model.kv_channels`` is set); ``qk_layernorm`` adds its norms' T*(q + d_kv) twice;
     - unfused scores: the softmax output a*s^2*b, and with dropout its mask and output;
       fused attention keeps only its fp32 softmax statistics (a*s*b); ``core_attn``
       recompute keeps neither (the checkpoint keeps q, k and v, counted above);
@@ -183,12 +184,15 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
     s, b, h, a, f, k, E = (m.seq_length, o.micro_batch_size, m.hidden_size, m.num_attention_heads,
                            m.ffn_hidden_size, moe.top_k, moe.num_experts)
     t, etp, e = layout.tensor, layout.expert_tensor, bytes_per_element
-    head = h // a
+    head = m.head_size
     d_kv = (m.num_query_groups or a) * head
     tokens = s * b
     recompute = set(train.recompute.modules)
     mask_bytes = 1 if on_gpu else e  # torch's dropout keeps a bool mask on CUDA, one of the input's dtype on CPU
-    hidden = (8 * h + (h + 2 * d_kv) + 2 * h + (h if d_kv < h else 0)) * tokens * e
+    q = a * head  # the query width: h unless model.kv_channels says otherwise
+    hidden = (8 * h + (q + 2 * d_kv) + 2 * q + (q if d_kv < q else 0)) * tokens * e
+    if m.qk_layernorm:
+        hidden += 2 * (q + d_kv) * tokens * e  # the query and key norms' inputs and outputs (estimated, not measured)
     if m.dropout > 0:
         hidden += 2 * tokens * h * mask_bytes  # the two hidden dropouts' masks
     if fused_attention:

@@ -142,6 +142,23 @@ def test_every_shipped_configuration_plans(path):
     assert "does not fit" not in render_table(result)
 
 
+MODERN_PROFILES = ("training/configs/qwen3-30b-a3b.yaml", "training/configs/deepseek-v3-style-16b.yaml")
+P5EN_CONFIGS = [p for p in SHIPPED_CONFIGS if "ml.p5en.48xlarge" in (ROOT / p).read_text()]
+
+
+@pytest.mark.parametrize("profile", MODERN_PROFILES)
+@pytest.mark.parametrize("path", P5EN_CONFIGS)
+def test_modern_profiles_fit_every_p5en_configuration(path, profile):
+    result = plan(load_config(ROOT / path), train_config_path=str(ROOT / profile))
+    assert result.accelerator == "H200" and result.memory.fits
+
+
+@pytest.mark.parametrize("profile", MODERN_PROFILES)
+def test_modern_profiles_fit_four_p5en_nodes(profile):
+    result = plan(config_with(count=4, profile=profile))
+    assert result.world_size == 32 and result.memory.fits
+
+
 def test_p5_fits_mixtral_with_tensor_parallel_4():
     result = plan(load_config(ROOT / "config/p5-efa-lustre.yaml"), train_overrides=["parallel.tensor=4"])
     assert result.world_size == 32 and result.memory.fits

@@ -237,3 +237,33 @@ def _planned_parameters(parameters: dict, *overrides: str) -> int:
 
     vocab = parameters["embedding.word_embeddings.weight"].shape[0]
     return parameter_counts(load_train_config(TINY, list(overrides)), vocab).total
+
+
+def _shrunk(profile: str, out: Path) -> Path:
+    """``profile``'s model and MoE sections at a CPU size, in tiny.yaml's run settings: the routing
+    (experts, top-k, score function, bias, groups, shared expert) and the attention options stay."""
+    import yaml
+
+    tiny, source = yaml.safe_load(TINY.read_text()), yaml.safe_load((ROOT / profile).read_text())
+    model = source["model"] | {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 32,
+                               "seq_length": 64, "num_query_groups": 2}
+    if "kv_channels" in model:
+        model["kv_channels"] = 32  # wider than hidden / heads, as in the profile
+    moe = source["moe"] | ({"shared_expert_ffn_hidden_size": 64} if "shared_expert_ffn_hidden_size" in source["moe"] else {})
+    out.write_text(yaml.safe_dump(tiny | {"model": model, "moe": moe}))
+    return out
+
+
+@pytest.mark.parametrize("profile", ["training/configs/qwen3-30b-a3b.yaml", "training/configs/deepseek-v3-style-16b.yaml"])
+def test_a_shrunk_copy_of_each_modern_profile_trains(tmp_path, data_prefix, single_run, profile):
+    config = _shrunk(profile, tmp_path / "shrunk.yaml")
+    result = run_training(tmp_path, data_prefix, "--config", str(config), "--max-steps", "20", "--save-interval", "20")
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [r["loss"] for r in records(tmp_path)]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
+    parameters = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "final.pt")
+    from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.model import parameter_counts
+
+    vocab = parameters["embedding.word_embeddings.weight"].shape[0]
+    assert _parameter_count(parameters) == parameter_counts(load_train_config(config), vocab).total

@@ -94,6 +94,10 @@ class ModelConfig:
     """Attention heads; must divide hidden_size."""
     num_query_groups: int | None = None
     """Key/value heads for grouped-query attention. Default: num_attention_heads."""
+    kv_channels: int | None = None
+    """Width of each attention head (megatron's `kv_channels`), when it is not hidden_size / num_attention_heads (Qwen3-30B-A3B: 128 at hidden 2048 with 32 heads). Default: hidden_size / num_attention_heads."""
+    qk_layernorm: bool = False
+    """RMSNorm on each head's queries and keys before the rotary embedding (megatron's `qk_layernorm`; Qwen3)."""
     ffn_hidden_size: int = 128
     """Hidden size of each expert's MLP."""
     seq_length: int = 64
@@ -107,11 +111,18 @@ class ModelConfig:
     spec: Spec = Spec.AUTO
     """Layer implementation: `transformer_engine`, `local` (megatron-core's own modules), or `auto` (Transformer Engine where it imports and a GPU is present)."""
 
+    @property
+    def head_size(self) -> int:
+        """Width of each attention head."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
     def problems(self) -> Problems:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
             if getattr(self, key) < 1:
                 yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
-        if self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is not None and self.kv_channels < 1:
+            yield "kv_channels", problem("must be positive", got=self.kv_channels, allowed="1 or more, or null")
+        if self.kv_channels is None and self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads:
             yield "num_attention_heads", problem("must divide hidden_size", got=self.num_attention_heads,
                                                  allowed=f"a divisor of {self.hidden_size}")
         groups = self.num_query_groups

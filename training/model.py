@@ -69,6 +69,8 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
         num_query_groups=m.num_query_groups or m.num_attention_heads,
+        kv_channels=m.head_size,
+        qk_layernorm=m.qk_layernorm,
         ffn_hidden_size=m.ffn_hidden_size,
         moe_ffn_hidden_size=m.ffn_hidden_size,
         hidden_dropout=m.dropout,
@@ -168,13 +170,24 @@ def _layer_spec(config: TrainConfig, spec: Spec):
     from megatron.core.models.gpt import gpt_layer_specs
 
     moe = config.moe
+    # qk_layernorm lives in the spec as well as in TransformerConfig: without it here the spec
+    # builds no query and key norms (IdentityOp) whatever the config says.
+    qk_layernorm = config.model.qk_layernorm
     if spec is Spec.TRANSFORMER_ENGINE:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm)
+            num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, qk_layernorm=qk_layernorm)
     layer = gpt_layer_specs.get_gpt_layer_local_spec(
-        num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, normalization="RMSNorm")
+        num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, normalization="RMSNorm",
+        qk_layernorm=qk_layernorm)
     layer.submodules.input_layernorm = SequenceParallelRMSNorm
     layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    if qk_layernorm:
+        # Per-head norms whose weight every head shares: under tensor parallelism each rank holds
+        # some heads, and finalize_model_grads sums the gradients of parameters named q_layernorm
+        # or k_layernorm over the group (distributed/finalize_model_grads.py). WrappedTorchNorm,
+        # the local spec's own, refuses sequence parallelism.
+        attention = layer.submodules.self_attention.submodules
+        attention.q_layernorm = attention.k_layernorm = SequenceParallelRMSNorm
     return layer
 
 
@@ -246,8 +259,10 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     m, moe = config.model, config.moe
     h, layers = m.hidden_size, m.num_layers
     heads = m.num_attention_heads
-    kv = (m.num_query_groups or heads) * (h // heads)
-    attention = h * (h + 2 * kv) + h * h  # QKV and output projection, no biases
+    q = heads * m.head_size
+    kv = (m.num_query_groups or heads) * m.head_size
+    attention = h * (q + 2 * kv) + q * h  # QKV and output projection, no biases
+    attention += 2 * m.head_size if m.qk_layernorm else 0  # the query and key norms' weights
     expert = 3 * h * m.ffn_hidden_size  # SwiGLU: gate, up, down
     router = h * moe.num_experts
     # A shared expert is a SwiGLU MLP every token goes through: dense, and always active.
