@@ -51,7 +51,7 @@ link_pyxis_conf() {
   log "linked ${PYXIS_LINK} -> ${PYXIS_SHIPPED}"
 }
 
-# include_pyxis: append the include line to the controller's plugstack.conf (temporary file + mv).
+# include_pyxis: append the include line to the controller's plugstack.conf, in one rename.
 include_pyxis() {
   local tmp
   tmp="$(mktemp "${PLUGSTACK}.moe-cdk.XXXXXX")"
@@ -59,8 +59,7 @@ include_pyxis() {
     cat -- "${PLUGSTACK}" >"${tmp}"
   fi
   printf 'include %s\n' "${PYXIS_LINK}" >>"${tmp}"
-  chmod 644 -- "${tmp}"
-  mv -f -- "${tmp}" "${PLUGSTACK}"
+  replace_if_changed "${tmp}" "${PLUGSTACK}" 644  # always changed: a line was added
   log "${PLUGSTACK}: include ${PYXIS_LINK}"
   retry 5 2 scontrol reconfigure
   log "scontrol reconfigure: the nodes fetch the new plugstack.conf"

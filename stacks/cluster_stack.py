@@ -10,7 +10,6 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
-    SlurmConfigStrategy,
     provisioning_parameters,
 )
 from moe_cdk.stacks.config import REPO_ROOT, Config
@@ -59,8 +58,7 @@ class SlurmClusterStack(Stack):
             image_repository=storage.training_image.asset.repository,
             require_efa=config.cluster.require_efa,
             node_provisioning_mode=config.cluster.node_provisioning_mode,
-            slurm_config_strategy=None if config.cluster.slurm_config_strategy is None
-            else SlurmConfigStrategy[config.cluster.slurm_config_strategy.name],
+            slurm_config_strategy=config.cluster.construct_slurm_config_strategy,
             accounting_database=config.cluster.accounting_database,
         ))
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)

@@ -165,8 +165,7 @@ class ClusterConfig:
         if self.orchestrator is Orchestrator.SLURM:
             yield from provisioning_problems(
                 mode=self.node_provisioning_mode, accounting_database=self.accounting_database,
-                slurm_config_strategy=None if self.slurm_config_strategy is None
-                else SlurmConfigStrategy[self.slurm_config_strategy.name])
+                slurm_config_strategy=self.construct_slurm_config_strategy)
         for i, g in enumerate(self.instance_groups):
             if g.role is NodeRole.SYSTEM:
                 yield f"instance_groups[{i}].role", problem("system groups are for EKS clusters", got=g.role.value,
@@ -180,6 +179,11 @@ class ClusterConfig:
             if other or len(self.instance_groups) != 1:
                 yield "instance_groups", problem("a training job runs on exactly one compute group", got=[
                     (g.name, g.role.value) for g in self.instance_groups], allowed="one group with role: compute")
+
+    @property
+    def construct_slurm_config_strategy(self) -> SlurmConfigStrategy | None:
+        """``slurm_config_strategy`` as the construct's enum (its values are spelled as the API spells them)."""
+        return None if self.slurm_config_strategy is None else SlurmConfigStrategy[self.slurm_config_strategy.name]
 
     def compute_group(self, name: str | None = None) -> InstanceGroupConfig:
         """The compute group called ``name`` (the first one when None), for the job commands;

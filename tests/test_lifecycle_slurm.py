@@ -97,12 +97,17 @@ def standin_plugin(tmp_path) -> Path:
     return plugin
 
 
-def test_pyxis_registered_on_the_controller_loads_on_every_configless_node(box, slurm, standin_plugin):
-    box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
-    before = slurm.run("srun", "-N2", "--container-image=x", "true", timeout=60)
-    assert before.returncode != 0 and "unrecognized option" in before.stderr
+def register_standin_pyxis(box: Sandbox, slurm: SlurmCluster, plugin: Path) -> None:
+    """Install the stand-in as pyxis's shipped pyxis.conf, then run setup_pyxis.sh on the controller."""
+    box.write("usr/local/share/pyxis/pyxis.conf", f"required {plugin}\n")
     as_node(box, CONTROLLER)
     step(box, slurm, "setup_pyxis.sh")
+
+
+def test_pyxis_registered_on_the_controller_loads_on_every_configless_node(box, slurm, standin_plugin):
+    before = slurm.run("srun", "-N2", "--container-image=x", "true", timeout=60)
+    assert before.returncode != 0 and "unrecognized option" in before.stderr
+    register_standin_pyxis(box, slurm, standin_plugin)
     job = slurm.run("srun", "-N2", "--container-image=123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1",
                     "printenv", "MOE_STANDIN_IMAGE", timeout=60)
     assert job.returncode == 0, job.stderr + slurm.log_tail(20)
@@ -112,9 +117,7 @@ def test_pyxis_registered_on_the_controller_loads_on_every_configless_node(box, 
 def test_batch_script_asks_for_auto_resume_on_hyperpod_nodes_only(tmp_path, box, slurm, standin_plugin):
     # Slurm 22.05 has no --auto-resume (HyperPod's srun adds it), so srun refusing the option
     # shows it was passed; without the HyperPod marker the step gets past option parsing.
-    box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
-    as_node(box, CONTROLLER)
-    step(box, slurm, "setup_pyxis.sh")
+    register_standin_pyxis(box, slurm, standin_plugin)
     marker = tmp_path / "sagemaker_cluster"
     marker.mkdir()
     logs = {}

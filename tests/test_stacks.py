@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -61,16 +62,19 @@ def test_cdk_nag_checks_every_synth(default_config, tmp_path):
     assert all(path == "moe-storage/Unlogged" for _, path in flagged)
 
 
+def assert_cfn_lint_clean(region: str, *templates: Path) -> None:
+    # W3010 (hard-coded availability zone) is the design: capacity and the file system are
+    # pinned to one zone on purpose. W3005 fires on DependsOn that CDK generates itself.
+    result = subprocess.run([str(ROOT / ".venv/bin/cfn-lint"), "--regions", region, "--ignore-checks", "W3010", "W3005",
+                             "--", *map(str, templates)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("config_path", SHIPPED_CONFIGS)
 def test_cfn_lint_is_clean(config_path, tmp_path):
     config = load_config(ROOT / config_path)
     synth(config, tmp_path)  # also fails on any unacknowledged cdk-nag finding
-    templates = sorted(str(p) for p in tmp_path.glob("*.template.json"))
-    # W3010 (hard-coded availability zone) is the design: capacity and the file system are
-    # pinned to one zone on purpose. W3005 fires on DependsOn that CDK generates itself.
-    result = subprocess.run([str(ROOT / ".venv/bin/cfn-lint"), "--regions", config.region, "--ignore-checks", "W3010", "W3005",
-                             "--", *templates], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_cfn_lint_clean(config.region, *sorted(tmp_path.glob("*.template.json")))
 
 
 def test_synth_is_deterministic(default_synth, default_config, tmp_path):
@@ -112,9 +116,7 @@ def test_accounting_database_synthesizes_what_cloudformation_accepts(tmp_path):
     statements = [s for p in resources_of_type(template, "AWS::IAM::Policy").values()
                   for s in p["Properties"]["PolicyDocument"]["Statement"]]
     assert {"Action": "secretsmanager:GetSecretValue", "Effect": "Allow", "Resource": ACCOUNTING["secret_arn"]} in statements
-    result = subprocess.run([str(ROOT / ".venv/bin/cfn-lint"), "--regions", config.region, "--ignore-checks", "W3010",
-                             "W3005", "--", str(tmp_path / "moe-cluster.template.json")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_cfn_lint_clean(config.region, tmp_path / "moe-cluster.template.json")
 
 
 def test_subnets_and_security_groups_in_use_are_strong_references(default_synth):
@@ -132,9 +134,10 @@ def test_subnets_and_security_groups_in_use_are_strong_references(default_synth)
         assert types == {"AWS::EC2::Subnet", "AWS::EC2::SecurityGroup"} | ({"AWS::EC2::VPC"} if consumer == "moe-storage" else set())
 
 
-def _storage_resources(tmp_path, **storage) -> dict:
+def _storage_resources(tmp_path, change) -> dict:
+    """The storage stack's resources for config/default.yaml with ``change(storage section)`` applied."""
     data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
-    data.setdefault("storage", {}).update(storage)
+    change(data["storage"])
     return synth(parse_config(data), tmp_path)["moe-storage"]["Resources"]
 
 
@@ -153,15 +156,13 @@ def test_file_system_key_and_security_group_are_retained_together(default_synth)
 
 
 def test_file_system_can_be_deleted_with_the_stack(tmp_path):
-    data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
-    data["storage"]["lustre"]["retain_on_delete"] = False
-    resources = synth(parse_config(data), tmp_path)["moe-storage"]["Resources"]
+    resources = _storage_resources(tmp_path, lambda storage: storage["lustre"].update(retain_on_delete=False))
     (file_system,) = _by_type(resources, "AWS::FSx::FileSystem")
     assert file_system.get("DeletionPolicy") == "Delete"
 
 
 def test_a_redeploy_after_destroy_adopts_the_retained_buckets(tmp_path):
-    resources = _storage_resources(tmp_path, adopt_retained_buckets=True)
+    resources = _storage_resources(tmp_path, lambda storage: storage.update(adopt_retained_buckets=True))
     assert _by_type(resources, "AWS::S3::Bucket") == []
     paths = [json.dumps(a["Properties"]["DataRepositoryPath"])
              for a in _by_type(resources, "AWS::FSx::DataRepositoryAssociation")]

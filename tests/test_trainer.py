@@ -230,13 +230,14 @@ def _parameter_count(parameters: dict) -> int:
     return sum(v.numel() for k, v in parameters.items() if not k.endswith("expert_bias"))
 
 
-def _planned_parameters(parameters: dict, *overrides: str) -> int:
-    """``parameter_counts`` (what moe-cdk plan and the MFU figure use) for the checkpoint's vocabulary."""
+def _planned_parameters(parameters: dict, *overrides: str, config: Path = TINY) -> int:
+    """``parameter_counts`` (what moe-cdk plan and the MFU figure use) of ``config`` with ``overrides``,
+    for the checkpoint's vocabulary."""
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.model import parameter_counts
 
     vocab = parameters["embedding.word_embeddings.weight"].shape[0]
-    return parameter_counts(load_train_config(TINY, list(overrides)), vocab).total
+    return parameter_counts(load_train_config(config, list(overrides)), vocab).total
 
 
 def _shrunk(profile: str, out: Path) -> Path:
@@ -262,8 +263,4 @@ def test_a_shrunk_copy_of_each_modern_profile_trains(tmp_path, data_prefix, sing
     losses = [r["loss"] for r in records(tmp_path)]
     assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
     parameters = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "final.pt")
-    from moe_cdk.training.config import load_train_config
-    from moe_cdk.training.model import parameter_counts
-
-    vocab = parameters["embedding.word_embeddings.weight"].shape[0]
-    assert _parameter_count(parameters) == parameter_counts(load_train_config(config), vocab).total
+    assert _parameter_count(parameters) == _planned_parameters(parameters, config=config)
