@@ -324,6 +324,8 @@ def cluster_cost_per_hour(config: Config, prices: dict[tuple[str, str], float]) 
 
 
 def _vocab_size(train: TrainConfig, notes: list[str]) -> int:
+    if train.model.vocab_size is not None:
+        return train.model.vocab_size
     tokenizer = train.data.tokenizer
     if tokenizer == "byte":
         return BYTE_TOKENIZER_VOCAB

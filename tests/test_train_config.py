@@ -109,8 +109,20 @@ def test_deepseek_style_router_options_reach_megatron():
     (["moe.num_groups=2"], "moe.group_top_k: group-limited routing needs both num_groups and group_top_k (got None;"),
     (["moe.num_groups=4", "moe.group_top_k=3"], "moe.group_top_k: must divide top_k into shares that fit a group (got 3;"),
     (["moe.shared_expert_ffn_hidden_size=0"], "moe.shared_expert_ffn_hidden_size: must be positive (got 0;"),
+    (["moe.score_function=sigmoid", "moe.normalize_top_k=false"],
+     "moe.normalize_top_k: only softmax scores can skip renormalising (got False;"),
+    (["moe.shared_expert_gate=true"], "moe.shared_expert_gate: gates a shared expert, and there is none (got True;"),
+    (["model.norm_epsilon=0"], "model.norm_epsilon: out of range (got 0.0;"),
 ])
 def test_bad_router_options_name_the_key(overrides, expected):
     with pytest.raises(ConfigError) as caught:
         load_train_config(TINY, overrides)
     assert any(e.startswith(expected) for e in caught.value.errors), caught.value.errors
+
+
+def test_a_vocabulary_smaller_than_the_tokenizer_names_model_vocab_size():
+    from moe_cdk.training.model import model_vocab_size
+
+    with pytest.raises(ConfigError) as caught:
+        model_vocab_size(load_train_config(TINY, ["model.vocab_size=200"]), 256)
+    assert caught.value.errors == ["model.vocab_size: smaller than the tokenizer's vocabulary (got 200; allowed 256 or more, or null)"]

@@ -250,6 +250,7 @@ def _shrunk(profile: str, out: Path) -> Path:
                                "seq_length": 64, "num_query_groups": 2}
     if "kv_channels" in model:
         model["kv_channels"] = 32  # wider than hidden / heads, as in the profile
+    model.pop("vocab_size", None)  # the byte tokenizer's 256 rows
     moe = source["moe"] | ({"shared_expert_ffn_hidden_size": 64} if "shared_expert_ffn_hidden_size" in source["moe"] else {})
     out.write_text(yaml.safe_dump(tiny | {"model": model, "moe": moe}))
     return out

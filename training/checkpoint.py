@@ -319,6 +319,13 @@ class CheckpointManager:
                 chunk.module.load_state_dict(state["model"][f"chunk{i}"])
             if "optimizer" in state:
                 trainable.optimizer.load_state_dict(state["optimizer"])
+            else:
+                # A step-0 checkpoint (save_initial, moe-checkpoint import-hf) has no optimizer state.
+                # Under bf16 the optimizer holds fp32 main copies of the weights made when it was
+                # built, and its first step would overwrite the loaded weights with those; megatron's
+                # reload_model_params copies the loaded ones in (optimizer/optimizer.py: "when we load
+                # a model from a checkpoint without loading the optimizer").
+                trainable.optimizer.reload_model_params()
             trainable.scheduler.load_state_dict(state["scheduler"])
             if same_layout:
                 _set_rng_state(state["rng"])

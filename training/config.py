@@ -98,6 +98,12 @@ class ModelConfig:
     """Width of each attention head (megatron's `kv_channels`), when it is not hidden_size / num_attention_heads (Qwen3-30B-A3B: 128 at hidden 2048 with 32 heads). Default: hidden_size / num_attention_heads."""
     qk_layernorm: bool = False
     """RMSNorm on each head's queries and keys before the rotary embedding (megatron's `qk_layernorm`; Qwen3)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections, and on no other linear (megatron's `add_qkv_bias`; Qwen2-MoE)."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of every RMSNorm (megatron's `layernorm_epsilon`; Hugging Face's `rms_norm_eps`)."""
+    vocab_size: int | None = None
+    """Rows of the embedding and output tables before padding, when they are more than the tokenizer's vocabulary (a published checkpoint's `vocab_size`; `moe-checkpoint import-hf` sets it). Default: the tokenizer's vocabulary."""
     ffn_hidden_size: int = 128
     """Hidden size of each expert's MLP."""
     seq_length: int = 64
@@ -120,6 +126,10 @@ class ModelConfig:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
             if getattr(self, key) < 1:
                 yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            yield "vocab_size", problem("must be positive", got=self.vocab_size, allowed="1 or more, or null")
+        if not 0.0 < self.norm_epsilon < 1.0:
+            yield "norm_epsilon", problem("out of range", got=self.norm_epsilon, allowed="0 < norm_epsilon < 1")
         if self.kv_channels is not None and self.kv_channels < 1:
             yield "kv_channels", problem("must be positive", got=self.kv_channels, allowed="1 or more, or null")
         if self.kv_channels is None and self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads:
@@ -157,12 +167,16 @@ class MoEConfig:
     """Router precision (megatron's `moe_router_dtype`): default (the compute dtype), fp32 or fp64."""
     score_function: ScoreFunction = ScoreFunction.SOFTMAX
     """How router logits become expert scores (megatron's `moe_router_score_function`): softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)."""
+    normalize_top_k: bool = True
+    """With softmax scores: take the softmax over the chosen top_k experts' logits, so their weights sum to 1 (Mixtral; Qwen's `norm_topk_prob: true`). false: the softmax over all experts, then top_k without renormalising (megatron's `moe_router_pre_softmax`; Qwen2-MoE's `norm_topk_prob: false`)."""
     expert_bias: bool = False
     """Aux-loss-free balancing (DeepSeek-V3): a per-expert bias, moved after each step towards the under-used experts, steers which experts are chosen but not their weights (megatron's `moe_router_enable_expert_bias`). Needs `score_function: sigmoid`."""
     bias_update_rate: float = 0.001
     """How far the expert bias moves per step (megatron's `moe_router_bias_update_rate`)."""
     shared_expert_ffn_hidden_size: int | None = None
     """Hidden size of the shared expert that every token also goes through (megatron's `moe_shared_expert_intermediate_size`; DeepSeek, Qwen2-MoE). Default: none."""
+    shared_expert_gate: bool = False
+    """Scale the shared expert's output, per token, by a learned sigmoid gate (megatron's `moe_shared_expert_gate`; Qwen2-MoE's `shared_expert_gate`). Needs `shared_expert_ffn_hidden_size`."""
     num_groups: int | None = None
     """Group-limited routing (DeepSeek-V3): the experts form this many equal groups (megatron's `moe_router_num_groups`). Default: none."""
     group_top_k: int | None = None
@@ -185,6 +199,13 @@ class MoEConfig:
         if self.expert_bias and self.score_function is not ScoreFunction.SIGMOID:
             yield "expert_bias", problem("aux-loss-free expert bias needs sigmoid scores", got=True,
                                          allowed="score_function: sigmoid, or expert_bias: false")
+        if not self.normalize_top_k and self.score_function is not ScoreFunction.SOFTMAX:
+            # megatron renormalises sigmoid scores over the top_k whenever top_k > 1 (moe_utils.py).
+            yield "normalize_top_k", problem("only softmax scores can skip renormalising", got=False,
+                                             allowed="true while score_function is sigmoid")
+        if self.shared_expert_gate and self.shared_expert_ffn_hidden_size is None:
+            yield "shared_expert_gate", problem("gates a shared expert, and there is none", got=True,
+                                                allowed="false, or a shared_expert_ffn_hidden_size")
         if self.bias_update_rate < 0:
             yield "bias_update_rate", problem("must not be negative", got=self.bias_update_rate, allowed="0 or more")
         if self.shared_expert_ffn_hidden_size is not None and self.shared_expert_ffn_hidden_size < 1:
@@ -471,9 +492,14 @@ def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainC
         raise ConfigError([f"{path}: {problem('cannot read the file', got=error.strerror, allowed='a readable YAML file')}"]) from None
     except yaml.YAMLError:
         raise ConfigError([f"{path}: {problem('not valid YAML', got=str(path), allowed='a YAML mapping')}"]) from None
-    errors: list[str] = []
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: {problem('must be a mapping', got=type(data).__name__, allowed='key: value pairs')}"])
+    return train_config_from(data, overrides)
+
+
+def train_config_from(data: dict, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A checked TrainConfig from a mapping of YAML sections (changed in place by ``overrides``)."""
+    errors: list[str] = []
     for assignment in overrides:
         _apply_override(data, assignment, errors)
     config = build(TrainConfig, data, "", errors)

@@ -25,6 +25,17 @@ def padded_vocab_size(vocab_size: int) -> int:
     return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
+def model_vocab_size(config: TrainConfig, tokenizer_vocab_size: int) -> int:
+    """Rows of the model's tables before padding: ``model.vocab_size``, else the tokenizer's vocabulary."""
+    chosen = config.model.vocab_size
+    if chosen is None:
+        return tokenizer_vocab_size
+    if chosen < tokenizer_vocab_size:
+        raise ConfigError(["model.vocab_size: " + problem("smaller than the tokenizer's vocabulary", got=chosen,
+                                                          allowed=f"{tokenizer_vocab_size} or more, or null")])
+    return chosen
+
+
 def use_bf16(config: TrainConfig, *, on_gpu: bool) -> bool:
     """bf16 parameters and compute (fp32 main weights in the optimizer), or fp32 throughout."""
     return config.optim.precision is Precision.BF16 or (config.optim.precision is Precision.AUTO and on_gpu)
@@ -71,6 +82,8 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         num_query_groups=m.num_query_groups or m.num_attention_heads,
         kv_channels=m.head_size,
         qk_layernorm=m.qk_layernorm,
+        add_qkv_bias=m.qkv_bias,
+        layernorm_epsilon=m.norm_epsilon,
         ffn_hidden_size=m.ffn_hidden_size,
         moe_ffn_hidden_size=m.ffn_hidden_size,
         hidden_dropout=m.dropout,
@@ -106,9 +119,11 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         moe_permute_fusion=moe.permute_fusion,
         moe_router_dtype=None if moe.router_dtype is RouterDtype.DEFAULT else moe.router_dtype.value,
         moe_router_score_function=moe.score_function.value,
+        moe_router_pre_softmax=not moe.normalize_top_k,
         moe_router_enable_expert_bias=moe.expert_bias,
         moe_router_bias_update_rate=moe.bias_update_rate,
         moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size,
+        moe_shared_expert_gate=moe.shared_expert_gate,
         moe_router_num_groups=moe.num_groups,
         moe_router_group_topk=moe.group_top_k,
         moe_router_topk_scaling_factor=moe.top_k_scaling_factor,
@@ -261,12 +276,13 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     heads = m.num_attention_heads
     q = heads * m.head_size
     kv = (m.num_query_groups or heads) * m.head_size
-    attention = h * (q + 2 * kv) + q * h  # QKV and output projection, no biases
+    attention = h * (q + 2 * kv) + q * h  # QKV and output projection
+    attention += (q + 2 * kv) if m.qkv_bias else 0
     attention += 2 * m.head_size if m.qk_layernorm else 0  # the query and key norms' weights
     expert = 3 * h * m.ffn_hidden_size  # SwiGLU: gate, up, down
     router = h * moe.num_experts
     # A shared expert is a SwiGLU MLP every token goes through: dense, and always active.
-    shared = 3 * h * (moe.shared_expert_ffn_hidden_size or 0)
+    shared = 3 * h * (moe.shared_expert_ffn_hidden_size or 0) + (h if moe.shared_expert_gate else 0)
     norms = 2 * h
     vocab = padded_vocab_size(vocab_size)
     embeddings = 2 * vocab * h + h  # input and output embeddings, final norm

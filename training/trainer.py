@@ -24,7 +24,7 @@ from moe_cdk.training.config import TrainConfig
 from moe_cdk.training.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
-from moe_cdk.training.model import build_model, flops_per_token, use_bf16
+from moe_cdk.training.model import build_model, flops_per_token, model_vocab_size, use_bf16
 from moe_cdk.training.parallel import Layout
 from moe_cdk.training.schema import ConfigError, problem
 from moe_cdk.training.stop import StopRequested
@@ -232,7 +232,8 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     checkpoint_dir = Path(config.checkpoint.dir)
     prepare_data(config, tokenizer, runtime)
 
-    trainable = build(config, runtime, tokenizer.vocab_size)
+    vocab_size = model_vocab_size(config, tokenizer.vocab_size)
+    trainable = build(config, runtime, vocab_size)
     probe = MoEProbe(trainable.chunks, config.model.num_layers, config.moe.num_experts)
     o = config.optim
     checkpoints = CheckpointManager(checkpoint_dir, keep_last=config.checkpoint.keep_last,
@@ -251,7 +252,7 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
                        liveness_file=config.metrics.liveness_file, max_steps=config.max_steps)
     mask = causal_mask(config.model.seq_length, runtime.device)
     meter = Throughput(tokens_per_step=o.global_batch_size * config.model.seq_length,
-                       flops_per_token=flops_per_token(config, tokenizer.vocab_size),
+                       flops_per_token=flops_per_token(config, vocab_size),
                        peak_tflops=config.metrics.peak_tflops_per_device or default_peak_tflops(),
                        world_size=runtime.world_size)
     exit_code = EXIT_OK

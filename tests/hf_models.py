@@ -1,0 +1,56 @@
+"""Tiny random Hugging Face MoE models (2 layers) built with transformers, saved with a tokenizer.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "training/configs/tiny-corpus.txt"
+VOCAB_SIZE = 300
+"""config.json's vocab_size: more than the tokenizer's 256 rows, as published checkpoints have."""
+
+_COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               max_position_embeddings=128, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0)
+
+
+def configs() -> dict:
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    return {
+        "mixtral": MixtralConfig(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, **_COMMON),
+        # head_dim 32 is not hidden / heads (16), as in Qwen3-30B-A3B (128 at 2048 / 32).
+        "qwen3_moe": Qwen3MoeConfig(moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2, head_dim=32,
+                                    norm_topk_prob=True, **_COMMON),
+        "qwen2_moe": Qwen2MoeConfig(moe_intermediate_size=48, shared_expert_intermediate_size=80, num_experts=4,
+                                    num_experts_per_tok=2, norm_topk_prob=False, **_COMMON),
+    }
+
+
+def _tokenizer(out: Path) -> None:
+    """A byte-level BPE tokenizer.json trained on the bundled corpus, with Qwen's end-of-text token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train([str(CORPUS)], trainer)
+    tokenizer.save(str(out / "tokenizer.json"))
+
+
+def save(family: str, out: Path, seed: int = 0) -> Path:
+    """A random ``family`` model saved as save_pretrained writes it (fp32 safetensors), with a tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(configs()[family], torch_dtype=torch.float32)
+    # Norm weights start at 1 and routers at 0 mean nothing is tested there: randomise every tensor.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn_like(param) * (0.2 if param.dim() > 1 else 0.5) + (1.0 if param.dim() == 1 else 0.0))
+    model.save_pretrained(out, safe_serialization=True)
+    _tokenizer(out)
+    return out

@@ -1,0 +1,321 @@
+"""Hugging Face MoE checkpoints and moe-train's megatron model, mapped onto each other.
+
+One table (``links``) names, for every parameter of the megatron model, the Hugging Face
+tensors it is made of and how: copied, vocabulary-padded, query/key/value interleaved per
+group, or gate and up projections stacked. Import reads the table one way and export the
+other, so the two directions cannot drift apart, and both check that every tensor on each
+side is used exactly once.
+
+Families, with the Hugging Face modelling code they were checked against (transformers
+4.57, ``models/<family>/modeling_<family>.py``):
+
+- ``mixtral`` (MixtralForCausalLM): ``block_sparse_moe.experts.N.w1/w3/w2``, softmax over
+  the chosen top-k (routing weights renormalised).
+- ``qwen3_moe`` (Qwen3MoeForCausalLM): per-head RMSNorm on queries and keys (``q_norm``,
+  ``k_norm``), ``head_dim`` independent of the width, ``norm_topk_prob``.
+- ``qwen2_moe`` (Qwen2MoeForCausalLM): query/key/value biases, a shared expert whose output
+  a sigmoid gate scales, ``norm_topk_prob`` (false in the published models).
+
+Not handled, each refused by name: sliding-window attention, RoPE scaling, tied embeddings,
+dense (non-MoE) layers, router jitter, and any other ``model_type`` (DeepSeek-V3's
+multi-latent attention has no counterpart in megatron-core's local layer spec).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from moe_cdk.training.schema import problem
+
+
+class HFFormatError(Exception):
+    """A Hugging Face checkpoint or configuration that cannot be converted; one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    model_type: str
+    architecture: str
+    moe_module: str
+    """The layer's MoE module: ``block_sparse_moe`` (Mixtral) or ``mlp`` (Qwen)."""
+    expert_projections: tuple[str, str, str]
+    """An expert's gate, up and down projection names."""
+    num_experts_key: str
+    expert_ffn_key: str
+
+
+FAMILIES = {f.model_type: f for f in (
+    Family("mixtral", "MixtralForCausalLM", "block_sparse_moe", ("w1", "w3", "w2"), "num_local_experts", "intermediate_size"),
+    Family("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size"),
+    Family("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size"),
+)}
+
+
+def family_of(hf_config: Mapping) -> Family:
+    model_type = hf_config.get("model_type")
+    if model_type not in FAMILIES:
+        raise HFFormatError(["config.json: model_type: " + problem("not a family moe-checkpoint converts", got=model_type,
+                                                                   allowed=", ".join(FAMILIES))])
+    return FAMILIES[model_type]
+
+
+# -- configurations ------------------------------------------------------------------------
+
+_IMPORTED_SEQ_LENGTH = 4096
+"""Tokens per sample in an imported profile, or the model's own maximum when that is shorter."""
+
+
+def _refusals(hf: Mapping, family: Family) -> Iterable[str]:
+    """Why a configuration's model is not one moe-train builds, one line per reason."""
+    def refuse(key: str, what: str, allowed: str) -> str:
+        return f"config.json: {key}: " + problem(what, got=hf.get(key), allowed=allowed)
+
+    if hf.get("hidden_act", "silu") != "silu":
+        yield refuse("hidden_act", "moe-train's experts are SwiGLU", "silu")
+    if hf.get("tie_word_embeddings", False):
+        yield refuse("tie_word_embeddings", "moe-train keeps separate input and output embeddings", "false")
+    if hf.get("rope_scaling"):
+        yield refuse("rope_scaling", "moe-train's rotary embedding is unscaled", "null")
+    sliding = hf.get("use_sliding_window", family.model_type == "mixtral") and hf.get("sliding_window")
+    if sliding and sliding < hf.get("max_position_embeddings", 0):
+        yield refuse("sliding_window", "moe-train's attention is full, not sliding-window", "null")
+    if hf.get("router_jitter_noise", 0.0):
+        yield refuse("router_jitter_noise", "moe-train's router adds no jitter", "0")
+    if hf.get("attention_bias", False):
+        yield refuse("attention_bias", "moe-train's output projection has no bias", "false")
+    if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
+        yield refuse("mlp_only_layers" if hf.get("mlp_only_layers") else "decoder_sparse_step",
+                     "every moe-train layer is an MoE layer", "[] and decoder_sparse_step 1")
+    if not float(hf.get("rope_theta", 10000.0)).is_integer():
+        yield refuse("rope_theta", "moe-train's rotary base is a whole number", "an integer")
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                family.num_experts_key, family.expert_ffn_key, "num_experts_per_tok"):
+        if not isinstance(hf.get(key), int):
+            yield refuse(key, "a required size is missing", "a positive integer")
+
+
+def profile_sections(hf: Mapping) -> dict:
+    """The ``model`` and ``moe`` sections of a moe-train profile for this Hugging Face configuration."""
+    family = family_of(hf)
+    refusals = list(_refusals(hf, family))
+    if refusals:
+        raise HFFormatError(refusals)
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    model = {
+        "num_layers": hf["num_hidden_layers"],
+        "hidden_size": hf["hidden_size"],
+        "num_attention_heads": heads,
+        "num_query_groups": hf.get("num_key_value_heads") or heads,
+        "kv_channels": head_dim,
+        "qk_layernorm": family.model_type == "qwen3_moe",
+        "qkv_bias": family.model_type == "qwen2_moe" and bool(hf.get("qkv_bias", True)),
+        "ffn_hidden_size": hf[family.expert_ffn_key],
+        "seq_length": min(hf.get("max_position_embeddings") or _IMPORTED_SEQ_LENGTH, _IMPORTED_SEQ_LENGTH),
+        "rotary_base": int(hf.get("rope_theta", 10000)),
+        "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+        "init_method_std": float(hf.get("initializer_range", 0.02)),
+        "vocab_size": hf["vocab_size"],
+        # The checkpoint's tensor names are those of megatron's local layer spec (Transformer
+        # Engine's fuse the norms into the linears and name them otherwise).
+        "spec": "local",
+    }
+    moe = {
+        "num_experts": hf[family.num_experts_key],
+        "top_k": hf["num_experts_per_tok"],
+        "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.0)),
+        "z_loss_coeff": 0.0,
+        "capacity_factor": None,
+        "score_function": "softmax",
+        "normalize_top_k": family.model_type == "mixtral" or bool(hf.get("norm_topk_prob", False)),
+    }
+    if family.model_type == "qwen2_moe":
+        moe["shared_expert_ffn_hidden_size"] = hf["shared_expert_intermediate_size"]
+        moe["shared_expert_gate"] = True
+    return {"model": model, "moe": moe}
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base: Mapping | None = None) -> dict:
+    """``config.json`` for a moe-train ``config`` in ``family``'s format: ``base`` (the imported
+    model's own file, for token ids and everything moe-train does not model) with every
+    size and option taken from ``config``."""
+    m, moe = config.model, config.moe
+    problems = []
+    if moe.score_function.value != "softmax" or moe.expert_bias or moe.num_groups or moe.top_k_scaling_factor:
+        problems.append("moe.score_function: " + problem(f"{family.model_type} routes by softmax alone",
+                                                         got=moe.score_function.value, allowed="softmax, no expert bias, groups or scaling"))
+    if m.qk_layernorm != (family.model_type == "qwen3_moe"):
+        problems.append("model.qk_layernorm: " + problem(f"{family.model_type} fixes query/key norms", got=m.qk_layernorm,
+                                                         allowed=str(family.model_type == "qwen3_moe").lower()))
+    shared = family.model_type == "qwen2_moe"
+    if (moe.shared_expert_ffn_hidden_size is not None) != shared or moe.shared_expert_gate != shared:
+        problems.append("moe.shared_expert_ffn_hidden_size: " + problem(
+            f"{family.model_type} {'has' if shared else 'has no'} gated shared expert", got=moe.shared_expert_ffn_hidden_size,
+            allowed="a size, with shared_expert_gate true" if shared else "null"))
+    if m.qkv_bias and not shared:
+        problems.append("model.qkv_bias: " + problem(f"{family.model_type} has no query/key/value biases", got=True, allowed="false"))
+    if family.model_type == "mixtral" and not moe.normalize_top_k:
+        problems.append("moe.normalize_top_k: " + problem("Mixtral renormalises its top-k weights", got=False, allowed="true"))
+    if problems:
+        raise HFFormatError(problems)
+    out = {k: v for k, v in (base or {}).items() if k not in ("torch_dtype", "dtype", "transformers_version")}
+    out.update({
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.num_query_groups or m.num_attention_heads,
+        "head_dim": m.head_size,
+        family.expert_ffn_key: m.ffn_hidden_size,
+        family.num_experts_key: moe.num_experts,
+        "num_experts_per_tok": moe.top_k,
+        "rms_norm_eps": m.norm_epsilon,
+        "rope_theta": float(m.rotary_base),
+        "vocab_size": vocab_size,
+        "router_aux_loss_coef": moe.aux_loss_coeff,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": _DTYPE_NAMES[dtype],
+    })
+    out.setdefault("max_position_embeddings", m.seq_length)
+    if family.model_type != "mixtral":
+        out.update({"norm_topk_prob": moe.normalize_top_k, "decoder_sparse_step": 1, "mlp_only_layers": []})
+    if shared:
+        out.update({"shared_expert_intermediate_size": moe.shared_expert_ffn_hidden_size, "qkv_bias": m.qkv_bias})
+    return out
+
+
+# -- tensors -------------------------------------------------------------------------------
+
+
+class Kind(enum.Enum):
+    COPY = "copy"
+    VOCAB = "vocab"
+    """One table, padded with zero rows to the model's padded vocabulary (truncated on export)."""
+    QKV = "qkv"
+    """q, k, v projections (weights or biases) interleaved per query group, as megatron's linear_qkv holds them."""
+    GLU = "glu"
+    """Gate and up projections stacked, as megatron's SwiGLU linear_fc1 holds them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    megatron: str
+    hf: tuple[str, ...]
+    kind: Kind
+
+
+def links(config, family: Family) -> list[Link]:
+    """Every megatron parameter (named as in a one-rank model) with the Hugging Face tensors it is made of."""
+    m, moe = config.model, config.moe
+    gate, up, down = family.expert_projections
+    out = [Link("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), Kind.VOCAB),
+           Link("output_layer.weight", ("lm_head.weight",), Kind.VOCAB),
+           Link("decoder.final_layernorm.weight", ("model.norm.weight",), Kind.COPY)]
+    for i in range(m.num_layers):
+        ours, theirs = f"decoder.layers.{i}.", f"model.layers.{i}."
+        attention, attn = ours + "self_attention.", theirs + "self_attn."
+        out += [
+            Link(ours + "input_layernorm.weight", (theirs + "input_layernorm.weight",), Kind.COPY),
+            Link(ours + "pre_mlp_layernorm.weight", (theirs + "post_attention_layernorm.weight",), Kind.COPY),
+            Link(attention + "linear_qkv.weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), Kind.QKV),
+            Link(attention + "linear_proj.weight", (attn + "o_proj.weight",), Kind.COPY),
+            Link(ours + "mlp.router.weight", (f"{theirs}{family.moe_module}.gate.weight",), Kind.COPY),
+        ]
+        if m.qkv_bias:
+            out.append(Link(attention + "linear_qkv.bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), Kind.QKV))
+        if m.qk_layernorm:
+            out += [Link(attention + "q_layernorm.weight", (attn + "q_norm.weight",), Kind.COPY),
+                    Link(attention + "k_layernorm.weight", (attn + "k_norm.weight",), Kind.COPY)]
+        for e in range(moe.num_experts):
+            expert, theirs_e = f"{ours}mlp.experts.local_experts.{e}.", f"{theirs}{family.moe_module}.experts.{e}."
+            out += [Link(expert + "linear_fc1.weight", (f"{theirs_e}{gate}.weight", f"{theirs_e}{up}.weight"), Kind.GLU),
+                    Link(expert + "linear_fc2.weight", (f"{theirs_e}{down}.weight",), Kind.COPY)]
+        if moe.shared_expert_ffn_hidden_size is not None:
+            shared, theirs_s = ours + "mlp.shared_experts.", theirs + "mlp.shared_expert."
+            out += [Link(shared + "linear_fc1.weight", (theirs_s + "gate_proj.weight", theirs_s + "up_proj.weight"), Kind.GLU),
+                    Link(shared + "linear_fc2.weight", (theirs_s + "down_proj.weight",), Kind.COPY)]
+            if moe.shared_expert_gate:
+                out.append(Link(shared + "gate_weight", (theirs + "mlp.shared_expert_gate.weight",), Kind.COPY))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """What the interleaving needs: query heads per group and the head width."""
+
+    num_query_groups: int
+    heads_per_group: int
+    head_size: int
+    padded_vocab: int
+    vocab_size: int
+
+
+def shapes_of(config, vocab_size: int, padded_vocab: int) -> Shapes:
+    m = config.model
+    groups = m.num_query_groups or m.num_attention_heads
+    return Shapes(groups, m.num_attention_heads // groups, m.head_size, padded_vocab, vocab_size)
+
+
+def join(link: Link, tensors: list[torch.Tensor], shapes: Shapes) -> torch.Tensor:
+    """The megatron tensor of ``link`` from its Hugging Face tensors."""
+    if link.kind is Kind.COPY:
+        return tensors[0]
+    if link.kind is Kind.VOCAB:
+        table = tensors[0]
+        return torch.cat([table, table.new_zeros(shapes.padded_vocab - table.shape[0], *table.shape[1:])])
+    if link.kind is Kind.GLU:
+        return torch.cat(tensors)
+    q, k, v = tensors
+    g, d = shapes.num_query_groups, shapes.head_size
+    rest = q.shape[1:]
+    grouped = [q.reshape(g, shapes.heads_per_group * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)]
+    return torch.cat(grouped, dim=1).reshape(-1, *rest)
+
+
+def split(link: Link, tensor: torch.Tensor, shapes: Shapes) -> list[torch.Tensor]:
+    """The Hugging Face tensors of ``link`` from its megatron tensor (contiguous copies)."""
+    if link.kind is Kind.COPY:
+        parts = [tensor]
+    elif link.kind is Kind.VOCAB:
+        parts = [tensor[:shapes.vocab_size]]
+    elif link.kind is Kind.GLU:
+        parts = list(torch.chunk(tensor, 2))
+    else:
+        g, d = shapes.num_query_groups, shapes.head_size
+        rest = tensor.shape[1:]
+        grouped = tensor.reshape(g, (shapes.heads_per_group + 2) * d, *rest)
+        q, k, v = torch.split(grouped, [shapes.heads_per_group * d, d, d], dim=1)
+        parts = [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
+    return [p.clone(memory_format=torch.contiguous_format) for p in parts]
+
+
+def check_coverage(table: list[Link], megatron_names: Iterable[str], hf_names: Iterable[str], *, hf_where: str) -> list[str]:
+    """Problems when a parameter on either side has no link, or a link names a tensor that is not there."""
+    problems = []
+    linked = {link.megatron for link in table}
+    for name in sorted(set(megatron_names) - linked):
+        problems.append(f"model: {name}: " + problem("a megatron parameter moe-checkpoint does not map", got=name,
+                                                     allowed="the parameters of the families it converts"))
+    wanted = {name for link in table for name in link.hf}
+    present = set(hf_names)
+    for name in sorted(wanted - present):
+        problems.append(f"{hf_where}: {name}: " + problem("missing from the checkpoint", got="absent",
+                                                          allowed="a tensor the configuration implies"))
+    for name in sorted(present - wanted):
+        problems.append(f"{hf_where}: {name}: " + problem("a tensor the configuration does not account for", got=name,
+                                                          allowed="only the tensors of the model config.json describes"))
+    return problems
+
