@@ -190,9 +190,19 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
     recompute = set(train.recompute.modules)
     mask_bytes = 1 if on_gpu else e  # torch's dropout keeps a bool mask on CUDA, one of the input's dtype on CPU
     q = a * head  # the query width: h unless model.kv_channels says otherwise
-    hidden = (8 * h + (q + 2 * d_kv) + 2 * q + (q if d_kv < q else 0)) * tokens * e
-    if m.qk_layernorm:
-        hidden += 2 * (q + d_kv) * tokens * e  # the query and key norms' inputs and outputs (estimated, not measured)
+    if m.multi_latent_attention:
+        # Fitted to the tensors autograd saves on CPU (tests/activation_probe.py, varying each width
+        # in turn at hidden 64 and 128): 2 per query/key/value head element, 3 per latent element
+        # (the down projection's output and its norm's input and output), 2 per rotated width, less
+        # 1.25 h against the residual-stream term that counts h-wide attention tensors.
+        attention = (2 * a * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) + 2 * m.qk_pos_emb_head_dim
+                     + 3 * (m.kv_lora_rank + (m.q_lora_rank or 0)) - 1.25 * h)
+        head = m.qk_pos_emb_head_dim  # the rotary tables' width
+    else:
+        attention = (q + 2 * d_kv) + 2 * q + (q if d_kv < q else 0)
+        if m.qk_layernorm:
+            attention += 2 * (q + d_kv)  # the query and key norms' inputs and outputs (estimated, not measured)
+    hidden = (8 * h + attention) * tokens * e
     if m.dropout > 0:
         hidden += 2 * tokens * h * mask_bytes  # the two hidden dropouts' masks
     if fused_attention:

@@ -242,12 +242,18 @@ def _planned_parameters(parameters: dict, *overrides: str, config: Path = TINY) 
 
 def _shrunk(profile: str, out: Path) -> Path:
     """``profile``'s model and MoE sections at a CPU size, in tiny.yaml's run settings: the routing
-    (experts, top-k, score function, bias, groups, shared expert) and the attention options stay."""
+    (experts, top-k, score function, bias, groups, shared expert) and the attention options
+    (query/key norms, multi-latent attention) stay."""
     import yaml
 
     tiny, source = yaml.safe_load(TINY.read_text()), yaml.safe_load((ROOT / profile).read_text())
     model = source["model"] | {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 32,
-                               "seq_length": 64, "num_query_groups": 2}
+                               "seq_length": 64}
+    if model.get("multi_latent_attention"):
+        # Query/key heads wider than the value heads, as in the profile.
+        model |= {"kv_lora_rank": 32, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}
+    else:
+        model["num_query_groups"] = 2
     if "kv_channels" in model:
         model["kv_channels"] = 32  # wider than hidden / heads, as in the profile
     model.pop("vocab_size", None)  # the byte tokenizer's 256 rows

@@ -98,6 +98,18 @@ class ModelConfig:
     """Width of each attention head (megatron's `kv_channels`), when it is not hidden_size / num_attention_heads (Qwen3-30B-A3B: 128 at hidden 2048 with 32 heads). Default: hidden_size / num_attention_heads."""
     qk_layernorm: bool = False
     """RMSNorm on each head's queries and keys before the rotary embedding (megatron's `qk_layernorm`; Qwen3)."""
+    multi_latent_attention: bool = False
+    """DeepSeek's multi-latent attention (megatron's `MLATransformerConfig` and MLA layer spec): keys and values come from one low-rank latent per token, queries from another (or a full-rank projection), and only part of each head is rotated. `num_query_groups` and `kv_channels` do not apply; `qk_layernorm` puts RMSNorm on the latents, as DeepSeek does."""
+    q_lora_rank: int | None = None
+    """With multi-latent attention: rank of the query latent (DeepSeek-V3: 1536). Default: none, a full-rank query projection (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int = 512
+    """With multi-latent attention: rank of the key/value latent."""
+    qk_head_dim: int = 128
+    """With multi-latent attention: width of each query/key head's part without rotary embedding."""
+    qk_pos_emb_head_dim: int = 64
+    """With multi-latent attention: width of each query/key head's rotated part (one rotated key per token, shared by the heads)."""
+    v_head_dim: int = 128
+    """With multi-latent attention: width of each value head."""
     qkv_bias: bool = False
     """Biases on the query, key and value projections, and on no other linear (megatron's `add_qkv_bias`; Qwen2-MoE)."""
     norm_epsilon: float = 1e-5
@@ -128,6 +140,21 @@ class ModelConfig:
                 yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
         if self.vocab_size is not None and self.vocab_size < 1:
             yield "vocab_size", problem("must be positive", got=self.vocab_size, allowed="1 or more, or null")
+        if self.multi_latent_attention:
+            for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+                if getattr(self, key) < 1:
+                    yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+            if self.q_lora_rank is not None and self.q_lora_rank < 1:
+                yield "q_lora_rank", problem("must be positive", got=self.q_lora_rank, allowed="1 or more, or null")
+            if self.qk_pos_emb_head_dim % 2:
+                yield "qk_pos_emb_head_dim", problem("the rotary embedding rotates pairs", got=self.qk_pos_emb_head_dim,
+                                                     allowed="an even width")
+            for key in ("num_query_groups", "kv_channels"):
+                if getattr(self, key) is not None:
+                    yield key, problem("multi-latent attention has no key/value groups or kv_channels", got=getattr(self, key),
+                                       allowed="null with multi_latent_attention")
+            if self.qkv_bias:
+                yield "qkv_bias", problem("multi-latent attention's projections have no biases", got=True, allowed="false")
         if not 0.0 < self.norm_epsilon < 1.0:
             yield "norm_epsilon", problem("out of range", got=self.norm_epsilon, allowed="0 < norm_epsilon < 1")
         if self.kv_channels is not None and self.kv_channels < 1:

@@ -30,6 +30,11 @@ None when Transformer Engine is absent: the router's gating linear
 (transformer/moe/moe_utils.py) tests it against None but it is only defined when
 Transformer Engine imports, so a GPU without Transformer Engine raised NameError.
 
+Likewise ``multi_latent_attention.HAVE_TE`` is set False when Transformer Engine is absent: that
+module finds megatron's Transformer Engine wrappers importable as placeholders (MagicMock
+objects) without the package, sets HAVE_TE True, and then ``isinstance(self.linear_proj,
+TELinear)`` raised TypeError while building any multi-latent attention layer.
+
 None of these changes the arithmetic: each answers a device call or an assertion.
 
 Callers must also pass an explicit causal attention mask (with ``attention_mask=None``
@@ -149,11 +154,21 @@ def _bind_missing_te_general_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _unmask_mla_without_te() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        from megatron.core.transformer import multi_latent_attention
+
+        multi_latent_attention.HAVE_TE = False
+
+
 def activate() -> bool:
     """Patch megatron-core for this machine: the Transformer Engine gap everywhere, the CPU
     shims when CUDA is absent. Returns True if the CPU shims are on. Idempotent."""
     global _active
     _bind_missing_te_general_gemm()
+    _unmask_mla_without_te()
     if torch.cuda.is_available():
         return False
     if _active:

@@ -152,6 +152,9 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
     size and option taken from ``config``."""
     m, moe = config.model, config.moe
     problems = []
+    if m.multi_latent_attention:
+        problems.append("model.multi_latent_attention: " + problem(f"{family.model_type} has grouped-query attention",
+                                                                   got=True, allowed="false"))
     if moe.score_function.value != "softmax" or moe.expert_bias or moe.num_groups or moe.top_k_scaling_factor:
         problems.append("moe.score_function: " + problem(f"{family.model_type} routes by softmax alone",
                                                          got=moe.score_function.value, allowed="softmax, no expert bias, groups or scaling"))

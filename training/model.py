@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 
 import torch
@@ -80,7 +81,9 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
         num_query_groups=m.num_query_groups or m.num_attention_heads,
-        kv_channels=m.head_size,
+        # Under multi-latent attention megatron's core attention sizes its output by kv_channels,
+        # which is then the value heads' width.
+        kv_channels=m.v_head_dim if m.multi_latent_attention else m.head_size,
         qk_layernorm=m.qk_layernorm,
         add_qkv_bias=m.qkv_bias,
         layernorm_epsilon=m.norm_epsilon,
@@ -139,7 +142,16 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         apply_rope_fusion=False,
         masked_softmax_fusion=on_gpu,
         persist_layer_norm=False,
+        **(_mla_kwargs(m) if m.multi_latent_attention else {}),
     )
+
+
+def _mla_kwargs(m) -> dict:
+    """MLATransformerConfig's fields: DeepSeek's latent widths, and plain RoPE on the rotated part
+    (DeepSeek pre-trains at 4K without YaRN, which extends the context afterwards)."""
+    return dict(multi_latent_attention=True, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
+                qk_head_dim=m.qk_head_dim, qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim,
+                rope_type="rope", rotary_base=m.rotary_base)
 
 
 def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
@@ -149,11 +161,11 @@ def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
     validates) or changes any value we set; a silently different model is worse than a
     clear error.
     """
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     kwargs = transformer_config_kwargs(config, on_gpu=on_gpu)
     try:
-        built = TransformerConfig(**kwargs)
+        built = (MLATransformerConfig if config.model.multi_latent_attention else TransformerConfig)(**kwargs)
     except (ValueError, AssertionError, TypeError) as error:
         raise ConfigError(["megatron-core: " + problem("TransformerConfig rejects this configuration",
                                                         got=str(error) or type(error).__name__,
@@ -187,16 +199,23 @@ def _layer_spec(config: TrainConfig, spec: Spec):
     moe = config.moe
     # qk_layernorm lives in the spec as well as in TransformerConfig: without it here the spec
     # builds no query and key norms (IdentityOp) whatever the config says.
-    qk_layernorm = config.model.qk_layernorm
+    qk_layernorm, mla = config.model.qk_layernorm, config.model.multi_latent_attention
     if spec is Spec.TRANSFORMER_ENGINE:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, qk_layernorm=qk_layernorm)
+            num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, qk_layernorm=qk_layernorm,
+            multi_latent_attention=mla)
     layer = gpt_layer_specs.get_gpt_layer_local_spec(
         num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, normalization="RMSNorm",
-        qk_layernorm=qk_layernorm)
+        qk_layernorm=qk_layernorm, multi_latent_attention=mla)
     layer.submodules.input_layernorm = SequenceParallelRMSNorm
     layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
-    if qk_layernorm:
+    if mla:
+        attention = layer.submodules.self_attention.submodules
+        attention.core_attention = _latent_core_attention()
+        if qk_layernorm:
+            # The query and key/value latents' norms (MLASelfAttention builds them with the latent widths).
+            attention.q_layernorm = attention.kv_layernorm = SequenceParallelRMSNorm
+    elif qk_layernorm:
         # Per-head norms whose weight every head shares: under tensor parallelism each rank holds
         # some heads, and finalize_model_grads sums the gradients of parameters named q_layernorm
         # or k_layernorm over the group (distributed/finalize_model_grads.py). WrappedTorchNorm,
@@ -204,6 +223,28 @@ def _layer_spec(config: TrainConfig, spec: Spec):
         attention = layer.submodules.self_attention.submodules
         attention.q_layernorm = attention.k_layernorm = SequenceParallelRMSNorm
     return layer
+
+
+@functools.cache
+def _latent_core_attention():
+    """megatron's local core attention, as multi-latent attention builds it.
+
+    megatron-core 0.16.1's local spec for MLA uses ``DotProductAttention``, but
+    ``MLASelfAttention`` builds it with ``k_channels`` and ``v_channels`` (the query/key and the
+    value head widths, which differ), keywords only Transformer Engine's attention takes, so the
+    build fails with a TypeError. DotProductAttention's arithmetic already follows the tensors'
+    own widths: its scores use the ``softmax_scale`` MLA passes (1/sqrt of the query head width),
+    and its output is sized by ``kv_channels``, which ``transformer_config_kwargs`` sets to the
+    value width. So this subclass only accepts the two keywords.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class LatentDotProductAttention(DotProductAttention):
+        def __init__(self, config, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs):
+            assert v_channels in (None, config.kv_channels), (v_channels, config.kv_channels)
+            super().__init__(config, *args, **kwargs)
+
+    return LatentDotProductAttention
 
 
 def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[torch.nn.Module]:
@@ -273,12 +314,7 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     """Parameter counts from the configuration alone (no model needed), for FLOPs and planning."""
     m, moe = config.model, config.moe
     h, layers = m.hidden_size, m.num_layers
-    heads = m.num_attention_heads
-    q = heads * m.head_size
-    kv = (m.num_query_groups or heads) * m.head_size
-    attention = h * (q + 2 * kv) + q * h  # QKV and output projection
-    attention += (q + 2 * kv) if m.qkv_bias else 0
-    attention += 2 * m.head_size if m.qk_layernorm else 0  # the query and key norms' weights
+    attention = _attention_parameters(m)
     expert = 3 * h * m.ffn_hidden_size  # SwiGLU: gate, up, down
     router = h * moe.num_experts
     # A shared expert is a SwiGLU MLP every token goes through: dense, and always active.
@@ -292,6 +328,27 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
         active=dense + layers * moe.top_k * expert,
         expert=layers * moe.num_experts * expert,
     )
+
+
+def _attention_parameters(m) -> int:
+    """One layer's attention weights: projections, biases and norms."""
+    h, heads = m.hidden_size, m.num_attention_heads
+    if m.multi_latent_attention:
+        q_head = m.qk_head_dim + m.qk_pos_emb_head_dim
+        if m.q_lora_rank is None:
+            query = h * heads * q_head
+        else:  # down to the latent, its norm, up to the heads
+            query = h * m.q_lora_rank + m.q_lora_rank * heads * q_head + (m.q_lora_rank if m.qk_layernorm else 0)
+        # Down to the key/value latent plus the shared rotated key, its norm, up to keys and values.
+        key_value = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim)
+        key_value += m.kv_lora_rank if m.qk_layernorm else 0
+        return query + key_value + heads * m.v_head_dim * h
+    q = heads * m.head_size
+    kv = (m.num_query_groups or heads) * m.head_size
+    attention = h * (q + 2 * kv) + q * h  # QKV and output projection
+    attention += (q + 2 * kv) if m.qkv_bias else 0
+    attention += 2 * m.head_size if m.qk_layernorm else 0  # the query and key norms' weights
+    return attention
 
 
 def flops_per_token(config: TrainConfig, vocab_size: int) -> float:
