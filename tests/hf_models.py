@@ -16,7 +16,7 @@ _COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_a
 
 
 def configs() -> dict:
-    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     return {
         "mixtral": MixtralConfig(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, **_COMMON),
@@ -25,6 +25,14 @@ def configs() -> dict:
                                     norm_topk_prob=True, **_COMMON),
         "qwen2_moe": Qwen2MoeConfig(moe_intermediate_size=48, shared_expert_intermediate_size=80, num_experts=4,
                                     num_experts_per_tok=2, norm_topk_prob=False, **_COMMON),
+        # Multi-latent attention with a query latent, query/key heads (16 + 8 rotated) wider than the
+        # value heads (12); 8 experts in 4 groups, the best 2 groups used, top-4, scaled by 2.5, and
+        # 2 shared experts. No dense first layers (moe-train has none).
+        "deepseek_v3": DeepseekV3Config(
+            moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=4, n_group=4,
+            topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=0,
+            q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            intermediate_size=128, **(_COMMON | {"num_key_value_heads": 4})),
     }
 
 
@@ -47,10 +55,14 @@ def save(family: str, out: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(configs()[family], torch_dtype=torch.float32)
-    # Norm weights start at 1 and routers at 0 mean nothing is tested there: randomise every tensor.
+    # Norm weights start at 1 and routers and DeepSeek's score correction at 0, which would test
+    # nothing there: randomise every tensor the checkpoint holds (parameters and persistent buffers).
     with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn_like(param) * (0.2 if param.dim() > 1 else 0.5) + (1.0 if param.dim() == 1 else 0.0))
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if name.endswith("e_score_correction_bias"):
+                tensor.copy_(torch.randn_like(tensor) * 0.1)
+            elif tensor.is_floating_point():
+                tensor.copy_(torch.randn_like(tensor) * (0.2 if tensor.dim() > 1 else 0.5) + (1.0 if tensor.dim() == 1 else 0.0))
     model.save_pretrained(out, safe_serialization=True)
     _tokenizer(out)
     return out

@@ -28,7 +28,7 @@ from moe_cdk.training import checkpoint_cli
 from moe_cdk.training.config import load_train_config
 from moe_cdk.training.model import padded_vocab_size, parameter_counts
 
-FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
+FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 LOGIT_TOLERANCE = 1e-4
 """Largest absolute logit difference allowed in fp32: 5x the largest one measured."""
 PROBE = ROOT / "tests/hf_logits_probe.py"
@@ -98,8 +98,10 @@ def expert_parallel_2(imported, tokens) -> SimpleNamespace:
 def test_the_profile_builds_the_model_config_json_describes(imported):
     config = load_train_config(imported.profile)
     hf = configs()[imported.family]
-    # Every HF tensor, plus the zero rows that pad both vocabulary tables, is a planned parameter.
-    hf_parameters = sum(t.numel() for t in _tensors(imported.hf_dir).values())
+    # Every HF parameter, plus the zero rows that pad both vocabulary tables, is a planned parameter.
+    from transformers import AutoModelForCausalLM
+
+    hf_parameters = AutoModelForCausalLM.from_pretrained(imported.hf_dir, dtype=torch.float32).num_parameters()
     padding = 2 * (padded_vocab_size(VOCAB_SIZE) - VOCAB_SIZE) * hf.hidden_size
     assert parameter_counts(config, VOCAB_SIZE).total == hf_parameters + padding
 

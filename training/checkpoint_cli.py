@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moe-checkpoint", description="Convert between Hugging Face and moe-train checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     imp = commands.add_parser("import-hf", help="a Hugging Face MoE model folder into a step-0 checkpoint and a moe-train profile",
-                              description="Families: mixtral, qwen3_moe, qwen2_moe. Runs as one process; "
+                              description="Families: mixtral, qwen3_moe, qwen2_moe, deepseek_v3. Runs as one process; "
                                           "the checkpoint loads under any layout the profile's parallel section sets.")
     imp.add_argument("hf_dir", metavar="HF_DIR", type=Path, help="folder with config.json and the safetensors")
     imp.add_argument("--output", required=True, type=Path, metavar="CKPT_DIR", help="the run's checkpoint folder (step-0 is written there)")
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--step", type=int, help="export step-N rather than the newest complete step")
     exp.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                      help="default: the imported model's torch_dtype, else the checkpoint's")
-    exp.add_argument("--family", choices=["mixtral", "qwen3_moe", "qwen2_moe"],
+    exp.add_argument("--family", choices=["mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3"],
                      help="the format to write; default: the imported model's (CKPT_DIR/hf/config.json)")
     return parser
 

@@ -15,10 +15,15 @@ Families, with the Hugging Face modelling code they were checked against (transf
   ``k_norm``), ``head_dim`` independent of the width, ``norm_topk_prob``.
 - ``qwen2_moe`` (Qwen2MoeForCausalLM): query/key/value biases, a shared expert whose output
   a sigmoid gate scales, ``norm_topk_prob`` (false in the published models).
+- ``deepseek_v3`` (DeepseekV3ForCausalLM): multi-latent attention (``kv_a_proj_with_mqa``,
+  ``kv_b_proj``, the latents' norms, an optional query latent), sigmoid routing with the
+  ``e_score_correction_bias`` that megatron keeps as the router's ``expert_bias`` buffer,
+  group-limited choice, a scaling factor and ungated shared experts.
 
-Not handled, each refused by name: sliding-window attention, RoPE scaling, tied embeddings,
-dense (non-MoE) layers, router jitter, and any other ``model_type`` (DeepSeek-V3's
-multi-latent attention has no counterpart in megatron-core's local layer spec).
+Not handled, each refused by name: sliding-window attention, RoPE scaling (DeepSeek-V3's
+published YaRN among it), tied embeddings, dense (non-MoE) layers (DeepSeek's
+``first_k_dense_replace``), multi-token-prediction layers, router jitter, and any other
+``model_type``.
 """
 
 from __future__ import annotations
@@ -50,12 +55,17 @@ class Family:
     """An expert's gate, up and down projection names."""
     num_experts_key: str
     expert_ffn_key: str
+    shared_expert: str | None = None
+    """The shared expert's module, when the family has one."""
 
 
+_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 FAMILIES = {f.model_type: f for f in (
     Family("mixtral", "MixtralForCausalLM", "block_sparse_moe", ("w1", "w3", "w2"), "num_local_experts", "intermediate_size"),
-    Family("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size"),
-    Family("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size"),
+    Family("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size"),
+    Family("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size", "shared_expert"),
+    Family("deepseek_v3", "DeepseekV3ForCausalLM", "mlp", _PROJECTIONS, "n_routed_experts", "moe_intermediate_size",
+           "shared_experts"),
 )}
 
 
@@ -94,12 +104,33 @@ def _refusals(hf: Mapping, family: Family) -> Iterable[str]:
     if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
         yield refuse("mlp_only_layers" if hf.get("mlp_only_layers") else "decoder_sparse_step",
                      "every moe-train layer is an MoE layer", "[] and decoder_sparse_step 1")
+    if family.model_type == "deepseek_v3":
+        yield from _deepseek_refusals(hf, refuse)
     if not float(hf.get("rope_theta", 10000.0)).is_integer():
         yield refuse("rope_theta", "moe-train's rotary base is a whole number", "an integer")
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
                 family.num_experts_key, family.expert_ffn_key, "num_experts_per_tok"):
         if not isinstance(hf.get(key), int):
             yield refuse(key, "a required size is missing", "a positive integer")
+
+
+def _deepseek_refusals(hf: Mapping, refuse) -> Iterable[str]:
+    if hf.get("first_k_dense_replace", 0):
+        yield refuse("first_k_dense_replace", "every moe-train layer is an MoE layer", "0")
+    if not hf.get("rope_interleave", True):
+        # megatron's MLA always takes the rotated part as interleaved pairs (rope_utils.py,
+        # multi_latent_attention), the layout of DeepSeek's own checkpoints.
+        yield refuse("rope_interleave", "megatron's multi-latent attention rotates interleaved pairs", "true")
+    top_k, groups, chosen = hf.get("num_experts_per_tok", 0), hf.get("n_group", 1), hf.get("topk_group", 1)
+    if not hf.get("norm_topk_prob", True) and top_k > 1:
+        yield refuse("norm_topk_prob", "megatron renormalises sigmoid weights over the top-k", "true")
+    if groups > 1 and (not chosen or top_k % chosen or top_k // chosen != 2):
+        # transformers scores a group by its best 2 experts (DeepseekV3TopkRouter); megatron by its
+        # best top_k / group_top_k (moe_utils.group_limited_topk).
+        yield refuse("topk_group", "a group's score must be its best 2 experts, as transformers computes it",
+                     f"num_experts_per_tok / 2 ({top_k / 2:g})")
+    if hf.get("n_shared_experts") is not None and hf.get("n_shared_experts", 0) < 0:
+        yield refuse("n_shared_experts", "must not be negative", "0 or more")
 
 
 def profile_sections(hf: Mapping) -> dict:
@@ -109,15 +140,16 @@ def profile_sections(hf: Mapping) -> dict:
     if refusals:
         raise HFFormatError(refusals)
     heads = hf["num_attention_heads"]
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     model = {
         "num_layers": hf["num_hidden_layers"],
         "hidden_size": hf["hidden_size"],
         "num_attention_heads": heads,
-        "num_query_groups": hf.get("num_key_value_heads") or heads,
-        "kv_channels": head_dim,
-        "qk_layernorm": family.model_type == "qwen3_moe",
-        "qkv_bias": family.model_type == "qwen2_moe" and bool(hf.get("qkv_bias", True)),
+        **(_mla_sections(hf) if family.model_type == "deepseek_v3" else {
+            "num_query_groups": hf.get("num_key_value_heads") or heads,
+            "kv_channels": hf.get("head_dim") or hf["hidden_size"] // heads,
+            "qk_layernorm": family.model_type == "qwen3_moe",
+            "qkv_bias": family.model_type == "qwen2_moe" and bool(hf.get("qkv_bias", True)),
+        }),
         "ffn_hidden_size": hf[family.expert_ffn_key],
         "seq_length": min(hf.get("max_position_embeddings") or _IMPORTED_SEQ_LENGTH, _IMPORTED_SEQ_LENGTH),
         "rotary_base": int(hf.get("rope_theta", 10000)),
@@ -140,38 +172,52 @@ def profile_sections(hf: Mapping) -> dict:
     if family.model_type == "qwen2_moe":
         moe["shared_expert_ffn_hidden_size"] = hf["shared_expert_intermediate_size"]
         moe["shared_expert_gate"] = True
+    if family.model_type == "deepseek_v3":
+        moe.update(_deepseek_router(hf))
     return {"model": model, "moe": moe}
+
+
+def _mla_sections(hf: Mapping) -> dict:
+    return {"multi_latent_attention": True, "q_lora_rank": hf.get("q_lora_rank"), "kv_lora_rank": hf["kv_lora_rank"],
+            "qk_head_dim": hf["qk_nope_head_dim"], "qk_pos_emb_head_dim": hf["qk_rope_head_dim"],
+            "v_head_dim": hf["v_head_dim"], "qk_layernorm": True}
+
+
+def _deepseek_router(hf: Mapping) -> dict:
+    """DeepSeek-V3's aux-loss-free routing: sigmoid scores, the correction bias, groups, scaling."""
+    groups = hf.get("n_group") or 1
+    shared = hf.get("n_shared_experts") or 0
+    return {
+        "score_function": "sigmoid",
+        "expert_bias": True,
+        "aux_loss_coeff": 0.0,
+        "normalize_top_k": True,
+        "shared_expert_ffn_hidden_size": shared * hf["moe_intermediate_size"] if shared else None,
+        "num_groups": groups if groups > 1 else None,
+        "group_top_k": hf.get("topk_group") if groups > 1 else None,
+        "top_k_scaling_factor": float(hf["routed_scaling_factor"]) if hf.get("routed_scaling_factor", 1.0) != 1.0 else None,
+    }
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+_TRAINING_ONLY = {"seq_length", "spec", "dropout", "init_method_std", "vocab_size",
+                  "aux_loss_coeff", "z_loss_coeff", "capacity_factor", "bias_update_rate", "token_dispatcher",
+                  "grouped_gemm", "permute_fusion", "router_dtype"}
+"""Profile keys a config.json does not hold: how a run trains, not what the model is."""
+
+
 def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base: Mapping | None = None) -> dict:
     """``config.json`` for a moe-train ``config`` in ``family``'s format: ``base`` (the imported
-    model's own file, for token ids and everything moe-train does not model) with every
-    size and option taken from ``config``."""
+    model's own file, for token ids and everything moe-train does not model) with every size
+    and option taken from ``config``.
+
+    The file is checked by reading it back: ``profile_sections`` of it must give the profile's
+    own value for every key that describes the model, so a profile the family cannot express
+    (sigmoid routing written as Mixtral, a shared expert written as Qwen3) is an error naming
+    the key, not a file that loads into a different model."""
     m, moe = config.model, config.moe
-    problems = []
-    if m.multi_latent_attention:
-        problems.append("model.multi_latent_attention: " + problem(f"{family.model_type} has grouped-query attention",
-                                                                   got=True, allowed="false"))
-    if moe.score_function.value != "softmax" or moe.expert_bias or moe.num_groups or moe.top_k_scaling_factor:
-        problems.append("moe.score_function: " + problem(f"{family.model_type} routes by softmax alone",
-                                                         got=moe.score_function.value, allowed="softmax, no expert bias, groups or scaling"))
-    if m.qk_layernorm != (family.model_type == "qwen3_moe"):
-        problems.append("model.qk_layernorm: " + problem(f"{family.model_type} fixes query/key norms", got=m.qk_layernorm,
-                                                         allowed=str(family.model_type == "qwen3_moe").lower()))
-    shared = family.model_type == "qwen2_moe"
-    if (moe.shared_expert_ffn_hidden_size is not None) != shared or moe.shared_expert_gate != shared:
-        problems.append("moe.shared_expert_ffn_hidden_size: " + problem(
-            f"{family.model_type} {'has' if shared else 'has no'} gated shared expert", got=moe.shared_expert_ffn_hidden_size,
-            allowed="a size, with shared_expert_gate true" if shared else "null"))
-    if m.qkv_bias and not shared:
-        problems.append("model.qkv_bias: " + problem(f"{family.model_type} has no query/key/value biases", got=True, allowed="false"))
-    if family.model_type == "mixtral" and not moe.normalize_top_k:
-        problems.append("moe.normalize_top_k: " + problem("Mixtral renormalises its top-k weights", got=False, allowed="true"))
-    if problems:
-        raise HFFormatError(problems)
     out = {k: v for k, v in (base or {}).items() if k not in ("torch_dtype", "dtype", "transformers_version")}
     out.update({
         "architectures": [family.architecture],
@@ -179,25 +225,57 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
         "hidden_size": m.hidden_size,
         "num_hidden_layers": m.num_layers,
         "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_query_groups or m.num_attention_heads,
-        "head_dim": m.head_size,
         family.expert_ffn_key: m.ffn_hidden_size,
         family.num_experts_key: moe.num_experts,
         "num_experts_per_tok": moe.top_k,
         "rms_norm_eps": m.norm_epsilon,
         "rope_theta": float(m.rotary_base),
         "vocab_size": vocab_size,
-        "router_aux_loss_coef": moe.aux_loss_coeff,
+        "initializer_range": m.init_method_std,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "torch_dtype": _DTYPE_NAMES[dtype],
     })
     out.setdefault("max_position_embeddings", m.seq_length)
-    if family.model_type != "mixtral":
+    if family.model_type == "deepseek_v3":
+        shared = moe.shared_expert_ffn_hidden_size or 0
+        out.update({
+            "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank, "qk_nope_head_dim": m.qk_head_dim,
+            "qk_rope_head_dim": m.qk_pos_emb_head_dim, "v_head_dim": m.v_head_dim,
+            # DeepseekV3Config's head_dim is the rotated width, the rotary embedding's.
+            "head_dim": m.qk_pos_emb_head_dim, "num_key_value_heads": m.num_attention_heads,
+            "n_shared_experts": shared // m.ffn_hidden_size, "n_group": moe.num_groups or 1,
+            "topk_group": moe.group_top_k or 1, "routed_scaling_factor": moe.top_k_scaling_factor or 1.0,
+            "norm_topk_prob": True, "first_k_dense_replace": 0, "rope_interleave": True,
+        })
+    else:
+        out.update({"num_key_value_heads": m.num_query_groups or m.num_attention_heads, "head_dim": m.head_size,
+                    "router_aux_loss_coef": moe.aux_loss_coeff})
+    if family.model_type in ("qwen3_moe", "qwen2_moe"):
         out.update({"norm_topk_prob": moe.normalize_top_k, "decoder_sparse_step": 1, "mlp_only_layers": []})
-    if shared:
+    if family.model_type == "qwen2_moe":
         out.update({"shared_expert_intermediate_size": moe.shared_expert_ffn_hidden_size, "qkv_bias": m.qkv_bias})
+    problems = []
+    for section_name, implied in profile_sections(out).items():
+        section = getattr(config, section_name)
+        for field in dataclasses.fields(section):
+            if field.name in _TRAINING_ONLY:
+                continue
+            ours, theirs = _plain(getattr(section, field.name)), implied.get(field.name, _plain(field.default))
+            if field.name == "kv_channels":
+                ours = m.head_size if not m.multi_latent_attention else ours
+            if field.name == "num_query_groups" and not m.multi_latent_attention:
+                ours = ours or m.num_attention_heads
+            if ours != theirs:
+                problems.append(f"{section_name}.{field.name}: " + problem(
+                    f"a {family.model_type} config.json cannot hold this", got=ours, allowed=theirs))
+    if problems:
+        raise HFFormatError(problems)
     return out
+
+
+def _plain(value):
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 # -- tensors -------------------------------------------------------------------------------
@@ -233,26 +311,50 @@ def links(config, family: Family) -> list[Link]:
         out += [
             Link(ours + "input_layernorm.weight", (theirs + "input_layernorm.weight",), Kind.COPY),
             Link(ours + "pre_mlp_layernorm.weight", (theirs + "post_attention_layernorm.weight",), Kind.COPY),
-            Link(attention + "linear_qkv.weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), Kind.QKV),
             Link(attention + "linear_proj.weight", (attn + "o_proj.weight",), Kind.COPY),
             Link(ours + "mlp.router.weight", (f"{theirs}{family.moe_module}.gate.weight",), Kind.COPY),
         ]
-        if m.qkv_bias:
-            out.append(Link(attention + "linear_qkv.bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), Kind.QKV))
-        if m.qk_layernorm:
-            out += [Link(attention + "q_layernorm.weight", (attn + "q_norm.weight",), Kind.COPY),
-                    Link(attention + "k_layernorm.weight", (attn + "k_norm.weight",), Kind.COPY)]
+        out += _mla_links(m, attention, attn) if m.multi_latent_attention else _attention_links(m, attention, attn)
+        if moe.expert_bias:
+            # megatron keeps the bias as a buffer that the checkpoint holds (router.py).
+            out.append(Link(ours + "mlp.router.expert_bias", (f"{theirs}{family.moe_module}.gate.e_score_correction_bias",),
+                            Kind.COPY))
         for e in range(moe.num_experts):
             expert, theirs_e = f"{ours}mlp.experts.local_experts.{e}.", f"{theirs}{family.moe_module}.experts.{e}."
             out += [Link(expert + "linear_fc1.weight", (f"{theirs_e}{gate}.weight", f"{theirs_e}{up}.weight"), Kind.GLU),
                     Link(expert + "linear_fc2.weight", (f"{theirs_e}{down}.weight",), Kind.COPY)]
         if moe.shared_expert_ffn_hidden_size is not None:
-            shared, theirs_s = ours + "mlp.shared_experts.", theirs + "mlp.shared_expert."
+            shared, theirs_s = ours + "mlp.shared_experts.", f"{theirs}mlp.{family.shared_expert or 'shared_expert'}."
             out += [Link(shared + "linear_fc1.weight", (theirs_s + "gate_proj.weight", theirs_s + "up_proj.weight"), Kind.GLU),
                     Link(shared + "linear_fc2.weight", (theirs_s + "down_proj.weight",), Kind.COPY)]
             if moe.shared_expert_gate:
                 out.append(Link(shared + "gate_weight", (theirs + "mlp.shared_expert_gate.weight",), Kind.COPY))
     return out
+
+
+def _attention_links(m, attention: str, attn: str) -> list[Link]:
+    out = [Link(attention + "linear_qkv.weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), Kind.QKV)]
+    if m.qkv_bias:
+        out.append(Link(attention + "linear_qkv.bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), Kind.QKV))
+    if m.qk_layernorm:
+        out += [Link(attention + "q_layernorm.weight", (attn + "q_norm.weight",), Kind.COPY),
+                Link(attention + "k_layernorm.weight", (attn + "k_norm.weight",), Kind.COPY)]
+    return out
+
+
+def _mla_links(m, attention: str, attn: str) -> list[Link]:
+    """Multi-latent attention: the same matrices on both sides, row for row (both split the key/value
+    down projection into latent then rotated key, and each head's rows into unrotated then rotated)."""
+    pairs = [("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"), ("linear_kv_up_proj.weight", "kv_b_proj.weight")]
+    if m.q_lora_rank is None:
+        pairs.append(("linear_q_proj.weight", "q_proj.weight"))
+    else:
+        pairs += [("linear_q_down_proj.weight", "q_a_proj.weight"), ("linear_q_up_proj.weight", "q_b_proj.weight")]
+    if m.qk_layernorm:
+        pairs.append(("kv_layernorm.weight", "kv_a_layernorm.weight"))
+        if m.q_lora_rank is not None:
+            pairs.append(("q_layernorm.weight", "q_a_layernorm.weight"))
+    return [Link(attention + ours, (attn + theirs,), Kind.COPY) for ours, theirs in pairs]
 
 
 @dataclasses.dataclass(frozen=True)

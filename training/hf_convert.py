@@ -113,6 +113,11 @@ def _shapes(config: TrainConfig, vocab_size: int) -> hf.Shapes:
     return hf.shapes_of(config, vocab_size, padded_vocab_size(vocab_size))
 
 
+def _tensors_of(model) -> dict[str, torch.Tensor]:
+    """Every tensor a checkpoint holds for ``model``: its parameters and persistent buffers (the router's expert bias)."""
+    return {name: value for name, value in model.state_dict(keep_vars=True).items() if isinstance(value, torch.Tensor)}
+
+
 def _complete_steps(root: Path) -> list[Path]:
     return sorted((p for p in root.glob("step-*") if CheckpointManager.problem_with(p) is None),
                   key=lambda p: int(p.name.removeprefix("step-")) if p.name.removeprefix("step-").isdigit() else -1)
@@ -166,8 +171,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     runtime = _start_one_rank(one)
     try:
         trainable = trainer.build(one, runtime, vocab_size)
-        model = trainable.chunks[0].module
-        params = dict(model.named_parameters())
+        params = _tensors_of(trainable.chunks[0].module)
         problems = hf.check_coverage(table, params, source.names(), hf_where=str(hf_dir))
         shapes = _shapes(one, vocab_size)
         with torch.no_grad():
@@ -266,7 +270,7 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
             state = dist_checkpointing.load({"model": {"chunk0": model.sharded_state_dict()}}, str(folder),
                                             sharded_strategy=load_strategy())
         model.load_state_dict(state["model"]["chunk0"])
-        params = dict(model.named_parameters())
+        params = _tensors_of(model)
         problems = hf.check_coverage(table, params, [n for link in table for n in link.hf], hf_where=str(output))
         if problems:
             raise hf.HFFormatError(problems)
