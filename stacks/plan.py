@@ -155,7 +155,7 @@ def _model():
 
 
 def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_element: int,
-                               fused_attention: bool, on_gpu: bool = True) -> float:
+                               fused_attention: bool, on_gpu: bool = True, dense: bool = False) -> float:
     """Bytes one transformer layer keeps for the backward pass of one micro-batch, per device.
 
     Counted from what megatron-core 0.16.1 saves (the tensors ``saved_tensors_hooks`` sees in
@@ -218,6 +218,10 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
     # intermediates, split t ways (an estimate by analogy with the routed experts, not measured).
     experts += tokens * 6 * (moe.shared_expert_ffn_hidden_size or 0) * e / t
     bookkeeping = tokens * (13 * E + 20 * k) + 2 * tokens * 4
+    if dense:
+        # A dense layer (model.dense_layers): one tensor-parallel SwiGLU over every token, the
+        # routed experts' 6 x width intermediates, and no router.
+        experts, bookkeeping = tokens * 6 * m.dense_ffn_hidden_size * e / t, 2 * tokens * 4
     return (hidden + scores + bookkeeping) / t + experts + 4 * s * head * 4
 
 
@@ -239,8 +243,11 @@ def activation_bytes(train: TrainConfig, layout: Layout, *, vocab_size: int, byt
     layers = m.num_layers * (min(1.0, layout.num_microbatches / pp) if pp > 1 else 1.0)
     if layout.virtual_pipeline:
         layers *= 1 + (pp - 1) / (pp * layout.virtual_pipeline)
-    per_layer = activation_bytes_per_layer(train, layout, bytes_per_element=bytes_per_element,
-                                           fused_attention=fused_attention, on_gpu=on_gpu)
+    options = dict(bytes_per_element=bytes_per_element, fused_attention=fused_attention, on_gpu=on_gpu)
+    per_layer = activation_bytes_per_layer(train, layout, **options)
+    if m.dense_layers:  # the layers' mean, dense and MoE
+        dense = activation_bytes_per_layer(train, layout, **options, dense=True)
+        per_layer = (m.dense_layers * dense + (m.num_layers - m.dense_layers) * per_layer) / m.num_layers
     padded_vocab = _model().padded_vocab_size(vocab_size)
     final_norm = tokens * m.hidden_size * bytes_per_element / t
     logits = tokens * padded_vocab * 4 / t

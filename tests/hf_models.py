@@ -25,12 +25,12 @@ def configs() -> dict:
                                     norm_topk_prob=True, **_COMMON),
         "qwen2_moe": Qwen2MoeConfig(moe_intermediate_size=48, shared_expert_intermediate_size=80, num_experts=4,
                                     num_experts_per_tok=2, norm_topk_prob=False, **_COMMON),
-        # Multi-latent attention with a query latent, query/key heads (16 + 8 rotated) wider than the
-        # value heads (12); 8 experts in 4 groups, the best 2 groups used, top-4, scaled by 2.5, and
-        # 2 shared experts. No dense first layers (moe-train has none).
+        # A dense first layer, then an MoE one. Multi-latent attention with a query latent, query/key
+        # heads (16 + 8 rotated) wider than the value heads (12); 8 experts in 4 groups, the best 2
+        # groups used, top-4, scaled by 2.5, and 2 shared experts.
         "deepseek_v3": DeepseekV3Config(
             moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=4, n_group=4,
-            topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=0,
+            topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
             q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
             intermediate_size=128, **(_COMMON | {"num_key_value_heads": 4})),
     }
@@ -60,7 +60,13 @@ def save(family: str, out: Path, seed: int = 0) -> Path:
     with torch.no_grad():
         for name, tensor in model.state_dict(keep_vars=True).items():
             if name.endswith("e_score_correction_bias"):
-                tensor.copy_(torch.randn_like(tensor) * 0.1)
+                # Non-negative, with small router weights below (sigmoid scores near 0.5): transformers
+                # masks the groups a token does not choose with 0 (DeepseekV3TopkRouter.get_topk_indices)
+                # and megatron with -inf, so the two choose alike only while every biased score is
+                # positive, also after training has moved the bias.
+                tensor.copy_(torch.rand_like(tensor) * 0.1)
+            elif name.endswith("mlp.gate.weight") and "deepseek" in type(model).__name__.lower():
+                tensor.copy_(torch.randn_like(tensor) * 0.02)
             elif tensor.is_floating_point():
                 tensor.copy_(torch.randn_like(tensor) * (0.2 if tensor.dim() > 1 else 0.5) + (1.0 if tensor.dim() == 1 else 0.0))
     model.save_pretrained(out, safe_serialization=True)

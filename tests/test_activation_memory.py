@@ -32,6 +32,7 @@ CASES = {
     "mla-query-latent": (1, ["model.multi_latent_attention=true", "model.qk_layernorm=true", "model.q_lora_rank=48",
                              "model.kv_lora_rank=32", "model.qk_head_dim=16", "model.qk_pos_emb_head_dim=8",
                              "model.v_head_dim=32", "model.hidden_size=128", "model.ffn_hidden_size=256"]),
+    "dense-first-layer": (1, ["model.num_layers=3", "model.dense_layers=1", "model.dense_ffn_hidden_size=256"]),
     "TP2-SP": (2, ["parallel.tensor=2"]),
     "EP2": (2, ["parallel.expert=2"]),
     "TP2-EP2-ETP1": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"]),

@@ -190,7 +190,7 @@ def _variant(mixtral_dir: Path, tmp_path: Path, **changes) -> Path:
 
 @pytest.mark.parametrize("change, key", [
     ({"tie_word_embeddings": True}, "config.json: tie_word_embeddings"),
-    ({"model_type": "deepseek_v3"}, "config.json: model_type"),
+    ({"model_type": "deepseek_v2"}, "config.json: model_type"),
     ({"sliding_window": 64}, "config.json: sliding_window"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "config.json: rope_scaling"),
 ])

@@ -243,7 +243,7 @@ def _planned_parameters(parameters: dict, *overrides: str, config: Path = TINY) 
 def _shrunk(profile: str, out: Path) -> Path:
     """``profile``'s model and MoE sections at a CPU size, in tiny.yaml's run settings: the routing
     (experts, top-k, score function, bias, groups, shared expert) and the attention options
-    (query/key norms, multi-latent attention) stay."""
+    (query/key norms, multi-latent attention) and the dense first layers stay."""
     import yaml
 
     tiny, source = yaml.safe_load(TINY.read_text()), yaml.safe_load((ROOT / profile).read_text())
@@ -257,6 +257,8 @@ def _shrunk(profile: str, out: Path) -> Path:
     if "kv_channels" in model:
         model["kv_channels"] = 32  # wider than hidden / heads, as in the profile
     model.pop("vocab_size", None)  # the byte tokenizer's 256 rows
+    if model.get("dense_layers"):
+        model["dense_ffn_hidden_size"] = 96  # wider than the experts, as in the profile
     moe = source["moe"] | ({"shared_expert_ffn_hidden_size": 64} if "shared_expert_ffn_hidden_size" in source["moe"] else {})
     out.write_text(yaml.safe_dump(tiny | {"model": model, "moe": moe}))
     return out

@@ -118,6 +118,10 @@ class ModelConfig:
     """Rows of the embedding and output tables before padding, when they are more than the tokenizer's vocabulary (a published checkpoint's `vocab_size`; `moe-checkpoint import-hf` sets it). Default: the tokenizer's vocabulary."""
     ffn_hidden_size: int = 128
     """Hidden size of each expert's MLP."""
+    dense_layers: int = 0
+    """The first this-many layers have one dense SwiGLU MLP instead of experts (megatron's `moe_layer_freq`; DeepSeek-V3: 3 of 61, Moonlight: 1 of 27)."""
+    dense_ffn_hidden_size: int | None = None
+    """Hidden size of the dense layers' MLP (megatron's `ffn_hidden_size`). Needed when dense_layers > 0."""
     seq_length: int = 64
     """Tokens per sample."""
     init_method_std: float = 0.02
@@ -138,6 +142,12 @@ class ModelConfig:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
             if getattr(self, key) < 1:
                 yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+        if not 0 <= self.dense_layers < max(self.num_layers, 1):
+            yield "dense_layers", problem("out of range: an MoE model needs at least one MoE layer", got=self.dense_layers,
+                                          allowed=f"0 to {self.num_layers - 1}")
+        if self.dense_layers and (self.dense_ffn_hidden_size is None or self.dense_ffn_hidden_size < 1):
+            yield "dense_ffn_hidden_size", problem("the dense layers need a positive MLP size", got=self.dense_ffn_hidden_size,
+                                                   allowed="1 or more while dense_layers > 0")
         if self.vocab_size is not None and self.vocab_size < 1:
             yield "vocab_size", problem("must be positive", got=self.vocab_size, allowed="1 or more, or null")
         if self.multi_latent_attention:

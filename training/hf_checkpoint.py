@@ -20,9 +20,11 @@ Families, with the Hugging Face modelling code they were checked against (transf
   ``e_score_correction_bias`` that megatron keeps as the router's ``expert_bias`` buffer,
   group-limited choice, a scaling factor and ungated shared experts.
 
+  Its first ``first_k_dense_replace`` layers are dense (``model.dense_layers``).
+
 Not handled, each refused by name: sliding-window attention, RoPE scaling (DeepSeek-V3's
-published YaRN among it), tied embeddings, dense (non-MoE) layers (DeepSeek's
-``first_k_dense_replace``), multi-token-prediction layers, router jitter, and any other
+published YaRN among it), tied embeddings, Qwen's dense layers (``mlp_only_layers``,
+``decoder_sparse_step``), multi-token-prediction layers, router jitter, and any other
 ``model_type``.
 """
 
@@ -115,8 +117,8 @@ def _refusals(hf: Mapping, family: Family) -> Iterable[str]:
 
 
 def _deepseek_refusals(hf: Mapping, refuse) -> Iterable[str]:
-    if hf.get("first_k_dense_replace", 0):
-        yield refuse("first_k_dense_replace", "every moe-train layer is an MoE layer", "0")
+    if not 0 <= hf.get("first_k_dense_replace", 0) < hf.get("num_hidden_layers", 1):
+        yield refuse("first_k_dense_replace", "needs at least one MoE layer", "0 to num_hidden_layers - 1")
     if not hf.get("rope_interleave", True):
         # megatron's MLA always takes the rotated part as interleaved pairs (rope_utils.py,
         # multi_latent_attention), the layout of DeepSeek's own checkpoints.
@@ -178,7 +180,9 @@ def profile_sections(hf: Mapping) -> dict:
 
 
 def _mla_sections(hf: Mapping) -> dict:
-    return {"multi_latent_attention": True, "q_lora_rank": hf.get("q_lora_rank"), "kv_lora_rank": hf["kv_lora_rank"],
+    dense = hf.get("first_k_dense_replace", 0)
+    return {**({"dense_layers": dense, "dense_ffn_hidden_size": hf["intermediate_size"]} if dense else {}),
+            "multi_latent_attention": True, "q_lora_rank": hf.get("q_lora_rank"), "kv_lora_rank": hf["kv_lora_rank"],
             "qk_head_dim": hf["qk_nope_head_dim"], "qk_pos_emb_head_dim": hf["qk_rope_head_dim"],
             "v_head_dim": hf["v_head_dim"], "qk_layernorm": True}
 
@@ -246,8 +250,10 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
             "head_dim": m.qk_pos_emb_head_dim, "num_key_value_heads": m.num_attention_heads,
             "n_shared_experts": shared // m.ffn_hidden_size, "n_group": moe.num_groups or 1,
             "topk_group": moe.group_top_k or 1, "routed_scaling_factor": moe.top_k_scaling_factor or 1.0,
-            "norm_topk_prob": True, "first_k_dense_replace": 0, "rope_interleave": True,
+            "norm_topk_prob": True, "first_k_dense_replace": m.dense_layers, "rope_interleave": True,
         })
+        if m.dense_layers:
+            out["intermediate_size"] = m.dense_ffn_hidden_size
     else:
         out.update({"num_key_value_heads": m.num_query_groups or m.num_attention_heads, "head_dim": m.head_size,
                     "router_aux_loss_coef": moe.aux_loss_coeff})
@@ -312,9 +318,13 @@ def links(config, family: Family) -> list[Link]:
             Link(ours + "input_layernorm.weight", (theirs + "input_layernorm.weight",), Kind.COPY),
             Link(ours + "pre_mlp_layernorm.weight", (theirs + "post_attention_layernorm.weight",), Kind.COPY),
             Link(attention + "linear_proj.weight", (attn + "o_proj.weight",), Kind.COPY),
-            Link(ours + "mlp.router.weight", (f"{theirs}{family.moe_module}.gate.weight",), Kind.COPY),
         ]
         out += _mla_links(m, attention, attn) if m.multi_latent_attention else _attention_links(m, attention, attn)
+        if i < m.dense_layers:  # one dense SwiGLU MLP, no router or experts
+            out += [Link(ours + "mlp.linear_fc1.weight", (theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"), Kind.GLU),
+                    Link(ours + "mlp.linear_fc2.weight", (theirs + "mlp.down_proj.weight",), Kind.COPY)]
+            continue
+        out.append(Link(ours + "mlp.router.weight", (f"{theirs}{family.moe_module}.gate.weight",), Kind.COPY))
         if moe.expert_bias:
             # megatron keeps the bias as a buffer that the checkpoint holds (router.py).
             out.append(Link(ours + "mlp.router.expert_bias", (f"{theirs}{family.moe_module}.gate.e_score_correction_bias",),
@@ -407,20 +417,20 @@ def split(link: Link, tensor: torch.Tensor, shapes: Shapes) -> list[torch.Tensor
     return [p.clone(memory_format=torch.contiguous_format) for p in parts]
 
 
-def check_coverage(table: list[Link], megatron_names: Iterable[str], hf_names: Iterable[str], *, hf_where: str) -> list[str]:
-    """Problems when a parameter on either side has no link, or a link names a tensor that is not there."""
-    problems = []
-    linked = {link.megatron for link in table}
-    for name in sorted(set(megatron_names) - linked):
-        problems.append(f"model: {name}: " + problem("a megatron parameter moe-checkpoint does not map", got=name,
-                                                     allowed="the parameters of the families it converts"))
-    wanted = {name for link in table for name in link.hf}
-    present = set(hf_names)
-    for name in sorted(wanted - present):
-        problems.append(f"{hf_where}: {name}: " + problem("missing from the checkpoint", got="absent",
-                                                          allowed="a tensor the configuration implies"))
-    for name in sorted(present - wanted):
-        problems.append(f"{hf_where}: {name}: " + problem("a tensor the configuration does not account for", got=name,
-                                                          allowed="only the tensors of the model config.json describes"))
-    return problems
+def megatron_problems(table: list[Link], megatron_names: Iterable[str]) -> list[str]:
+    """Problems when a megatron tensor has no link, or a link names one megatron did not build."""
+    built, linked = set(megatron_names), {link.megatron for link in table}
+    return ([f"model: {name}: " + problem("a megatron tensor moe-checkpoint does not map", got=name,
+                                          allowed="the tensors of the families it converts") for name in sorted(built - linked)]
+            + [f"model: {name}: " + problem("mapped, but megatron did not build it", got=name,
+                                            allowed="the tensors of this profile's model") for name in sorted(linked - built)])
 
+
+def hf_problems(table: list[Link], hf_names: Iterable[str], *, where: str) -> list[str]:
+    """Problems when a tensor the configuration implies is missing, or one it does not imply is there."""
+    wanted, present = {name for link in table for name in link.hf}, set(hf_names)
+    return ([f"{where}: {name}: " + problem("missing from the checkpoint", got="absent",
+                                            allowed="a tensor the configuration implies") for name in sorted(wanted - present)]
+            + [f"{where}: {name}: " + problem("a tensor the configuration does not account for", got=name,
+                                              allowed="only the tensors of the model config.json describes")
+               for name in sorted(present - wanted)])

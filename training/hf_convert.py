@@ -157,7 +157,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     source = SafetensorsDir(hf_dir)
     one = _one_rank(config)
     table = hf.links(one, family)
-    problems = hf.check_coverage(table, [link.megatron for link in table], source.names(), hf_where=str(hf_dir))
+    problems = hf.hf_problems(table, source.names(), where=str(hf_dir))
     if problems:
         raise hf.HFFormatError(problems)
     tokenizer_vocab = None
@@ -172,7 +172,9 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     try:
         trainable = trainer.build(one, runtime, vocab_size)
         params = _tensors_of(trainable.chunks[0].module)
-        problems = hf.check_coverage(table, params, source.names(), hf_where=str(hf_dir))
+        problems = hf.megatron_problems(table, params)
+        if problems:
+            raise hf.HFFormatError(problems)
         shapes = _shapes(one, vocab_size)
         with torch.no_grad():
             for link in table:
@@ -271,7 +273,7 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
                                             sharded_strategy=load_strategy())
         model.load_state_dict(state["model"]["chunk0"])
         params = _tensors_of(model)
-        problems = hf.check_coverage(table, params, [n for link in table for n in link.hf], hf_where=str(output))
+        problems = hf.megatron_problems(table, params)
         if problems:
             raise hf.HFFormatError(problems)
         shapes = _shapes(one, vocab_size)

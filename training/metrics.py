@@ -72,12 +72,14 @@ class MoEProbe:
     under sequence parallelism each tensor-parallel rank its own share of them).
     """
 
-    def __init__(self, chunks, num_layers: int, num_experts: int) -> None:
+    def __init__(self, chunks, num_layers: int, num_experts: int, dense_layers: int = 0) -> None:
         from megatron.core.transformer.moe.moe_layer import MoELayer
         from megatron.core.transformer.transformer_layer import TransformerLayer
 
         self.num_layers = num_layers
         self.num_experts = num_experts
+        self.dense_layers = dense_layers
+        """The first layers, which have no router: their imbalance and entropy are null, not 0."""
         # On the model's device: nothing is copied to the host until ``collect``, and NCCL
         # reduces device tensors only.
         device = next(chunks[0].parameters()).device
@@ -132,10 +134,13 @@ class MoEProbe:
         tokens = stats[: layers * experts].view(layers, experts) / steps
         entropy = stats[layers * experts: layers * experts + layers] / stats[layers * experts + layers:].clamp(min=1)
         mean = tokens.mean(dim=1).clamp(min=1e-9)
+        def moe_only(values: list, digits: int) -> list:
+            return [None if layer < self.dense_layers else round(float(v), digits) for layer, v in enumerate(values)]
+
         record = {
             "tokens_per_expert": [[round(v) for v in row] for row in tokens.tolist()],
-            "expert_imbalance": [round(float(v), 4) for v in (tokens.max(dim=1).values / mean).tolist()],
-            "router_entropy": [round(float(v), 5) for v in entropy.tolist()],
+            "expert_imbalance": moe_only((tokens.max(dim=1).values / mean).tolist(), 4),
+            "router_entropy": moe_only(entropy.tolist(), 5),
             "router_entropy_max": round(math.log(experts), 5),
             "dispatch_time_s": round(self.timer.seconds() / steps, 6),
         }
@@ -234,7 +239,7 @@ class MetricsSink:
                 if isinstance(value, int | float) and key != "step":
                     self._tensorboard.add_scalar(key, value, record["step"])
         line = (f"step {record['step']}/{self.max_steps} loss {record['loss']:.4f} "
-                f"tokens/s {record['tokens_per_s']:.0f} imbalance {max(record['expert_imbalance']):.2f} "
+                f"tokens/s {record['tokens_per_s']:.0f} imbalance {max(v for v in record['expert_imbalance'] if v is not None):.2f} "
                 f"dispatch {record['dispatch_time_s'] * 1000:.1f}ms")
         if self._tty:
             done = int(30 * record["step"] / self.max_steps)
@@ -254,7 +259,7 @@ class MetricsSink:
                 for layer, row in enumerate(value):
                     lines += [f'moe_train_tokens_per_expert{{layer="{layer}",expert="{e}"}} {n}' for e, n in enumerate(row)]
             elif key in ("expert_imbalance", "router_entropy", "load_balancing_loss", "z_loss"):
-                lines += [f'moe_train_{key}{{layer="{layer}"}} {v}' for layer, v in enumerate(value)]
+                lines += [f'moe_train_{key}{{layer="{layer}"}} {v}' for layer, v in enumerate(value) if v is not None]
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:

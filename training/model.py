@@ -87,8 +87,9 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         qk_layernorm=m.qk_layernorm,
         add_qkv_bias=m.qkv_bias,
         layernorm_epsilon=m.norm_epsilon,
-        ffn_hidden_size=m.ffn_hidden_size,
+        ffn_hidden_size=m.dense_ffn_hidden_size if m.dense_layers else m.ffn_hidden_size,
         moe_ffn_hidden_size=m.ffn_hidden_size,
+        moe_layer_freq=[0] * m.dense_layers + [1] * (m.num_layers - m.dense_layers) if m.dense_layers else 1,
         hidden_dropout=m.dropout,
         attention_dropout=m.dropout,
         init_method_std=m.init_method_std,
@@ -193,19 +194,21 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = config.sequence_parallel
 
 
-def _layer_spec(config: TrainConfig, spec: Spec):
+def _layer_spec(config: TrainConfig, spec: Spec, *, experts: bool = True):
+    """One layer's spec: an MoE layer, or with ``experts=False`` a dense one (``model.dense_layers``)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     moe = config.moe
+    num_experts = moe.num_experts if experts else None
     # qk_layernorm lives in the spec as well as in TransformerConfig: without it here the spec
     # builds no query and key norms (IdentityOp) whatever the config says.
     qk_layernorm, mla = config.model.qk_layernorm, config.model.multi_latent_attention
     if spec is Spec.TRANSFORMER_ENGINE:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, qk_layernorm=qk_layernorm,
+            num_experts=num_experts, moe_grouped_gemm=moe.grouped_gemm, qk_layernorm=qk_layernorm,
             multi_latent_attention=mla)
     layer = gpt_layer_specs.get_gpt_layer_local_spec(
-        num_experts=moe.num_experts, moe_grouped_gemm=moe.grouped_gemm, normalization="RMSNorm",
+        num_experts=num_experts, moe_grouped_gemm=moe.grouped_gemm, normalization="RMSNorm",
         qk_layernorm=qk_layernorm, multi_latent_attention=mla)
     layer.submodules.input_layernorm = SequenceParallelRMSNorm
     layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
@@ -251,20 +254,30 @@ def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[t
     """This rank's model chunks (one per virtual pipeline stage, else one): the MoE GPTModel's
     layers of this pipeline stage. Raises ConfigError when megatron rejects the configuration."""
     from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     spec = resolve_spec(config, on_gpu=on_gpu)
     transformer_config = build_transformer_config(config, on_gpu=on_gpu)
     layer = _layer_spec(config, spec)
+    dense = config.model.dense_layers
+    dense_layer = _layer_spec(config, spec, experts=False) if dense else None
     chunks = []
     vpp = config.parallel.virtual_pipeline
     for vp_stage in (range(vpp) if vpp else [None]):
         block = layer
         if spec is Spec.LOCAL:
+            # This stage's layers by their global index: the first model.dense_layers are dense.
+            offset = get_transformer_layer_offset(transformer_config, vp_stage=vp_stage)
+            count = get_num_layers_to_build(transformer_config, vp_stage=vp_stage)
             block = TransformerBlockSubmodules(
-                layer_specs=[layer] * get_num_layers_to_build(transformer_config, vp_stage=vp_stage),
+                layer_specs=[dense_layer if offset + i < dense else layer for i in range(count)],
                 layer_norm=SequenceParallelRMSNorm)
+        elif dense:
+            # megatron's own block spec reads moe_layer_freq, the norms and attention from the config.
+            block = get_gpt_decoder_block_spec(transformer_config, use_transformer_engine=True, vp_stage=vp_stage)
         model = GPTModel(
             config=transformer_config,
             transformer_layer_spec=block,
@@ -307,7 +320,7 @@ class ParameterCounts:
     active: int
     """Parameters one token uses: the dense ones plus top_k of num_experts experts."""
     expert: int
-    """Every expert weight (all layers, all experts); ``total - expert`` are the dense ones."""
+    """Every expert weight (all MoE layers, all experts); ``total - expert`` are the dense ones."""
 
 
 def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
@@ -315,6 +328,7 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     m, moe = config.model, config.moe
     h, layers = m.hidden_size, m.num_layers
     attention = _attention_parameters(m)
+    moe_layers = layers - m.dense_layers
     expert = 3 * h * m.ffn_hidden_size  # SwiGLU: gate, up, down
     router = h * moe.num_experts
     # A shared expert is a SwiGLU MLP every token goes through: dense, and always active.
@@ -322,11 +336,12 @@ def parameter_counts(config: TrainConfig, vocab_size: int) -> ParameterCounts:
     norms = 2 * h
     vocab = padded_vocab_size(vocab_size)
     embeddings = 2 * vocab * h + h  # input and output embeddings, final norm
-    dense = layers * (attention + router + shared + norms) + embeddings
+    dense_mlp = 3 * h * (m.dense_ffn_hidden_size or 0)  # the first dense_layers' SwiGLU MLP
+    dense = layers * (attention + norms) + moe_layers * (router + shared) + m.dense_layers * dense_mlp + embeddings
     return ParameterCounts(
-        total=dense + layers * moe.num_experts * expert,
-        active=dense + layers * moe.top_k * expert,
-        expert=layers * moe.num_experts * expert,
+        total=dense + moe_layers * moe.num_experts * expert,
+        active=dense + moe_layers * moe.top_k * expert,
+        expert=moe_layers * moe.num_experts * expert,
     )
 
 
@@ -352,6 +367,13 @@ def _attention_parameters(m) -> int:
 
 
 def flops_per_token(config: TrainConfig, vocab_size: int) -> float:
-    """Training FLOPs per token: 6 x active parameters plus causal attention scores (forward and backward)."""
+    """Training FLOPs per token: 6 x active parameters plus causal attention: per layer, the scores
+    (query/key width) and their product with the values (value width), 2 FLOPs per multiply-add
+    over half the sequence on average, 3 times for forward and backward."""
     m = config.model
-    return 6.0 * parameter_counts(config, vocab_size).active + 6.0 * m.num_layers * m.hidden_size * m.seq_length
+    if m.multi_latent_attention:
+        query_key = m.num_attention_heads * (m.qk_head_dim + m.qk_pos_emb_head_dim)
+        value = m.num_attention_heads * m.v_head_dim
+    else:
+        query_key = value = m.num_attention_heads * m.head_size
+    return 6.0 * parameter_counts(config, vocab_size).active + 3.0 * m.num_layers * m.seq_length * (query_key + value)

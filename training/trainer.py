@@ -234,7 +234,7 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
 
     vocab_size = model_vocab_size(config, tokenizer.vocab_size)
     trainable = build(config, runtime, vocab_size)
-    probe = MoEProbe(trainable.chunks, config.model.num_layers, config.moe.num_experts)
+    probe = MoEProbe(trainable.chunks, config.model.num_layers, config.moe.num_experts, config.model.dense_layers)
     o = config.optim
     checkpoints = CheckpointManager(checkpoint_dir, keep_last=config.checkpoint.keep_last,
                                     async_save=config.checkpoint.async_save, layout=layout, seed=o.seed)
