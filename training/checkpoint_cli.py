@@ -50,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("megatron", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from moe_cdk.training.data import DataError
-    from moe_cdk.training.hf_checkpoint import HFFormatError
     from moe_cdk.training import hf_convert
+    from moe_cdk.training.data import DataError
 
     source = str(args.hf_dir if args.command == "import-hf" else args.config)
     try:
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {out}")
     except ConfigError as error:
         return report_problems(source, error.errors, EXIT_CONFIG)
-    except (HFFormatError, DataError) as error:
+    except DataError as error:
         return report_problems(source, error.problems, EXIT_CONFIG)
     return 0
 

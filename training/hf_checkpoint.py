@@ -36,15 +36,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from moe_cdk.training.schema import problem
-
-
-class HFFormatError(Exception):
-    """A Hugging Face checkpoint or configuration that cannot be converted; one line per problem."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
+from moe_cdk.training.schema import ConfigError, problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +66,7 @@ FAMILIES = {f.model_type: f for f in (
 def family_of(hf_config: Mapping) -> Family:
     model_type = hf_config.get("model_type")
     if model_type not in FAMILIES:
-        raise HFFormatError(["config.json: model_type: " + problem("not a family moe-checkpoint converts", got=model_type,
+        raise ConfigError(["config.json: model_type: " + problem("not a family moe-checkpoint converts", got=model_type,
                                                                    allowed=", ".join(FAMILIES))])
     return FAMILIES[model_type]
 
@@ -131,8 +123,6 @@ def _deepseek_refusals(hf: Mapping, refuse) -> Iterable[str]:
         # best top_k / group_top_k (moe_utils.group_limited_topk).
         yield refuse("topk_group", "a group's score must be its best 2 experts, as transformers computes it",
                      f"num_experts_per_tok / 2 ({top_k / 2:g})")
-    if hf.get("n_shared_experts") is not None and hf.get("n_shared_experts", 0) < 0:
-        yield refuse("n_shared_experts", "must not be negative", "0 or more")
 
 
 def profile_sections(hf: Mapping) -> dict:
@@ -140,7 +130,7 @@ def profile_sections(hf: Mapping) -> dict:
     family = family_of(hf)
     refusals = list(_refusals(hf, family))
     if refusals:
-        raise HFFormatError(refusals)
+        raise ConfigError(refusals)
     heads = hf["num_attention_heads"]
     model = {
         "num_layers": hf["num_hidden_layers"],
@@ -276,7 +266,7 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
                 problems.append(f"{section_name}.{field.name}: " + problem(
                     f"a {family.model_type} config.json cannot hold this", got=ours, allowed=theirs))
     if problems:
-        raise HFFormatError(problems)
+        raise ConfigError(problems)
     return out
 
 

@@ -45,11 +45,11 @@ def _read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
     except OSError as error:
-        raise hf.HFFormatError([f"{path}: " + problem("cannot read the file", got=error.strerror, allowed="a readable JSON file")]) from None
+        raise ConfigError([f"{path}: " + problem("cannot read the file", got=error.strerror, allowed="a readable JSON file")]) from None
     except ValueError as error:
-        raise hf.HFFormatError([f"{path}: " + problem("not valid JSON", got=str(error), allowed="a JSON object")]) from None
+        raise ConfigError([f"{path}: " + problem("not valid JSON", got=str(error), allowed="a JSON object")]) from None
     if not isinstance(value, dict):
-        raise hf.HFFormatError([f"{path}: " + problem("must be a JSON object", got=type(value).__name__, allowed="an object")])
+        raise ConfigError([f"{path}: " + problem("must be a JSON object", got=type(value).__name__, allowed="an object")])
     return value
 
 
@@ -66,7 +66,7 @@ class SafetensorsDir:
         else:
             files = sorted(p.name for p in folder.glob("*.safetensors"))
         if not files:
-            raise hf.HFFormatError([f"{folder}: " + problem("no safetensors weights", got="none",
+            raise ConfigError([f"{folder}: " + problem("no safetensors weights", got="none",
                                                             allowed="model.safetensors or an index with its shards")])
         self._where: dict[str, object] = {}
         for name in files:
@@ -126,7 +126,7 @@ def _complete_steps(root: Path) -> list[Path]:
 # -- import --------------------------------------------------------------------------------
 
 
-def import_profile(hf_dir: Path, output: Path, overrides: list[str]) -> tuple[TrainConfig, dict]:
+def _import_profile(hf_dir: Path, output: Path, overrides: list[str]) -> tuple[TrainConfig, dict]:
     """The profile for ``hf_dir``'s model, as a checked TrainConfig and as the mapping written out
     (with ``overrides`` applied to both)."""
     sections = hf.profile_sections(_read_json(hf_dir / "config.json"))
@@ -147,7 +147,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     from moe_cdk.training import trainer
 
     hf_dir, output = hf_dir.resolve(), output.resolve()
-    config, profile = import_profile(hf_dir, output, overrides)
+    config, profile = _import_profile(hf_dir, output, overrides)
     family = hf.family_of(_read_json(hf_dir / "config.json"))
     if _complete_steps(output):
         raise ConfigError(["--output: " + problem("already holds a complete checkpoint", got=str(_complete_steps(output)[-1]),
@@ -159,7 +159,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     table = hf.links(one, family)
     problems = hf.hf_problems(table, source.names(), where=str(hf_dir))
     if problems:
-        raise hf.HFFormatError(problems)
+        raise ConfigError(problems)
     tokenizer_vocab = None
     if (hf_dir / "tokenizer.json").is_file():
         from moe_cdk.training.data import load_tokenizer
@@ -174,7 +174,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
         params = _tensors_of(trainable.chunks[0].module)
         problems = hf.megatron_problems(table, params)
         if problems:
-            raise hf.HFFormatError(problems)
+            raise ConfigError(problems)
         shapes = _shapes(one, vocab_size)
         with torch.no_grad():
             for link in table:
@@ -186,7 +186,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
                 else:
                     target.copy_(value)
         if problems:
-            raise hf.HFFormatError(problems)
+            raise ConfigError(problems)
         manager = CheckpointManager(output, keep_last=2, layout=runtime.layout, seed=one.optim.seed)
         manager.save(trainable, step=0, consumed_samples=0)
     finally:
@@ -275,7 +275,7 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
         params = _tensors_of(model)
         problems = hf.megatron_problems(table, params)
         if problems:
-            raise hf.HFFormatError(problems)
+            raise ConfigError(problems)
         shapes = _shapes(one, vocab_size)
         tensors = {}
         for link in table:
