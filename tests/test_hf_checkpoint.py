@@ -146,9 +146,14 @@ def test_export_without_the_imported_config_json_writes_the_one_transformers_wro
     assert disagree == {} and written["torch_dtype"] == "float32"
 
 
+TRAINING_LAYOUTS = {"mixtral": "parallel.expert=2", "qwen3_moe": "parallel.pipeline=2", "qwen2_moe": "parallel.tensor=2",
+                    "deepseek_v3": "parallel.expert=2"}
+"""Each family trains on 2 ranks under another layout, so that export reads checkpoints saved under each."""
+
+
 def test_training_starts_from_the_import_and_exports_what_it_trained(imported, tokens, tmp_path):
-    """Tokenize with the model's tokenizer.json, train 3 steps from step-0, export; transformers then
-    computes, from the export, the logits megatron computes from the trained checkpoint."""
+    """Tokenize with the model's tokenizer.json, train 3 steps from step-0 on 2 ranks, export; transformers
+    then computes, from the export, the logits megatron computes from the trained checkpoint."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(imported.ckpt, ckpt)
     prefix = tmp_path / "corpus_document"
@@ -156,7 +161,8 @@ def test_training_starts_from_the_import_and_exports_what_it_trained(imported, t
          "--tokenizer", str(ckpt / "hf" / "tokenizer.json"))
     trained = _run("-m", "moe_cdk.training.train_cli", "--config", str(imported.profile), "--checkpoint-dir", str(ckpt),
                    "--max-steps", "3", "--save-interval", "3", "--metrics-file", str(tmp_path / "metrics.jsonl"),
-                   "--set", f"data.prefixes=[{prefix}]", "--set", "optim.warmup_steps=1")
+                   "--set", f"data.prefixes=[{prefix}]", "--set", "optim.warmup_steps=1",
+                   "--set", TRAINING_LAYOUTS[imported.family], nproc=2)
     assert f"resumed from {ckpt / 'step-0'}" in trained.stderr
     assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
     out = tmp_path / "exported"
