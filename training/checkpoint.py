@@ -85,6 +85,14 @@ def _layout_key(layout) -> dict:
             "virtual_pipeline": layout.virtual_pipeline, "expert": layout.expert, "expert_tensor": layout.expert_tensor}
 
 
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every ``step-N`` folder under ``root``, newest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found, reverse=True)
+
+
 @dataclass(frozen=True)
 class Restored:
     step: int
@@ -154,13 +162,6 @@ class CheckpointManager:
         _start_writer_manager()
     # -- finding ------------------------------------------------------------------------
 
-    def step_dirs(self) -> list[tuple[int, Path]]:
-        """Every ``step-N`` folder, newest first."""
-        if not self.root.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-        return sorted(found, reverse=True)
-
     @staticmethod
     def problem_with(path: Path) -> str | None:
         """Why ``path`` cannot be resumed from, or None when it is complete and intact."""
@@ -182,7 +183,7 @@ class CheckpointManager:
     def latest_complete(self) -> list[tuple[int, Path]]:
         """Complete, intact checkpoints, newest first; the skipped newer ones are logged by name."""
         good = []
-        for step, path in self.step_dirs():
+        for step, path in step_dirs(self.root):
             reason = self.problem_with(path)
             if reason is None:
                 good.append((step, path))
@@ -273,7 +274,7 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         # One listing and one check per folder: on Lustre each check stats every shard file.
-        checked = [(step, path, self.problem_with(path) is None) for step, path in self.step_dirs()]
+        checked = [(step, path, self.problem_with(path) is None) for step, path in step_dirs(self.root)]
         complete = [(step, path) for step, path, ok in checked if ok]
         newest_complete = complete[0][0] if complete else -1
         for step, path in complete[self.keep_last:]:

@@ -368,10 +368,12 @@ class Shapes:
     vocab_size: int
 
 
-def shapes_of(config, vocab_size: int, padded_vocab: int) -> Shapes:
+def shapes_of(config, vocab_size: int) -> Shapes:
+    from moe_cdk.training.model import padded_vocab_size
+
     m = config.model
     groups = m.num_query_groups or m.num_attention_heads
-    return Shapes(groups, m.num_attention_heads // groups, m.head_size, padded_vocab, vocab_size)
+    return Shapes(groups, m.num_attention_heads // groups, m.head_size, padded_vocab_size(vocab_size), vocab_size)
 
 
 def join(link: Link, tensors: list[torch.Tensor], shapes: Shapes) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from moe_cdk.training import hf_checkpoint as hf
-from moe_cdk.training.checkpoint import MARKER, CheckpointManager
+from moe_cdk.training.checkpoint import MARKER, CheckpointManager, step_dirs
 from moe_cdk.training.config import ParallelConfig, Precision, Spec, TrainConfig, train_config_from
 from moe_cdk.training.schema import ConfigError, problem
 
@@ -107,29 +107,22 @@ def _vocab(config: TrainConfig) -> int:
     return model_vocab_size(config, load_tokenizer(config.data.tokenizer).vocab_size)
 
 
-def _shapes(config: TrainConfig, vocab_size: int) -> hf.Shapes:
-    from moe_cdk.training.model import padded_vocab_size
-
-    return hf.shapes_of(config, vocab_size, padded_vocab_size(vocab_size))
-
-
 def _tensors_of(model) -> dict[str, torch.Tensor]:
     """Every tensor a checkpoint holds for ``model``: its parameters and persistent buffers (the router's expert bias)."""
     return {name: value for name, value in model.state_dict(keep_vars=True).items() if isinstance(value, torch.Tensor)}
 
 
-def _complete_steps(root: Path) -> list[Path]:
-    return sorted((p for p in root.glob("step-*") if CheckpointManager.problem_with(p) is None),
-                  key=lambda p: int(p.name.removeprefix("step-")) if p.name.removeprefix("step-").isdigit() else -1)
+def _newest_complete_step(root: Path) -> Path | None:
+    return next((p for _, p in step_dirs(root) if CheckpointManager.problem_with(p) is None), None)
 
 
 # -- import --------------------------------------------------------------------------------
 
 
-def _import_profile(hf_dir: Path, output: Path, overrides: list[str]) -> tuple[TrainConfig, dict]:
+def _import_profile(hf_dir: Path, hf_config: dict, output: Path, overrides: list[str]) -> tuple[TrainConfig, dict]:
     """The profile for ``hf_dir``'s model, as a checked TrainConfig and as the mapping written out
     (with ``overrides`` applied to both)."""
-    sections = hf.profile_sections(_read_json(hf_dir / "config.json"))
+    sections = hf.profile_sections(hf_config)
     tokenizer = output / HF_SUBDIR / "tokenizer.json" if (hf_dir / "tokenizer.json").is_file() else "byte"
     profile = {
         "max_steps": 1000,
@@ -147,10 +140,12 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     from moe_cdk.training import trainer
 
     hf_dir, output = hf_dir.resolve(), output.resolve()
-    config, profile = _import_profile(hf_dir, output, overrides)
-    family = hf.family_of(_read_json(hf_dir / "config.json"))
-    if _complete_steps(output):
-        raise ConfigError(["--output: " + problem("already holds a complete checkpoint", got=str(_complete_steps(output)[-1]),
+    hf_config = _read_json(hf_dir / "config.json")
+    config, profile = _import_profile(hf_dir, hf_config, output, overrides)
+    family = hf.family_of(hf_config)
+    existing = _newest_complete_step(output)
+    if existing is not None:
+        raise ConfigError(["--output: " + problem("already holds a complete checkpoint", got=str(existing),
                                                   allowed="a new or empty folder")])
     if profile_path.exists():
         raise ConfigError(["--write-config: " + problem("the file exists", got=str(profile_path), allowed="a new file")])
@@ -175,7 +170,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
         problems = hf.megatron_problems(table, params)
         if problems:
             raise ConfigError(problems)
-        shapes = _shapes(one, vocab_size)
+        shapes = hf.shapes_of(one, vocab_size)
         with torch.no_grad():
             for link in table:
                 value = hf.join(link, [source.get(name) for name in link.hf], shapes)
@@ -222,11 +217,11 @@ def _step_folder(checkpoint: Path, step: int | None) -> Path:
             raise ConfigError(["--step: " + problem("not a complete checkpoint", got=f"{chosen}: {reason}",
                                                     allowed="a step-N folder with its completion marker")])
         return chosen
-    complete = _complete_steps(checkpoint)
-    if not complete:
+    newest = _newest_complete_step(checkpoint)
+    if newest is None:
         raise ConfigError(["CKPT_DIR: " + problem("holds no complete checkpoint", got=str(checkpoint),
                                                   allowed="a run's checkpoint folder, or one of its step-N folders")])
-    return complete[-1]
+    return newest
 
 
 def _stored_dtype(step_folder: Path) -> torch.dtype:
@@ -276,7 +271,7 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
         problems = hf.megatron_problems(table, params)
         if problems:
             raise ConfigError(problems)
-        shapes = _shapes(one, vocab_size)
+        shapes = hf.shapes_of(one, vocab_size)
         tensors = {}
         for link in table:
             for name, value in zip(link.hf, hf.split(link, params[link.megatron].detach().cpu(), shapes)):
