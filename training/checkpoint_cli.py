@@ -19,10 +19,12 @@ from moe_cdk.training.schema import ConfigError, report_problems
 
 
 def _parser() -> argparse.ArgumentParser:
+    from moe_cdk.training.hf_checkpoint import DTYPES, FAMILIES
+
     parser = argparse.ArgumentParser(prog="moe-checkpoint", description="Convert between Hugging Face and moe-train checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     imp = commands.add_parser("import-hf", help="a Hugging Face MoE model folder into a step-0 checkpoint and a moe-train profile",
-                              description="Families: mixtral, qwen3_moe, qwen2_moe, deepseek_v3. Runs as one process; "
+                              description=f"Families: {', '.join(FAMILIES)}. Runs as one process; "
                                           "the checkpoint loads under any layout the profile's parallel section sets.")
     imp.add_argument("hf_dir", metavar="HF_DIR", type=Path, help="folder with config.json and the safetensors")
     imp.add_argument("--output", required=True, type=Path, metavar="CKPT_DIR", help="the run's checkpoint folder (step-0 is written there)")
@@ -34,19 +36,20 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--config", required=True, type=Path, metavar="PROFILE.yaml", help="the profile the run trained with")
     exp.add_argument("--output", required=True, type=Path, metavar="HF_DIR", help="the folder to write (new or empty)")
     exp.add_argument("--step", type=int, help="export step-N rather than the newest complete step")
-    exp.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+    exp.add_argument("--dtype", choices=list(DTYPES),
                      help="default: the imported model's torch_dtype, else the checkpoint's")
-    exp.add_argument("--family", choices=["mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3"],
+    exp.add_argument("--family", choices=list(FAMILIES),
                      help="the format to write; default: the imported model's (CKPT_DIR/hf/config.json)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     # The conversion holds the whole model on one rank: in host memory, never on one GPU (30B
-    # parameters in fp32 with their gradients are 245 GB). It counts only before torch is imported.
+    # parameters in fp32 with their gradients are 245 GB). It counts only before torch is imported,
+    # which the parser's imports do.
     if "torch" not in sys.modules:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("megatron", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -193,7 +193,9 @@ def _deepseek_router(hf: Mapping) -> dict:
     }
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The dtypes an export writes, by config.json's ``torch_dtype`` name."""
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 _TRAINING_ONLY = {"seq_length", "spec", "dropout", "init_method_std", "vocab_size",

@@ -38,7 +38,6 @@ SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeni
               "special_tokens_map.json")
 MAX_SHARD_BYTES = 5 * 10**9
 """safetensors files are split at 5 GB, save_pretrained's default max_shard_size."""
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _read_json(path: Path) -> dict:
@@ -253,8 +252,8 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
     if output.exists() and any(output.iterdir()):
         raise ConfigError(["--output: " + problem("the folder exists and is not empty", got=str(output), allowed="a new folder")])
     vocab_size = _vocab(config)
-    dtype = _DTYPES[dtype_name] if dtype_name else (
-        _DTYPES.get((base or {}).get("torch_dtype")) or _stored_dtype(folder))
+    dtype = hf.DTYPES[dtype_name] if dtype_name else (
+        hf.DTYPES.get((base or {}).get("torch_dtype")) or _stored_dtype(folder))
     hf_config = hf.hf_config(config, family, vocab_size, dtype, base)
     one = _one_rank(config)
     table = hf.links(one, family)
