@@ -4,9 +4,7 @@ backward pass on CPU (fp32, the local spec), for a few shapes and layouts: withi
 from __future__ import annotations
 
 import json
-import random
 import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +12,7 @@ from moe_cdk.stacks.plan import activation_bytes
 from moe_cdk.training.config import load_train_config
 from moe_cdk.training.parallel import plan_layout
 
-from trainer_runs import ENV, ROOT, TINY
+from trainer_runs import ENV, ROOT, TINY, python
 
 PROBE = ROOT / "tests/activation_probe.py"
 
@@ -40,10 +38,7 @@ CASES = {
 
 
 def measured(nproc: int, overrides: list[str]) -> int:
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        f"--master_port={29300 + random.randint(0, 200)}"]
-    done = subprocess.run([*launcher, str(PROBE), str(TINY), *overrides], cwd=ROOT, env=ENV,
+    done = subprocess.run([*python(nproc, ports=range(29300, 29501)), str(PROBE), str(TINY), *overrides], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])["saved_bytes"]

@@ -11,10 +11,8 @@ expert parallel 1 and 2 alike.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +20,7 @@ import pytest
 import torch
 import yaml
 from hf_models import CORPUS, VOCAB_SIZE, configs, save
-from trainer_runs import ENV, ROOT, records
+from trainer_runs import ENV, ROOT, python, records
 
 from moe_cdk.training import checkpoint_cli
 from moe_cdk.training.config import load_train_config
@@ -35,9 +33,7 @@ PROBE = ROOT / "tests/hf_logits_probe.py"
 
 
 def _run(*command: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={29900 + random.randint(0, 90)}"]
-    result = subprocess.run([*launcher, *command], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([*python(nproc, ports=range(29900, 29991)), *command], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

@@ -29,11 +29,17 @@ def data_prefix(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
 
 
+def python(nproc: int = 1, *, ports: range = range(29600, 29901)) -> list[str]:
+    """The interpreter, or torchrun with ``nproc`` processes on a master port drawn from ``ports``
+    (each test file draws from its own range); a script or ``-m module`` follows."""
+    if nproc == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            f"--master_port={random.choice(ports)}"]
+
+
 def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:
-    launcher = [sys.executable, "-m", "moe_cdk.training.train_cli"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        f"--master_port={29600 + random.randint(0, 300)}", "-m", "moe_cdk.training.train_cli"]
-    return [*launcher, "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
+    return [*python(nproc), "-m", "moe_cdk.training.train_cli", "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
             "--metrics-file", str(run_dir / "metrics.jsonl"), "--set", f"data.prefixes=[{data_prefix}]",
             "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]", *extra]
 
