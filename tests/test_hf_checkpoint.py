@@ -202,6 +202,16 @@ def test_import_refuses_a_model_it_cannot_build_and_writes_nothing(mixtral_dir, 
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "profile.yaml").exists()
 
 
+def test_import_names_a_size_missing_from_config_json(tmp_path, capsys):
+    """Read before any tensor: a DeepSeek-V3 config.json without its key/value latent rank."""
+    config = {k: v for k, v in configs()["deepseek_v3"].to_dict().items() if k != "kv_lora_rank"}
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    code, err = _import_in_process(tmp_path / "model", tmp_path, capsys)
+    assert code == 2 and "config.json: kv_lora_rank: a required size is missing (got None;" in err and "Traceback" not in err
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_import_names_a_tensor_missing_from_the_safetensors(mixtral_dir, tmp_path, capsys):
     from safetensors.torch import load_file, save_file
 

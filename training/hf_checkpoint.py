@@ -51,15 +51,18 @@ class Family:
     expert_ffn_key: str
     shared_expert: str | None = None
     """The shared expert's module, when the family has one."""
+    required: tuple[str, ...] = ()
+    """config.json sizes this family needs beyond the ones every family does."""
 
 
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 FAMILIES = {f.model_type: f for f in (
     Family("mixtral", "MixtralForCausalLM", "block_sparse_moe", ("w1", "w3", "w2"), "num_local_experts", "intermediate_size"),
     Family("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size"),
-    Family("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size", "shared_expert"),
+    Family("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size", "shared_expert",
+           ("shared_expert_intermediate_size",)),
     Family("deepseek_v3", "DeepseekV3ForCausalLM", "mlp", _PROJECTIONS, "n_routed_experts", "moe_intermediate_size",
-           "shared_experts"),
+           "shared_experts", ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")),
 )}
 
 
@@ -89,7 +92,7 @@ def _refusals(hf: Mapping, family: Family) -> Iterable[str]:
     if hf.get("rope_scaling"):
         yield refuse("rope_scaling", "moe-train's rotary embedding is unscaled", "null")
     sliding = hf.get("use_sliding_window", family.model_type == "mixtral") and hf.get("sliding_window")
-    if sliding and sliding < hf.get("max_position_embeddings", 0):
+    if sliding and sliding < (hf.get("max_position_embeddings") or 0):
         yield refuse("sliding_window", "moe-train's attention is full, not sliding-window", "null")
     if hf.get("router_jitter_noise", 0.0):
         yield refuse("router_jitter_noise", "moe-train's router adds no jitter", "0")
@@ -100,22 +103,24 @@ def _refusals(hf: Mapping, family: Family) -> Iterable[str]:
                      "every moe-train layer is an MoE layer", "[] and decoder_sparse_step 1")
     if family.model_type == "deepseek_v3":
         yield from _deepseek_refusals(hf, refuse)
-    if not float(hf.get("rope_theta", 10000.0)).is_integer():
+    theta = hf.get("rope_theta", 10000.0)
+    if not isinstance(theta, int | float) or not float(theta).is_integer():
         yield refuse("rope_theta", "moe-train's rotary base is a whole number", "an integer")
+    dense_ffn = ("intermediate_size",) if family.model_type == "deepseek_v3" and hf.get("first_k_dense_replace") else ()
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
-                family.num_experts_key, family.expert_ffn_key, "num_experts_per_tok"):
+                family.num_experts_key, family.expert_ffn_key, "num_experts_per_tok", *family.required, *dense_ffn):
         if not isinstance(hf.get(key), int):
             yield refuse(key, "a required size is missing", "a positive integer")
 
 
 def _deepseek_refusals(hf: Mapping, refuse) -> Iterable[str]:
-    if not 0 <= hf.get("first_k_dense_replace", 0) < hf.get("num_hidden_layers", 1):
+    if not 0 <= (hf.get("first_k_dense_replace") or 0) < (hf.get("num_hidden_layers") or 1):
         yield refuse("first_k_dense_replace", "needs at least one MoE layer", "0 to num_hidden_layers - 1")
     if not hf.get("rope_interleave", True):
         # megatron's MLA always takes the rotated part as interleaved pairs (rope_utils.py,
         # multi_latent_attention), the layout of DeepSeek's own checkpoints.
         yield refuse("rope_interleave", "megatron's multi-latent attention rotates interleaved pairs", "true")
-    top_k, groups, chosen = hf.get("num_experts_per_tok", 0), hf.get("n_group", 1), hf.get("topk_group", 1)
+    top_k, groups, chosen = hf.get("num_experts_per_tok") or 0, hf.get("n_group") or 1, hf.get("topk_group") or 1
     if not hf.get("norm_topk_prob", True) and top_k > 1:
         yield refuse("norm_topk_prob", "megatron renormalises sigmoid weights over the top-k", "true")
     if groups > 1 and (not chosen or top_k % chosen or top_k // chosen != 2):
@@ -136,7 +141,7 @@ def profile_sections(hf: Mapping) -> dict:
         "num_layers": hf["num_hidden_layers"],
         "hidden_size": hf["hidden_size"],
         "num_attention_heads": heads,
-        **(_mla_sections(hf) if family.model_type == "deepseek_v3" else {
+        **(_deepseek_model(hf) if family.model_type == "deepseek_v3" else {
             "num_query_groups": hf.get("num_key_value_heads") or heads,
             "kv_channels": hf.get("head_dim") or hf["hidden_size"] // heads,
             "qk_layernorm": family.model_type == "qwen3_moe",
@@ -169,8 +174,9 @@ def profile_sections(hf: Mapping) -> dict:
     return {"model": model, "moe": moe}
 
 
-def _mla_sections(hf: Mapping) -> dict:
-    dense = hf.get("first_k_dense_replace", 0)
+def _deepseek_model(hf: Mapping) -> dict:
+    """DeepSeek-V3's attention and layers: multi-latent attention, and its dense first layers."""
+    dense = hf.get("first_k_dense_replace") or 0
     return {**({"dense_layers": dense, "dense_ffn_hidden_size": hf["intermediate_size"]} if dense else {}),
             "multi_latent_attention": True, "q_lora_rank": hf.get("q_lora_rank"), "kv_lora_rank": hf["kv_lora_rank"],
             "qk_head_dim": hf["qk_nope_head_dim"], "qk_pos_emb_head_dim": hf["qk_rope_head_dim"],
