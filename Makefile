@@ -27,7 +27,7 @@ help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
 	@echo "make test                          set up, then run the whole test suite"
 	@echo "make validate [CONFIG=...]         check a configuration file"
-	@echo "make docs                          regenerate docs/configuration.md"
+	@echo "make docs                          regenerate the generated references and JSON Schemas"
 	@echo "make diagram                       render docs/architecture.png from the default configuration"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
 	@echo "make destroy [CONFIG=...]          delete the stacks; what is kept: docs/operations.md"
@@ -76,9 +76,9 @@ destroy: setup
 	$(CDK) destroy --all -c config=$(CONFIG)
 
 # EKS configurations only: AWS publishes the chart on GitHub alone, so it is fetched here,
-# before synth, at the commit pinned in constructs/cluster_software.py.
+# before synth, at the commit pinned in rules/eks.py.
 hyperpod-chart: setup
-	$(PY) -m moe_cdk.stacks.hyperpod_chart --config $(CONFIG)
+	$(PY) -m moe_cdk.cli.chart --config $(CONFIG)
 
 test: setup system-packages
 	$(PY) -m pytest
@@ -102,11 +102,13 @@ gpu-check-prepare: setup
 diagram: setup system-packages
 	rm -rf cdk.out/diagram
 	CDK_OUTDIR=cdk.out/diagram $(PY) app.py
-	$(PY) -m moe_cdk.stacks.diagram --cdk-out cdk.out/diagram --output docs/architecture.png --dot docs/architecture.dot
+	$(PY) -m moe_cdk.cli.diagram --cdk-out cdk.out/diagram --output docs/architecture.png --dot docs/architecture.dot
 
 docs: setup
 	$(VENV)/bin/moe-cdk config-docs > docs/configuration.md
-	$(PY) -c 'from moe_cdk.constructs.cluster_software import reference_table; print(reference_table(), end="")' > docs/eks-software.md
+	$(VENV)/bin/moe-cdk config-schema > config/moe-cdk.schema.json
+	$(VENV)/bin/moe-cdk config-schema --trainer > training/configs/moe-train.schema.json
+	$(PY) -c 'from moe_cdk.rules.eks import reference_table; print(reference_table(), end="")' > docs/eks-software.md
 
 clean:
 	rm -rf cdk.out .pytest_cache bench/results

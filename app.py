@@ -8,7 +8,7 @@ produce the same templates.
 
 import sys
 
-from moe_cdk.stacks.cli import synth_main
+from moe_cdk.cli.synth import main
 
 if __name__ == "__main__":
-    sys.exit(synth_main())
+    sys.exit(main())

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import in_turn, init_single_process, ratios, report, spread
 
 
@@ -117,8 +116,8 @@ def main() -> None:
     times: dict[str, list[float]] = {"save": [], "write": [], "load": [], "read": []}
     for i in range(args.repeats):
         folder, file = root / f"step-{i}", root / f"plain-{i}.bin"
-        operations = {"save": lambda: save(folder), "write": lambda: write(file),
-                      "load": lambda: load(folder), "read": lambda: read(file)}
+        operations = {"save": lambda folder=folder: save(folder), "write": lambda file=file: write(file),
+                      "load": lambda folder=folder: load(folder), "read": lambda file=file: read(file)}
         for key in in_turn(["save", "write"], i):
             times[key].append(_timed(operations[key]))
         eviction = evict(folder, file)

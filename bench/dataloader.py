@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import init_single_process, paired, ratios, report, spread, timed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,14 +30,16 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5, help="paired rounds")
     args = parser.parse_args()
-    from moe_cdk.training import data
+    from moe_cdk.training import dataset as data
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.model import build_model
+    from moe_cdk.training.prepare import prepare
+    from moe_cdk.training.tokenizers import load_tokenizer
     from moe_cdk.training.trainer import causal_mask
 
     config = load_train_config(args.config)
     init_single_process()
-    tokenizer = data.load_tokenizer(None)
+    tokenizer = load_tokenizer(None)
     micro, seq = config.optim.micro_batch_size, config.model.seq_length
     [model] = build_model(config, tokenizer.vocab_size, on_gpu=torch.cuda.is_available())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -54,7 +55,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         prefix = Path(tmp) / "bench_text_document"
-        data.prepare([ROOT / "training/configs/tiny-corpus.txt"], prefix, tokenizer)
+        prepare([ROOT / "training/configs/tiny-corpus.txt"], prefix, tokenizer)
         dataset = data.build_gpt_dataset(data_prefixes=[str(prefix)], weights=None, seq_length=seq,
                                          num_samples=args.batches * micro, seed=1, tokenizer=tokenizer, cache_dir=tmp)
 

@@ -40,7 +40,7 @@ def overrides(*, layers: int, seq_length: int, micro_batches: int, variant: str)
 
 def write_plan(path: Path, args) -> None:
     """The plan's memory figures for every variant's shape on one 131.3 GiB H200 (needs the CDK)."""
-    from moe_cdk.stacks.plan import memory_per_device
+    from moe_cdk.tools.plan import memory_per_device
     from moe_cdk.training.config import load_train_config
 
     figures = {}
@@ -75,12 +75,12 @@ def matmul_peak_tflops(device) -> float:
 def run(args) -> dict:
     import torch
 
+    from moe_cdk.core.problems import ConfigError
     from moe_cdk.training import trainer
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.launch_env import detect
     from moe_cdk.training.metrics import default_peak_tflops, peak_memory_gib
     from moe_cdk.training.model import flops_per_token
-    from moe_cdk.training.schema import ConfigError
 
     if args.smoke:
         config_path, vocab = TINY, 257

@@ -14,7 +14,6 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-
 from _common import init_single_process, paired, ratios, report, spread, timed
 
 

@@ -48,13 +48,14 @@ def bare(overrides: list[str]) -> None:
     """The bare loop, in this process (``--bare``)."""
     import torch
 
-    from moe_cdk.training import data as data_module, trainer
+    from moe_cdk.training import trainer
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.launch_env import detect
+    from moe_cdk.training.tokenizers import load_tokenizer
 
     config = load_train_config(TINY, overrides)
     runtime = trainer.setup(config, detect())
-    tokenizer = data_module.load_tokenizer(None)
+    tokenizer = load_tokenizer(None)
     trainer.prepare_data(config, tokenizer, runtime)
     trainable = trainer.build(config, runtime, tokenizer.vocab_size)
     o = config.optim
@@ -80,7 +81,7 @@ def _wall(kind: str, steps: int, data: Path, log_interval: int) -> float:
         overrides = _overrides(data, run, steps, log_interval)
         if kind == "trainer":
             sets = [arg for value in overrides for arg in ("--set", value)]
-            command = [sys.executable, "-m", "moe_cdk.training.train_cli", "--config", str(TINY), *sets]
+            command = [sys.executable, "-m", "moe_cdk.cli.train", "--config", str(TINY), *sets]
         else:
             command = [sys.executable, __file__, "--bare", *overrides]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "PYTHONWARNINGS": "ignore"}

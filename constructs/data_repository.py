@@ -2,119 +2,31 @@
 
 from __future__ import annotations
 
-import enum
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aws_cdk import Duration, RemovalPolicy, aws_fsx as fsx, aws_s3 as s3
 from constructs import Construct
 
-from moe_cdk.constructs.validation import problem, raise_if_any
-
-# FSx API reference, CreateDataRepositoryAssociation: "You can have a maximum of 8 data
-# repository associations on a file system."
-MAX_ASSOCIATIONS = 8
-# FSx API reference, DataRepositoryAssociation.ImportedFileChunkSize: default 1,024 MiB,
-# at most 512,000 MiB.
-CHUNK_SIZE_RANGE_MIB = (1, 512_000)
-_S3_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*$")
-_FS_PATH = re.compile(r"^/([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$")
-
-
-class S3EventType(enum.Enum):
-    """File events that an association imports from S3 or exports to it."""
-
-    NEW = "NEW"
-    CHANGED = "CHANGED"
-    DELETED = "DELETED"
-
-
-ALL_EVENTS = (S3EventType.NEW, S3EventType.CHANGED, S3EventType.DELETED)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataRepositoryAssociation:
-    """One link between a file-system directory and an S3 prefix."""
-
-    file_system_path: str
-    """Directory on the file system, e.g. ``/datasets``. Required."""
-    s3_prefix: str
-    """Prefix in the bucket, without slashes at either end, e.g. ``datasets``. Required."""
-    auto_import_events: tuple[S3EventType, ...] = ALL_EVENTS
-    """S3 changes reflected on the file system. Default: NEW, CHANGED, DELETED."""
-    auto_export_events: tuple[S3EventType, ...] = ()
-    """File-system changes written back to S3. Default: none (read-only mirror)."""
-    batch_import_metadata_on_create: bool = True
-    """Import the S3 listing at creation; file contents load lazily on first read. Default: True."""
-    imported_file_chunk_size_mib: int = 1024
-    """Stripe size for imported files, in MiB (1 to 512000). Default: 1024."""
-
-
-# Training data flows in from S3; checkpoints flow both ways, so S3 holds every
-# checkpoint the trainer writes with no copy step.
-DEFAULT_ASSOCIATIONS = (
-    DataRepositoryAssociation(file_system_path="/datasets", s3_prefix="datasets"),
-    DataRepositoryAssociation(file_system_path="/checkpoints", s3_prefix="checkpoints", auto_export_events=ALL_EVENTS),
+from moe_cdk.constructs.validation import raise_if_any
+from moe_cdk.rules.fsx import (
+    ALL_EVENTS,
+    DEFAULT_ASSOCIATIONS,
+    DataRepositoryAssociation,
+    S3EventType,
+    association_problems,
 )
 
-
-def _overlaps(a: str, b: str, sep: str) -> bool:
-    a_parts, b_parts = a.strip(sep).split(sep), b.strip(sep).split(sep)
-    if a_parts == [""] or b_parts == [""]:
-        return True
-    shorter = min(len(a_parts), len(b_parts))
-    return a_parts[:shorter] == b_parts[:shorter]
-
-
-def association_problems(associations: Sequence[DataRepositoryAssociation]) -> list[tuple[int | None, str, str]]:
-    """Every reason FSx would reject this set of associations.
-
-    Returns ``(index, field, message)``; index is None for a problem with the whole list.
-    """
-    found: list[tuple[int | None, str, str]] = []
-    if len(associations) > MAX_ASSOCIATIONS:
-        found.append((None, "", problem(
-            f"too many data repository associations; a file system takes at most {MAX_ASSOCIATIONS}",
-            got=len(associations), allowed=f"0 to {MAX_ASSOCIATIONS}",
-        )))
-    for i, dra in enumerate(associations):
-        if not _FS_PATH.match(dra.file_system_path):
-            found.append((i, "file_system_path", problem(
-                "must be an absolute directory path", got=dra.file_system_path,
-                allowed="'/' followed by names of letters, digits, '_', '.', '-' joined by '/'",
-            )))
-        if not _S3_PREFIX.match(dra.s3_prefix):
-            found.append((i, "s3_prefix", problem(
-                "must be an S3 key prefix without leading or trailing '/'", got=dra.s3_prefix,
-                allowed="letters, digits and !_.*'()- joined by '/'",
-            )))
-        low, high = CHUNK_SIZE_RANGE_MIB
-        if not low <= dra.imported_file_chunk_size_mib <= high:
-            found.append((i, "imported_file_chunk_size_mib", problem(
-                "out of range", got=dra.imported_file_chunk_size_mib, allowed=f"{low} to {high} MiB",
-            )))
-        for key in ("auto_import_events", "auto_export_events"):
-            events = getattr(dra, key)
-            if len(set(events)) != len(events):
-                found.append((i, key, problem(
-                    "lists an event twice", got=[e.value for e in events], allowed="each of NEW, CHANGED, DELETED at most once",
-                )))
-        # FSx API reference, DataRepositoryAssociation.FileSystemPath: "Two data repository
-        # associations cannot have overlapping file system paths"; each association needs
-        # "a unique S3 bucket or prefix". Nested prefixes would import the same objects twice.
-        for j, other in enumerate(associations[:i]):
-            if _overlaps(dra.file_system_path, other.file_system_path, "/"):
-                found.append((i, "file_system_path", problem(
-                    f"overlaps associations[{j}].file_system_path {other.file_system_path!r}",
-                    got=dra.file_system_path, allowed="directories that are neither equal nor nested",
-                )))
-            if _overlaps(dra.s3_prefix, other.s3_prefix, "/"):
-                found.append((i, "s3_prefix", problem(
-                    f"overlaps associations[{j}].s3_prefix {other.s3_prefix!r}",
-                    got=dra.s3_prefix, allowed="prefixes that are neither equal nor nested",
-                )))
-    return found
+# The construct, its props, and the value types its props take: those are defined in rules/ with
+# their checks, which the configuration applies too.
+__all__ = [
+    "DataRepository",
+    "DataRepositoryProps",
+    "DataRepositoryAssociation",
+    "S3EventType",
+    "ALL_EVENTS",
+    "DEFAULT_ASSOCIATIONS",
+    "association_id",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,10 +63,7 @@ class DataRepository(Construct):
         # app's feature flags: the buckets enforce bucket-owner object ownership, which
         # disables ACLs. Context must be set before any child is added.
         self.node.set_context("@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy", True)
-        raise_if_any("DataRepository", [
-            (f"associations[{i}].{key}: " if i is not None else "associations: ") + message
-            for i, key, message in association_problems(props.associations)
-        ])
+        raise_if_any("DataRepository", [p.at("associations") for p in association_problems(props.associations)])
         self.props = props
 
         self.access_logs_bucket: s3.IBucket | None = None

@@ -36,7 +36,7 @@ class EfaSecurityGroup(Construct):
     def __init__(self, scope: Construct, id: str, props: EfaSecurityGroupProps) -> None:
         super().__init__(scope, id)
         raise_if_any("EfaSecurityGroup", [
-            "internet_egress_ports: " + problem("not a TCP port", got=port, allowed="1 to 65535")
+            problem("not a TCP port", got=port, allowed="1 to 65535").at("internet_egress_ports")
             for port in props.internet_egress_ports if not 1 <= port <= 65535
         ])
         self.security_group = ec2.SecurityGroup(

@@ -13,128 +13,44 @@ by HyperPod on your behalf"), which is why the cluster's authentication mode mus
 
 from __future__ import annotations
 
-import enum
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam, aws_sagemaker as sagemaker
 from constructs import Construct
 
-from moe_cdk.constructs import cluster_software as software
 from moe_cdk.constructs.hyperpod_nodes import (
-    HyperPodInstanceGroup,
     execution_role,
-    instance_group_problems,
     instance_group_property,
     lifecycle_directory_problems,
     publish_lifecycle,
 )
 from moe_cdk.constructs.nag import nag_text
 from moe_cdk.constructs.training_eks_cluster import pod_identity_role
-from moe_cdk.constructs.validation import problem, raise_if_any
-from moe_cdk.rules.sagemaker import label_and_taint_key_problems, taints_with_deep_health_checks_problem
+from moe_cdk.constructs.validation import Problem, raise_if_any
+from moe_cdk.rules import eks as eks_rules
+from moe_cdk.rules.sagemaker import EksInstanceGroup, EksNodeRole, Taint, TaintEffect, eks_group_problems
 
-# Kubernetes label keys and values ("Labels and Selectors"): an optional DNS-subdomain
-# prefix, then a name of at most 63 characters; values are empty or such a name.
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
-LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+# The construct, its props, and the value types its props take: those are defined in rules/ with
+# their checks, which the configuration applies too.
+__all__ = [
+    "HyperPodEksCluster",
+    "HyperPodEksClusterProps",
+    "EksInstanceGroup",
+    "EksNodeRole",
+    "Taint",
+    "TaintEffect",
+    "provisioning_parameters",
+]
+
+
 # The add-on creates this service account (in namespace aws-hyperpod).
 TRAINING_OPERATOR_SERVICE_ACCOUNT = "hp-training-operator-controller-manager"
 TRAINING_OPERATOR_POLICY = "AmazonSageMakerHyperPodTrainingOperatorAccess"
 # The VPC CNI's describe calls and ECR's token call take no resource ARN.
 EKS_NODE_UNSCOPED_ACTIONS = ("ec2:DescribeInstances", "ec2:DescribeTags", "ec2:DescribeInstanceTypes",
                              "ecr:GetAuthorizationToken")
-
-
-class EksNodeRole(enum.Enum):
-    """What a group's nodes run."""
-
-    COMPUTE = "compute"
-    """Training pods."""
-    SYSTEM = "system"
-    """Operators, CoreDNS and other cluster services."""
-
-
-class TaintEffect(enum.Enum):
-    NO_SCHEDULE = "NoSchedule"
-    PREFER_NO_SCHEDULE = "PreferNoSchedule"
-    NO_EXECUTE = "NoExecute"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Taint:
-    """A Kubernetes taint on every node of a group."""
-
-    key: str
-    """Taint key, a Kubernetes label key. Required."""
-    effect: TaintEffect = TaintEffect.NO_SCHEDULE
-    """NoSchedule, PreferNoSchedule or NoExecute. Default: NoSchedule."""
-    value: str | None = None
-    """Taint value. Default: none."""
-
-    def toleration(self) -> dict:
-        """The pod toleration that matches this taint."""
-        if self.value is None:
-            return {"key": self.key, "operator": "Exists", "effect": self.effect.value}
-        return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect.value}
-
-
-@dataclass(frozen=True, kw_only=True)
-class EksInstanceGroup(HyperPodInstanceGroup):
-    """One instance group of an EKS-orchestrated cluster."""
-
-    role: EksNodeRole = EksNodeRole.COMPUTE
-    """compute (training) or system (cluster services). Default: compute."""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    """Kubernetes labels on every node. Default: none."""
-    taints: Sequence[Taint] = ()
-    """Kubernetes taints on every node. Default: none."""
-
-    @property
-    def runs_training(self) -> bool:
-        return self.role is EksNodeRole.COMPUTE
-
-
-def kubernetes_metadata_problems(groups: Sequence[EksInstanceGroup]) -> list[tuple[str, str]]:
-    found = []
-    for i, g in enumerate(groups):
-        if g.runs_deep_health_checks and (p := taints_with_deep_health_checks_problem([t.key for t in g.taints],
-                                                                                     g.instance_type)):
-            found.append((f"instance_groups[{i}].taints", p))
-        found += [(f"instance_groups[{i}].{name}", message) for name, message in
-                  label_and_taint_key_problems(list(g.labels), [t.key for t in g.taints])]
-        for key, value in g.labels.items():
-            if not LABEL_KEY.match(key):
-                found.append((f"instance_groups[{i}].labels", problem("not a Kubernetes label key", got=key,
-                                                                      allowed="[prefix/]name, name at most 63 characters")))
-            if not LABEL_VALUE.match(value):
-                found.append((f"instance_groups[{i}].labels.{key}", problem("not a Kubernetes label value", got=value,
-                                                                            allowed="at most 63 letters, digits, '-', '_', '.'")))
-        for j, taint in enumerate(g.taints):
-            if not LABEL_KEY.match(taint.key):
-                found.append((f"instance_groups[{i}].taints[{j}].key", problem("not a Kubernetes taint key", got=taint.key,
-                                                                               allowed="[prefix/]name")))
-            if taint.value is not None and not LABEL_VALUE.match(taint.value):
-                found.append((f"instance_groups[{i}].taints[{j}].value", problem("not a Kubernetes taint value",
-                                                                                 got=taint.value, allowed="at most 63 characters")))
-    return found
-
-
-def eks_group_problems(groups: Sequence[EksInstanceGroup], *, require_efa: bool) -> list[tuple[str, str]]:
-    """``(key, message)`` for groups HyperPod, Kubernetes or the lifecycle scripts would reject."""
-    found = instance_group_problems(groups, require_efa=require_efa) + kubernetes_metadata_problems(groups)
-    roles = [g.role for g in groups]
-    if EksNodeRole.COMPUTE not in roles:
-        found.append(("instance_groups", problem("needs at least one compute group", got=[r.value for r in roles],
-                                                 allowed="one or more groups with role compute")))
-    if EksNodeRole.SYSTEM not in roles:
-        found.append(("instance_groups", problem(
-            "needs a system group: HyperPod brings every node, so operators and CoreDNS need untainted nodes",
-            got=[r.value for r in roles], allowed="a group with role system, e.g. ml.m5.2xlarge")))
-    return found
 
 
 def provisioning_parameters(*, instance_groups: Sequence[EksInstanceGroup], region: str) -> dict:
@@ -241,14 +157,14 @@ class HyperPodEksCluster(Construct):
                        "AWS-owned accounts and, for some add-ons, other regions."))
 
     def _training_operator(self) -> eks.CfnAddon:
-        # [HP-TO] in cluster_software: the add-on needs a HyperPod cluster, cert-manager and
+        # [HP-TO] in rules/eks.py: the add-on needs a HyperPod cluster, cert-manager and
         # the Pod Identity agent; its controller gets the managed policy through Pod Identity.
         role = pod_identity_role(self, "TrainingOperatorRole", TRAINING_OPERATOR_POLICY,
                                  reason="The policy AWS documents for the HyperPod training operator's service account; "
                                         "it reads the HyperPod cluster's node and job state.")
         addon = eks.CfnAddon(
             self, "TrainingOperator", cluster_name=self.props.eks_cluster.cluster_name,
-            addon_name=software.TRAINING_OPERATOR.name, addon_version=self.props.training_operator_version,
+            addon_name=eks_rules.TRAINING_OPERATOR.name, addon_version=self.props.training_operator_version,
             resolve_conflicts="OVERWRITE",
             pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
                 role_arn=role.role_arn, service_account=TRAINING_OPERATOR_SERVICE_ACCOUNT)])
@@ -256,6 +172,6 @@ class HyperPodEksCluster(Construct):
         return addon
 
     @staticmethod
-    def _problems(props: HyperPodEksClusterProps) -> list[str]:
-        found = [f"{key}: {message}" for key, message in eks_group_problems(props.instance_groups, require_efa=props.require_efa)]
+    def _problems(props: HyperPodEksClusterProps) -> list[Problem]:
+        found = eks_group_problems(props.instance_groups, require_efa=props.require_efa)
         return found + lifecycle_directory_problems(props.lifecycle_scripts_directory)

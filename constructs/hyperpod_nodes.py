@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -26,106 +25,16 @@ import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2, aws_iam as iam, aws_s3_assets as s3_assets, aws_sagemaker as sagemaker
 from constructs import Construct
 
-from moe_cdk.constructs import instance_catalog
 from moe_cdk.constructs.nag import managed_policy_finding, nag_text
-from moe_cdk.constructs.validation import problem, raise_if_any
-from moe_cdk.rules.sagemaker import node_ip_addresses, training_plan_arn_problem
+from moe_cdk.constructs.validation import Problem, problem, raise_if_any
+from moe_cdk.core import catalog
+from moe_cdk.rules.sagemaker import HyperPodInstanceGroup
 
-# SageMaker API reference, ClusterInstanceGroupSpecification.InstanceGroupName.
-GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 # SageMaker API reference, ClusterLifeCycleConfig.SourceS3Uri: "Make sure that the S3 bucket
 # path starts with s3://sagemaker-" (what the managed instance policy can read).
 LIFECYCLE_BUCKET_PREFIX = "sagemaker-"
-# SageMaker API reference, ClusterEbsVolumeConfig.VolumeSizeInGB: 1 to 16384.
-EBS_RANGE_GIB = (1, 16384)
 MANAGED_INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 ENTRY_SCRIPT = "on_create.sh"
-
-
-@dataclass(frozen=True, kw_only=True)
-class HyperPodInstanceGroup:
-    """The fields every HyperPod instance group has, whoever orchestrates the cluster."""
-
-    name: str
-    """Instance group name: letters, digits and inner hyphens, at most 63 characters. Required."""
-    instance_type: str
-    """A catalog type, by its ``ml.`` or EC2 name. Required."""
-    instance_count: int
-    """Nodes in the group. Required."""
-    ebs_volume_size_gib: int = 500
-    """Extra EBS volume per node, mounted by HyperPod at /opt/sagemaker, in GiB. Default: 500."""
-    training_plan_arn: str | None = None
-    """A SageMaker training plan that reserves this group's capacity. Default: on-demand."""
-    deep_health_checks: bool = True
-    """Run HyperPod's deep health checks (InstanceStress, InstanceConnectivity) when a node starts.
-    They only exist for GPU and Trainium types and are skipped on others. Default: True."""
-
-    @property
-    def runs_deep_health_checks(self) -> bool:
-        """Whether HyperPod runs deep health checks on this group's nodes: asked for, and a type that has them
-        (SageMaker Developer Guide, "Deep health checks": GPU and Trainium instances only)."""
-        return self.deep_health_checks and self.spec is not None and self.spec.is_accelerated
-
-    @property
-    def spec(self) -> instance_catalog.InstanceSpec | None:
-        return instance_catalog.lookup(self.instance_type)
-
-    @property
-    def runs_training(self) -> bool:
-        """Whether training runs on this group (then it must have EFA when EFA is required)."""
-        raise NotImplementedError
-
-    @property
-    def partition_name(self) -> str | None:
-        """The Slurm partition of the group; None outside Slurm."""
-        return None
-
-    def worker_parameters(self) -> dict:
-        """This group's ``worker_groups`` entry in provisioning_parameters.json."""
-        return {"instance_group_name": self.name, "partition_name": self.partition_name,
-                "instance_type": self.spec.sagemaker_name if self.spec else self.instance_type,
-                "features": self.features()}
-
-    def features(self) -> list[str]:
-        """Node features: ``efa`` when the type has EFA, the instance family, the accelerator kind."""
-        spec = self.spec
-        if spec is None:
-            return []
-        kind = {"nvidia-gpu": "gpu", "trainium": "trainium", "none": "cpu"}[spec.accelerator_kind.value]
-        return [*(["efa"] if spec.supports_efa else []), spec.ec2_name.split(".")[0], kind]
-
-
-def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_efa: bool) -> list[tuple[str, str]]:
-    """``(key, message)`` for the rules every HyperPod instance group follows."""
-    found: list[tuple[str, str]] = []
-    names = [g.name for g in groups]
-    for i, g in enumerate(groups):
-        key = f"instance_groups[{i}]"
-        if not GROUP_NAME.match(g.name):
-            found.append((f"{key}.name", problem("not a valid instance group name", got=g.name,
-                                                 allowed="letters, digits and inner hyphens, 1 to 63 characters")))
-        if g.name in names[:i]:
-            found.append((f"{key}.name", problem("duplicate group name", got=g.name, allowed="unique names")))
-        if g.spec is None:
-            found.append((f"{key}.instance_type", instance_catalog.unknown_instance_type_message(g.instance_type)))
-        elif require_efa and g.runs_training and not g.spec.supports_efa:
-            found.append((f"{key}.instance_type", problem("has no EFA, and EFA is required", got=g.instance_type,
-                                                          allowed="an EFA-capable type, e.g. ml.p5en.48xlarge")))
-        if g.instance_count < 1:
-            found.append((f"{key}.instance_count", problem("must be at least 1", got=g.instance_count, allowed="1 or more")))
-        low, high = EBS_RANGE_GIB
-        if not low <= g.ebs_volume_size_gib <= high:
-            found.append((f"{key}.ebs_volume_size_gib", problem("out of range", got=g.ebs_volume_size_gib,
-                                                                allowed=f"{low} to {high} GiB")))
-        if g.training_plan_arn is not None and (message := training_plan_arn_problem(g.training_plan_arn)):
-            found.append((f"{key}.training_plan_arn", message))
-    return found
-
-
-def subnet_nodes(groups: Sequence[HyperPodInstanceGroup], *, eks: bool) -> list[tuple[str, int, int]]:
-    """``(instance type, count, addresses each)`` per group, for ``rules.ec2.subnet_capacity_problem``."""
-    return [(g.instance_type, g.instance_count, node_ip_addresses(network_cards=g.spec.efa_interfaces, eks=eks))
-            for g in groups if g.spec is not None]
 
 
 def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
@@ -143,7 +52,7 @@ def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
         life_cycle_config=life_cycle,
         # One thread per core on GPU groups: the trainer pins one process per GPU and
         # hyper-threads add noise to its data loading (HyperPod ThreadsPerCore).
-        threads_per_core=1 if spec.accelerator_kind is instance_catalog.AcceleratorKind.NVIDIA_GPU else None,
+        threads_per_core=1 if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else None,
         on_start_deep_health_checks=["InstanceStress", "InstanceConnectivity"] if g.runs_deep_health_checks else None,
         instance_storage_configs=[sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
             ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(volume_size_in_gb=g.ebs_volume_size_gib),
@@ -231,11 +140,11 @@ def lifecycle_bundle_id(lifecycle_scripts_directory: str, parameters: dict) -> s
     return digest.hexdigest()[:16]
 
 
-def lifecycle_directory_problems(directory: str) -> list[str]:
+def lifecycle_directory_problems(directory: str) -> list[Problem]:
     if (Path(directory) / ENTRY_SCRIPT).is_file():
         return []
-    return ["lifecycle_scripts_directory: " + problem(f"has no {ENTRY_SCRIPT}", got=directory,
-                                                      allowed="the lifecycle_scripts folder")]
+    return [problem(f"has no {ENTRY_SCRIPT}", got=directory,
+                                                      allowed="the lifecycle_scripts folder").at("lifecycle_scripts_directory")]
 
 
 @dataclass(frozen=True)
@@ -259,10 +168,10 @@ def publish_lifecycle(scope: Construct, *, construct_name: str, directory: str, 
     resolved = cdk.Stack.of(scope).resolve(bundle.s3_bucket_name)
     name = resolved.get("Fn::Sub") if isinstance(resolved, dict) else resolved
     if isinstance(name, str) and not name.startswith(LIFECYCLE_BUCKET_PREFIX):
-        raise_if_any(construct_name, ["lifecycle_scripts_directory: " + problem(
+        raise_if_any(construct_name, [problem(
             "is published to the stack's file-asset bucket, which HyperPod nodes can only read if its name starts "
             "with 'sagemaker-'; give the stack lifecycle_synthesizer(...)",
-            got=name, allowed="a stack synthesizer whose file-asset bucket starts with sagemaker-")])
+            got=name, allowed="a stack synthesizer whose file-asset bucket starts with sagemaker-").at("lifecycle_scripts_directory")])
     prefix = entry.s3_object_key[: -len(entry.asset_hash) - 3]
     script = f"{entry.asset_hash}.sh"
     return PublishedLifecycle(bundle, entry, sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(

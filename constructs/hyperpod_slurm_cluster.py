@@ -6,9 +6,7 @@ The lifecycle scripts reach the nodes as described in ``hyperpod_nodes``: a file
 
 from __future__ import annotations
 
-import enum
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aws_cdk as cdk
@@ -16,93 +14,36 @@ from aws_cdk import aws_ec2 as ec2, aws_ecr as ecr, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_nodes import (
-    GROUP_NAME,
-    HyperPodInstanceGroup,
     execution_role,
-    instance_group_problems,
     instance_group_property,
     lifecycle_directory_problems,
     publish_lifecycle,
 )
-from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
-from moe_cdk.rules import sagemaker as rules
+from moe_cdk.constructs.validation import Problem, is_unresolved, problem, raise_if_any
 from moe_cdk.rules.fsx import efa_client_interfaces
+from moe_cdk.rules.sagemaker import (
+    AccountingDatabase,
+    NodeProvisioningMode,
+    NodeType,
+    SlurmConfigStrategy,
+    SlurmInstanceGroup,
+    group_problems,
+    slurm_provisioning_problems,
+)
 
-
-DATABASE_NAME = re.compile(r"^[a-zA-Z0-9$_]{1,64}$")
-HOST_NAME = re.compile(r"^(?=.{1,255}$)[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$")
-SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+$")
-
-
-class NodeType(enum.Enum):
-    """``SlurmConfig.NodeType`` of an instance group."""
-
-    CONTROLLER = "Controller"
-    LOGIN = "Login"
-    COMPUTE = "Compute"
-
-
-class SlurmConfigStrategy(enum.Enum):
-    """Who owns slurm.conf (``Orchestrator.Slurm.SlurmConfigStrategy``)."""
-
-    MANAGED = "Managed"
-    OVERWRITE = "Overwrite"
-    MERGE = "Merge"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmInstanceGroup(HyperPodInstanceGroup):
-    """One instance group of a Slurm cluster."""
-
-    node_type: NodeType
-    """Controller, Login or Compute. Required."""
-    partition: str | None = None
-    """Slurm partition of a compute group. Default: the group name."""
-
-    @property
-    def runs_training(self) -> bool:
-        return self.node_type is NodeType.COMPUTE
-
-    @property
-    def partition_name(self) -> str | None:
-        return (self.partition or self.name) if self.node_type is NodeType.COMPUTE else None
-
-
-class NodeProvisioningMode(enum.Enum):
-    """How HyperPod provisions the cluster's nodes (``NodeProvisioningMode``)."""
-
-    STANDARD = "standard"
-    """All nodes at creation; creation fails when a group cannot be filled (the property is omitted)."""
-    CONTINUOUS = "continuous"
-    """Partial capacity is accepted and failed launches are retried (``Continuous``). SageMaker Developer
-    Guide, "Continuous provisioning for Slurm": it rejects any ``SlurmConfigStrategy``, and it is the only
-    mode with an external accounting database."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AccountingDatabase:
-    """An external MySQL-compatible database for slurmdbd (``Orchestrator.Slurm.AccountingDatabase``)."""
-
-    endpoint: str
-    """Database host name. Required."""
-    secret_arn: str
-    """ARN of the Secrets Manager secret with the database credentials. Required."""
-    name: str = "slurm_acct_db"
-    """Database name. Default: slurm_acct_db."""
-    port: int = 3306
-    """Database port. Default: 3306."""
-
-    def problems(self) -> Iterator[tuple[str, str]]:
-        if not is_unresolved(self.secret_arn) and not SECRET_ARN.match(self.secret_arn):
-            yield "secret_arn", problem("not a Secrets Manager secret ARN", got=self.secret_arn,
-                                        allowed="arn:aws:secretsmanager:<region>:<account>:secret:<name>")
-        if not 1 <= self.port <= 65535:
-            yield "port", problem("not a TCP port", got=self.port, allowed="1 to 65535")
-        # SageMaker API reference, ClusterAccountingDatabase: Name is 1 to 64 of [a-zA-Z0-9$_], Endpoint a host name.
-        if not DATABASE_NAME.match(self.name):
-            yield "name", problem("not a database name", got=self.name, allowed="1 to 64 letters, digits, '$' or '_'")
-        if not is_unresolved(self.endpoint) and not HOST_NAME.match(self.endpoint):
-            yield "endpoint", problem("not a host name", got=self.endpoint, allowed="a DNS name of up to 255 characters")
+# The construct, its props, and the value types its props take: those are defined in rules/ with
+# their checks, which the configuration applies too.
+__all__ = [
+    "HyperPodSlurmCluster",
+    "HyperPodSlurmClusterProps",
+    "FsxMount",
+    "SlurmInstanceGroup",
+    "NodeType",
+    "NodeProvisioningMode",
+    "SlurmConfigStrategy",
+    "AccountingDatabase",
+    "provisioning_parameters",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,44 +116,6 @@ def provisioning_parameters(*, instance_groups: Sequence[SlurmInstanceGroup], re
         },
         "container_runtime": {"enroot_data_dir": "/opt/dlami/nvme/enroot", "pyxis": True},
     }
-
-
-def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa: bool,
-                   slurm: bool = True) -> list[tuple[str, str]]:
-    """``(key, message)`` for instance groups HyperPod or the lifecycle scripts would reject.
-    ``slurm=False`` drops the Slurm-only rules (controller and login groups)."""
-    groups = list(instance_groups)
-    found = instance_group_problems(groups, require_efa=require_efa)
-    for i, g in enumerate(groups):
-        key = f"instance_groups[{i}]"
-        if g.partition is not None and g.node_type is not NodeType.COMPUTE:
-            found.append((f"{key}.partition", problem("only compute groups have a partition", got=g.partition, allowed="None")))
-        if g.partition_name is not None and not GROUP_NAME.match(g.partition_name):
-            found.append((f"{key}.partition", problem("not a valid partition name", got=g.partition_name,
-                                                      allowed="letters, digits and inner hyphens")))
-    types = [g.node_type for g in groups]
-    controllers = [g for g in groups if g.node_type is NodeType.CONTROLLER]
-    if slurm and (len(controllers) != 1 or controllers[0].instance_count != 1):
-        found.append(("instance_groups", problem("needs exactly one controller group with instance_count 1",
-                                                 got=[(g.name, g.instance_count) for g in controllers], allowed="one controller node")))
-    if slurm and types.count(NodeType.LOGIN) > 1:
-        found.append(("instance_groups", problem("at most one login group", got=types.count(NodeType.LOGIN), allowed="0 or 1")))
-    if NodeType.COMPUTE not in types:
-        found.append(("instance_groups", problem("needs at least one compute group", got=[t.value for t in types],
-                                                 allowed="one or more Compute groups")))
-    return found
-
-
-def provisioning_problems(*, mode: NodeProvisioningMode, slurm_config_strategy: SlurmConfigStrategy | None,
-                          accounting_database: AccountingDatabase | None) -> list[tuple[str, str]]:
-    """``(key, message)`` for provisioning settings CreateCluster rejects (``rules.sagemaker``), and
-    for a bad accounting database."""
-    found = rules.provisioning_problems(
-        continuous=mode is NodeProvisioningMode.CONTINUOUS, accounting_database=accounting_database is not None,
-        slurm_config_strategy=None if slurm_config_strategy is None else slurm_config_strategy.value)
-    if accounting_database is not None:
-        found += [(f"accounting_database.{key}", message) for key, message in accounting_database.problems()]
-    return found
 
 
 class HyperPodSlurmCluster(Construct):
@@ -294,14 +197,14 @@ class HyperPodSlurmCluster(Construct):
         self.cluster_name = props.cluster_name
 
     @staticmethod
-    def _problems(props: HyperPodSlurmClusterProps) -> list[str]:
-        found = [f"{key}: {message}" for key, message in group_problems(props.instance_groups, require_efa=props.require_efa)]
+    def _problems(props: HyperPodSlurmClusterProps) -> list[Problem]:
+        found = group_problems(props.instance_groups, require_efa=props.require_efa)
         found += lifecycle_directory_problems(props.lifecycle_scripts_directory)
-        found += [f"{key}: {message}" for key, message in provisioning_problems(
+        found += slurm_provisioning_problems(
             mode=props.node_provisioning_mode, slurm_config_strategy=props.slurm_config_strategy,
-            accounting_database=props.accounting_database)]
+            accounting_database=props.accounting_database)
         fsx, zone = props.fsx, props.subnet.availability_zone
         if fsx is not None and fsx.efa_enabled and not is_unresolved(zone) and fsx.availability_zone != zone:
-            found.append("fsx.availability_zone: " + problem("an EFA-enabled file system must be in the cluster's zone",
-                                                             got=fsx.availability_zone, allowed=zone))
+            found.append(problem("an EFA-enabled file system must be in the cluster's zone",
+                                                             got=fsx.availability_zone, allowed=zone).at("fsx.availability_zone"))
         return found

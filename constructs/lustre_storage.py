@@ -7,56 +7,12 @@ from dataclasses import dataclass
 from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_fsx as fsx, aws_kms as kms
 from constructs import Construct
 
-from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
-
-# FSx API reference, CreateFileSystemLustreConfiguration.PerUnitStorageThroughput:
-# "For PERSISTENT_2 SSD storage: 125, 250, 500, 1000 MB/s/TiB."
-THROUGHPUT_TIERS_MB_S_TIB = (125, 250, 500, 1000)
-
-# FSx API reference, CreateFileSystem.StorageCapacity: "For SCRATCH_2, PERSISTENT_2, and
-# PERSISTENT_1 deployment types using SSD storage type, the valid values are 1200 GiB,
-# 2400 GiB, and increments of 2400 GiB."
-SSD_FIRST_STEP_GIB = 1200
-SSD_INCREMENT_GIB = 2400
-
-# FSx for Lustre User Guide, "Increasing storage capacity": EFA-enabled file systems grow
-# in multiples of 38400 / 19200 / 9600 / 4800 GiB at 125 / 250 / 500 / 1000 MB/s/TiB.
-EFA_INCREMENT_GIB_BY_TIER = {125: 38400, 250: 19200, 500: 9600, 1000: 4800}
+from moe_cdk.constructs.validation import Problem, is_unresolved, problem, raise_if_any
+from moe_cdk.rules.fsx import capacity_problem, throughput_problem
 
 # FSx for Lustre User Guide, "File system access control with Amazon VPC": LNET uses
 # TCP 988 and 1018-1023.
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
-
-
-def throughput_problem(per_unit_storage_throughput_mb_s_tib: int) -> str | None:
-    if per_unit_storage_throughput_mb_s_tib in THROUGHPUT_TIERS_MB_S_TIB:
-        return None
-    return problem(
-        "not a PERSISTENT_2 throughput tier",
-        got=per_unit_storage_throughput_mb_s_tib,
-        allowed=", ".join(map(str, THROUGHPUT_TIERS_MB_S_TIB)) + " MB/s/TiB",
-    )
-
-
-def capacity_problem(storage_capacity_gib: int, *, per_unit_storage_throughput_mb_s_tib: int, efa_enabled: bool) -> str | None:
-    """Why FSx would reject this capacity, or None. Returns None for an unknown tier (reported separately)."""
-    if efa_enabled:
-        step = EFA_INCREMENT_GIB_BY_TIER.get(per_unit_storage_throughput_mb_s_tib)
-        if step is None or (storage_capacity_gib > 0 and storage_capacity_gib % step == 0):
-            return None
-        return problem(
-            f"must be a multiple of {step} GiB for an EFA-enabled file system at "
-            f"{per_unit_storage_throughput_mb_s_tib} MB/s/TiB",
-            got=storage_capacity_gib,
-            allowed=f"{step}, {2 * step}, {3 * step}, ...",
-        )
-    if storage_capacity_gib == SSD_FIRST_STEP_GIB or (storage_capacity_gib > 0 and storage_capacity_gib % SSD_INCREMENT_GIB == 0):
-        return None
-    return problem(
-        "not a PERSISTENT_2 SSD capacity",
-        got=storage_capacity_gib,
-        allowed=f"{SSD_FIRST_STEP_GIB} or a multiple of {SSD_INCREMENT_GIB} GiB",
-    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,11 +54,11 @@ class LustreStorage(Construct):
         ).subnets
         if not subnets:
             raise_if_any("LustreStorage", [
-                "availability_zone: " + problem(
+                problem(
                     "the VPC has no private subnet in this zone",
                     got=props.availability_zone,
                     allowed=", ".join(sorted({s.availability_zone for s in props.vpc.private_subnets})) or "none",
-                )
+                ).at("availability_zone")
             ])
 
         self.security_group = ec2.SecurityGroup(
@@ -159,16 +115,16 @@ class LustreStorage(Construct):
         self.availability_zone = props.availability_zone
 
     @staticmethod
-    def _problems(props: LustreStorageProps) -> list[str]:
+    def _problems(props: LustreStorageProps) -> list[Problem]:
         problems = []
         if not is_unresolved(props.per_unit_storage_throughput_mb_s_tib):
             if (p := throughput_problem(props.per_unit_storage_throughput_mb_s_tib)):
-                problems.append(f"per_unit_storage_throughput_mb_s_tib: {p}")
+                problems.append(p.at("per_unit_storage_throughput_mb_s_tib"))
         if not is_unresolved(props.storage_capacity_gib):
             if (p := capacity_problem(
                 props.storage_capacity_gib,
                 per_unit_storage_throughput_mb_s_tib=props.per_unit_storage_throughput_mb_s_tib,
                 efa_enabled=props.efa_enabled,
             )):
-                problems.append(f"storage_capacity_gib: {p}")
+                problems.append(p.at("storage_capacity_gib"))
         return problems

@@ -9,17 +9,15 @@ pod mounts it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from moe_cdk.constructs.validation import problem, raise_if_any
+from moe_cdk.constructs.validation import Problem, problem, raise_if_any
+from moe_cdk.rules.eks import KUBERNETES_NAME
 
 CSI_DRIVER = "fsx.csi.aws.com"
-# Kubernetes object and namespace names (RFC 1123 labels).
-KUBERNETES_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,14 +89,14 @@ class LustreVolume(Construct):
         self.manifest = eks.KubernetesManifest(self, "Manifest", cluster=props.cluster, manifest=self.manifests)
 
     @staticmethod
-    def _problems(props: LustreVolumeProps) -> list[str]:
+    def _problems(props: LustreVolumeProps) -> list[Problem]:
         found = []
         for key in ("namespace", "claim_name"):
             value = getattr(props, key)
             if not KUBERNETES_NAME.match(value):
-                found.append(f"{key}: " + problem("not a Kubernetes name", got=value,
-                                                  allowed="lowercase letters, digits and inner hyphens, at most 63"))
+                found.append(problem("not a Kubernetes name", got=value,
+                                                  allowed="lowercase letters, digits and inner hyphens, at most 63").at(f"{key}"))
         if props.storage_capacity_gib < 1:
-            found.append("storage_capacity_gib: " + problem("must be positive", got=props.storage_capacity_gib,
-                                                            allowed="the file system's capacity in GiB"))
+            found.append(problem("must be positive", got=props.storage_capacity_gib,
+                                                            allowed="the file system's capacity in GiB").at("storage_capacity_gib"))
         return found

@@ -3,15 +3,13 @@
 ``aws_eks_v2`` without Auto Mode and without node groups: HyperPod brings the nodes. The API
 endpoint is private, or public only to the given CIDRs; every control-plane log type is on;
 Kubernetes secrets are encrypted with a rotating KMS key. The EKS add-ons and the pinned Helm
-charts of ``cluster_software`` are installed, with the device plugins scheduled only on the
+charts of ``rules.eks`` are installed, with the device plugins scheduled only on the
 instance types that have the device. cdk-nag's EKS rules do not look at ``aws_eks_v2``
 clusters, so ``tests/test_training_eks_cluster.py`` asserts the same properties.
 """
 
 from __future__ import annotations
 
-import enum
-import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,16 +19,25 @@ from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam, aws_kms a
 from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
 from constructs import Construct
 
-from moe_cdk.constructs import cluster_software as software, instance_catalog
 from moe_cdk.constructs.nag import managed_policy_finding, nag_text
-from moe_cdk.constructs.validation import problem, raise_if_any
+from moe_cdk.constructs.validation import Problem, problem, raise_if_any
+from moe_cdk.core import catalog
+from moe_cdk.rules import eks as eks_rules
+from moe_cdk.rules.eks import (
+    EndpointAccess,
+    addon_version_problems,
+    endpoint_problems,
+    kubernetes_version_problem,
+)
 
-
-class EndpointAccess(enum.Enum):
-    """Who can reach the Kubernetes API."""
-
-    PRIVATE = "private"
-    PUBLIC_AND_PRIVATE = "public-and-private"
+# The construct, its props, and the value types its props take: those are defined in rules/ with
+# their checks, which the configuration applies too.
+__all__ = [
+    "TrainingEksCluster",
+    "TrainingEksClusterProps",
+    "EndpointAccess",
+    "pod_identity_role",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +54,8 @@ class TrainingEksClusterProps:
     """Every instance type the HyperPod groups use; the device plugins follow them. Required."""
     node_tolerations: Sequence[Mapping[str, str]] = ()
     """Tolerations for the taints the HyperPod groups carry, added to every device plugin and exporter. Default: none."""
-    kubernetes_version: str = software.DEFAULT_KUBERNETES_VERSION
-    """A Kubernetes version HyperPod supports. Default: ``cluster_software.DEFAULT_KUBERNETES_VERSION``."""
+    kubernetes_version: str = eks_rules.DEFAULT_KUBERNETES_VERSION
+    """A Kubernetes version HyperPod supports. Default: ``eks_rules.DEFAULT_KUBERNETES_VERSION``."""
     endpoint_access: EndpointAccess = EndpointAccess.PRIVATE
     """Private only, or also public to ``public_access_cidrs``. Default: private."""
     public_access_cidrs: Sequence[str] = ()
@@ -64,39 +71,6 @@ class TrainingEksClusterProps:
     every cluster created through the APIs."""
 
 
-def endpoint_problems(endpoint_access: EndpointAccess, public_access_cidrs: Sequence[str]) -> list[tuple[str, str]]:
-    found = []
-    if endpoint_access is EndpointAccess.PRIVATE and public_access_cidrs:
-        found.append(("public_access_cidrs", problem("only used with a public endpoint", got=list(public_access_cidrs),
-                                                     allowed="[] with endpoint_access private")))
-    if endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not public_access_cidrs:
-        found.append(("public_access_cidrs", problem("a public endpoint must be restricted to known ranges", got=[],
-                                                     allowed="one or more IPv4 CIDRs, e.g. 203.0.113.0/24")))
-    for i, cidr in enumerate(public_access_cidrs):
-        try:
-            network = ipaddress.IPv4Network(cidr)
-        except ValueError:
-            found.append((f"public_access_cidrs[{i}]", problem("not an IPv4 CIDR", got=cidr, allowed="e.g. 203.0.113.0/24")))
-            continue
-        if network.prefixlen == 0:
-            found.append((f"public_access_cidrs[{i}]", problem("opens the API to the internet", got=cidr,
-                                                               allowed="a range narrower than /0")))
-    return found
-
-
-def kubernetes_version_problem(version: str) -> str | None:
-    if version in software.KUBERNETES_VERSIONS:
-        return None
-    return problem("not a Kubernetes version HyperPod supports with this kubectl layer", got=version,
-                   allowed=", ".join(software.KUBERNETES_VERSIONS))
-
-
-def addon_version_problems(addon_versions: Mapping[str, str]) -> list[tuple[str, str]]:
-    known = [a.name for a in (*software.ADDONS, software.CONTAINER_INSIGHTS, software.TRAINING_OPERATOR)]
-    return [(f"addon_versions.{name}", problem("not an add-on moe-cdk installs", got=name, allowed=", ".join(known)))
-            for name in addon_versions if name not in known]
-
-
 class TrainingEksCluster(Construct):
     """An EKS control plane for HyperPod nodes, with its add-ons, device plugins and operators."""
 
@@ -104,7 +78,7 @@ class TrainingEksCluster(Construct):
         super().__init__(scope, id)
         raise_if_any("TrainingEksCluster", self._problems(props))
         self.props = props
-        self.specs = [instance_catalog.lookup(t) for t in props.instance_types]
+        self.specs = [catalog.lookup(t) for t in props.instance_types]
 
         self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
                                    description=f"Encrypts the Kubernetes secrets of {props.cluster_name}")
@@ -140,9 +114,9 @@ class TrainingEksCluster(Construct):
                 "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER)])
 
         self._acknowledge_findings()
-        self.addons = {a.name: self._addon(a) for a in software.ADDONS}
+        self.addons = {a.name: self._addon(a) for a in eks_rules.ADDONS}
         if props.container_insights:
-            self.addons[software.CONTAINER_INSIGHTS.name] = self._container_insights()
+            self.addons[eks_rules.CONTAINER_INSIGHTS.name] = self._container_insights()
         self.charts = self._charts()
 
     def _acknowledge_findings(self) -> None:
@@ -192,7 +166,7 @@ class TrainingEksCluster(Construct):
                                    ip_protocol="-1", destination_security_group_id=nodes.security_group_id,
                                    description="kubelet and webhooks on the HyperPod nodes")
 
-    def _addon(self, addon: software.Addon, **extra) -> eks.CfnAddon:
+    def _addon(self, addon: eks_rules.Addon, **extra) -> eks.CfnAddon:
         resource = eks.CfnAddon(
             self, f"Addon-{addon.name}", cluster_name=self.cluster.cluster_name, addon_name=addon.name,
             addon_version=self.props.addon_versions.get(addon.name, addon.version), resolve_conflicts="OVERWRITE", **extra)
@@ -204,7 +178,7 @@ class TrainingEksCluster(Construct):
         role = pod_identity_role(self, "ContainerInsightsRole", "CloudWatchAgentServerPolicy",
                                  reason="The policy AWS documents for the CloudWatch Observability add-on's agent; it "
                                         "writes metrics and logs only.")
-        addon = self._addon(software.CONTAINER_INSIGHTS, pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
+        addon = self._addon(eks_rules.CONTAINER_INSIGHTS, pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
             role_arn=role.role_arn, service_account="cloudwatch-agent")])
         addon.node.add_dependency(self.addons["eks-pod-identity-agent"])
         return addon
@@ -212,11 +186,11 @@ class TrainingEksCluster(Construct):
     def _charts(self) -> dict[str, eks.HelmChart]:
         specs = self.specs
         wanted = [
-            (software.NVIDIA_DEVICE_PLUGIN, software.gpu_instance_types(specs), software.nvidia_plugin_values),
-            (software.EFA_DEVICE_PLUGIN, software.efa_instance_types(specs), software.efa_plugin_values),
-            (software.NEURON_DEVICE_PLUGIN, software.neuron_instance_types(specs), software.neuron_plugin_values),
-            (software.DCGM_EXPORTER, software.gpu_instance_types(specs), software.dcgm_exporter_values),
-            (software.NODE_EXPORTER, list(self.props.instance_types), software.node_exporter_values),
+            (eks_rules.NVIDIA_DEVICE_PLUGIN, eks_rules.gpu_instance_types(specs), eks_rules.nvidia_plugin_values),
+            (eks_rules.EFA_DEVICE_PLUGIN, eks_rules.efa_instance_types(specs), eks_rules.efa_plugin_values),
+            (eks_rules.NEURON_DEVICE_PLUGIN, eks_rules.neuron_instance_types(specs), eks_rules.neuron_plugin_values),
+            (eks_rules.DCGM_EXPORTER, eks_rules.gpu_instance_types(specs), eks_rules.dcgm_exporter_values),
+            (eks_rules.NODE_EXPORTER, list(self.props.instance_types), eks_rules.node_exporter_values),
         ]
         charts = {}
         for chart, types, values in wanted:
@@ -230,7 +204,7 @@ class TrainingEksCluster(Construct):
         chart_asset = s3_assets.Asset(self, "HyperPodChart", path=self.props.hyperpod_chart_directory)
         charts["hyperpod-dependencies"] = eks.HelmChart(
             self, "Chart-hyperpod-dependencies", cluster=self.cluster, release="hyperpod-dependencies",
-            chart_asset=chart_asset, namespace="kube-system", values=software.HYPERPOD_CHART_VALUES,
+            chart_asset=chart_asset, namespace="kube-system", values=eks_rules.HYPERPOD_CHART_VALUES,
             create_namespace=False)
         # HelmChart grants the kubectl handler Asset.grant_read on the chart: s3:GetObject*,
         # s3:GetBucket* and s3:List* on the file-asset bucket and its objects.
@@ -247,27 +221,27 @@ class TrainingEksCluster(Construct):
         return charts
 
     @staticmethod
-    def _problems(props: TrainingEksClusterProps) -> list[str]:
-        found = [f"{key}: {message}" for key, message in endpoint_problems(props.endpoint_access, props.public_access_cidrs)]
-        found += [f"{key}: {message}" for key, message in addon_version_problems(props.addon_versions)]
+    def _problems(props: TrainingEksClusterProps) -> list[Problem]:
+        found = endpoint_problems(props.endpoint_access, props.public_access_cidrs)
+        found += addon_version_problems(props.addon_versions)
         if (p := kubernetes_version_problem(props.kubernetes_version)):
-            found.append(f"kubernetes_version: {p}")
+            found.append(p.at("kubernetes_version"))
         zones = {s.availability_zone for s in props.subnets}
         if len(props.subnets) < 2 or len(zones) < 2:
-            found.append("subnets: " + problem("EKS needs subnets in at least two availability zones",
-                                               got=sorted(zones), allowed="private subnets in two or more zones"))
+            found.append(problem("EKS needs subnets in at least two availability zones",
+                                               got=sorted(zones), allowed="private subnets in two or more zones").at("subnets"))
         for i, name in enumerate(props.instance_types):
-            if instance_catalog.lookup(name) is None:
-                found.append(f"instance_types[{i}]: {instance_catalog.unknown_instance_type_message(name)}")
+            if catalog.lookup(name) is None:
+                found.append(catalog.unknown_instance_type(name).at(f"instance_types[{i}]"))
         # SageMaker Developer Guide, "Installing packages on the Amazon EKS cluster using Helm": without
         # the chart a HyperPod cluster may not work "or the creation process failing entirely", and
         # its health-monitoring agent is what node recovery needs.
         directory = props.hyperpod_chart_directory
         if not (Path(directory) / "Chart.yaml").is_file():
-            found.append("hyperpod_chart_directory: " + problem(
+            found.append(problem(
                 "has no Chart.yaml: AWS's HyperPod dependencies chart is not staged, and without it (the "
                 "health-monitoring agent) cluster creation can fail; run `make hyperpod-chart CONFIG=...`",
-                got=directory, allowed="the folder `make hyperpod-chart` writes"))
+                got=directory, allowed="the folder `make hyperpod-chart` writes").at("hyperpod_chart_directory"))
         return found
 
 

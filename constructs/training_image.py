@@ -10,11 +10,9 @@ from constructs import Construct
 
 from moe_cdk.constructs.validation import problem, raise_if_any
 
-# Only what `pip install .` needs reaches the Docker build context (and cdk.out).
-BUILD_CONTEXT_FILES = ("pyproject.toml", "README.md", "constructs", "rules", "stacks", "training")
-# Where the image holds the checkout's files (training/Dockerfile's WORKDIR): a trainer
-# profile `training/configs/x.yaml` is `/opt/moe-cdk/training/configs/x.yaml` in a job.
-IMAGE_CHECKOUT_DIR = "/opt/moe-cdk"
+# Only what the container runs reaches the Docker build context (and cdk.out): the trainer, the
+# core it imports and its commands, with what `pip install .` reads (training/Dockerfile).
+BUILD_CONTEXT_FILES = ("pyproject.toml", "README.md", "core", "training", "cli")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +37,7 @@ class TrainingImage(Construct):
     def __init__(self, scope: Construct, id: str, props: TrainingImageProps) -> None:
         super().__init__(scope, id)
         raise_if_any("TrainingImage", [
-            "extra_context: " + problem("must be relative paths inside the checkout", got=path, allowed="e.g. config")
+            problem("must be relative paths inside the checkout", got=path, allowed="e.g. config").at("extra_context")
             for path in props.extra_context if path.startswith("/") or ".." in path.split("/")
         ])
         keep = [*BUILD_CONTEXT_FILES, *props.extra_context]

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 
-from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
-
-AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
+from moe_cdk.constructs.validation import Problem, is_unresolved, problem, raise_if_any
+from moe_cdk.rules.ec2 import AVAILABILITY_ZONE, cidr_problems
+from moe_cdk.rules.logs import retention_problem
 
 # What private training nodes call without leaving the VPC: ECR (api and dkr) for images,
 # STS for credentials, CloudWatch Logs, the SageMaker API (HyperPod agents), and Systems
@@ -30,7 +28,7 @@ INTERFACE_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
 
 
 _R = logs.RetentionDays
-# The retentions CloudWatch Logs accepts (CloudWatch Logs API reference, PutRetentionPolicy).
+# rules.logs.RETENTION_DAYS as the CDK's enum (a test checks that the two hold the same days).
 RETENTION_BY_DAYS: dict[int, logs.RetentionDays] = {
     1: _R.ONE_DAY, 3: _R.THREE_DAYS, 5: _R.FIVE_DAYS, 7: _R.ONE_WEEK, 14: _R.TWO_WEEKS, 30: _R.ONE_MONTH,
     60: _R.TWO_MONTHS, 90: _R.THREE_MONTHS, 120: _R.FOUR_MONTHS, 150: _R.FIVE_MONTHS, 180: _R.SIX_MONTHS,
@@ -38,42 +36,6 @@ RETENTION_BY_DAYS: dict[int, logs.RetentionDays] = {
     1827: _R.FIVE_YEARS, 2192: _R.SIX_YEARS, 2557: _R.SEVEN_YEARS, 2922: _R.EIGHT_YEARS, 3288: _R.NINE_YEARS,
     3653: _R.TEN_YEARS,
 }
-
-
-def retention_problem(days: int) -> str | None:
-    if days in RETENTION_BY_DAYS:
-        return None
-    return problem("not a CloudWatch Logs retention", got=days, allowed=", ".join(map(str, RETENTION_BY_DAYS)) + " days")
-
-
-def availability_zone_problem(zone: str, region: str) -> str | None:
-    """Why ``zone`` is not an availability-zone name of ``region``, or None."""
-    if AVAILABILITY_ZONE.match(zone) and zone[:-1] == region:
-        return None
-    return problem("not an availability zone of the region", got=zone, allowed=f"{region}a, {region}b, ...")
-
-
-def cidr_problems(vpc_cidr: str, *, public_mask: int, private_mask: int, zones: int) -> list[tuple[str, str]]:
-    """``(prop, message)`` for a VPC range that is malformed or too small for its subnets."""
-    try:
-        network = ipaddress.IPv4Network(vpc_cidr)
-    except ValueError:
-        return [("vpc_cidr", problem("not an IPv4 CIDR block", got=vpc_cidr, allowed="e.g. 10.0.0.0/16"))]
-    found = []
-    # Amazon VPC User Guide, "VPC CIDR blocks": IPv4 blocks are /16 to /28.
-    if not 16 <= network.prefixlen <= 28:
-        found.append(("vpc_cidr", problem("prefix length out of range", got=vpc_cidr, allowed="/16 to /28")))
-    for key, mask in (("public_subnet_cidr_mask", public_mask), ("private_subnet_cidr_mask", private_mask)):
-        if not network.prefixlen < mask <= 28:
-            found.append((key, problem("out of range", got=mask, allowed=f"{network.prefixlen + 1} to 28")))
-    if not found:
-        needed = zones * (2 ** (32 - public_mask) + 2 ** (32 - private_mask))
-        if needed > network.num_addresses:
-            found.append(("vpc_cidr", problem(
-                f"too small for {zones} zone(s) of one /{public_mask} public and one /{private_mask} private subnet",
-                got=vpc_cidr, allowed=f"at least {needed} addresses",
-            )))
-    return found
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,10 +98,10 @@ class TrainingNetwork(Construct):
         missing = [zone for zone in self.availability_zones if self._private_subnets_in(zone) == []]
         if missing:
             raise_if_any("TrainingNetwork", [
-                "existing_vpc: " + problem(
+                problem(
                     "has no private subnet in every zone of availability_zones", got=missing,
                     allowed=", ".join(sorted({s.availability_zone for s in self.vpc.private_subnets})) or "none",
-                )
+                ).at("existing_vpc")
             ])
 
         endpoints = props.interface_endpoints if props.interface_endpoints is not None else props.existing_vpc is None
@@ -168,28 +130,28 @@ class TrainingNetwork(Construct):
         """The private subnet in ``availability_zone``."""
         subnets = self._private_subnets_in(availability_zone)
         if not subnets:
-            raise ValueError(f"availability_zone: {problem('not a zone of this network', got=availability_zone, allowed=', '.join(self.availability_zones))}")
+            raise ValueError(problem('not a zone of this network', got=availability_zone, allowed=', '.join(self.availability_zones)).at("availability_zone"))
         return subnets[0]
 
     def _private_subnets_in(self, zone: str) -> list[ec2.ISubnet]:
         return [s for s in self.vpc.private_subnets if s.availability_zone == zone]
 
     @staticmethod
-    def _problems(props: TrainingNetworkProps) -> list[str]:
+    def _problems(props: TrainingNetworkProps) -> list[Problem]:
         found = []
         zones = list(props.availability_zones)
         if not zones:
-            found.append("availability_zones: " + problem("needs at least one zone", got=zones, allowed="e.g. ['us-east-2a']"))
+            found.append(problem("needs at least one zone", got=zones, allowed="e.g. ['us-east-2a']").at("availability_zones"))
         for zone in zones:
             if not is_unresolved(zone) and not AVAILABILITY_ZONE.match(zone):
-                found.append("availability_zones: " + problem("not an availability-zone name", got=zone, allowed="e.g. us-east-2a"))
+                found.append(problem("not an availability-zone name", got=zone, allowed="e.g. us-east-2a").at("availability_zones"))
         if len(set(zones)) != len(zones):
-            found.append("availability_zones: " + problem("lists a zone twice", got=zones, allowed="distinct zones"))
+            found.append(problem("lists a zone twice", got=zones, allowed="distinct zones").at("availability_zones"))
         if (p := retention_problem(props.flow_log_retention_days)):
-            found.append(f"flow_log_retention_days: {p}")
+            found.append(p.at("flow_log_retention_days"))
         if props.existing_vpc is None:
-            found += [f"{key}: {message}" for key, message in cidr_problems(
+            found += cidr_problems(
                 props.vpc_cidr, public_mask=props.public_subnet_cidr_mask,
                 private_mask=props.private_subnet_cidr_mask, zones=max(len(zones), 1),
-            )]
+            )
         return found

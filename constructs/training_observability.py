@@ -21,7 +21,7 @@ import yaml
 from aws_cdk import aws_aps as aps, aws_ec2 as ec2, aws_grafana as grafana, aws_iam as iam
 from constructs import Construct
 
-from moe_cdk.constructs.validation import problem, raise_if_any
+from moe_cdk.constructs.validation import Problem, problem, raise_if_any
 
 # AMP User Guide, "Scraper configuration": the scrape interval is at least 30 seconds.
 MIN_SCRAPE_INTERVAL_S = 30
@@ -105,11 +105,11 @@ class TrainingObservability(Construct):
             description="moe-cdk: MoE training metrics (import charts/moe-training/dashboards/moe-training.json)")
 
     @staticmethod
-    def _problems(props: TrainingObservabilityProps) -> list[str]:
+    def _problems(props: TrainingObservabilityProps) -> list[Problem]:
         found = []
         if props.scrape_interval_s < MIN_SCRAPE_INTERVAL_S:
-            found.append("scrape_interval_s: " + problem("below the managed scraper's minimum", got=props.scrape_interval_s,
-                                                         allowed=f"{MIN_SCRAPE_INTERVAL_S} or more"))
+            found.append(problem("below the managed scraper's minimum", got=props.scrape_interval_s,
+                                                         allowed=f"{MIN_SCRAPE_INTERVAL_S} or more").at("scrape_interval_s"))
         if not 1 <= len(props.subnets) <= 5:
-            found.append("subnets: " + problem("the scraper takes 1 to 5 subnets", got=len(props.subnets), allowed="1 to 5"))
+            found.append(problem("the scraper takes 1 to 5 subnets", got=len(props.subnets), allowed="1 to 5").at("subnets"))
         return found

@@ -1,9 +1,9 @@
-"""One error format for construct props and configuration files alike.
+"""What every construct's props check shares: deploy-time values are not checked, and every
+problem is raised at once, under the construct's name, as the one ``ConfigError``.
 
-Every problem reads ``<key>: <what is wrong> (got <value>; allowed <what is allowed>)``.
-A construct's key is the prop name; a configuration file's key is the dotted path.
-Rule functions in the construct modules return the part after ``<key>: `` so that the
-construct and the configuration loader word a problem the same way.
+Each problem reads ``<prop>: <what is wrong> (got <value>; allowed <what is allowed>)``; the
+rules themselves (rules/) are the ones the configuration loader applies, so both word a
+problem the same way.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from collections.abc import Iterable
 
 from aws_cdk import Token
 
-from moe_cdk.training.schema import problem
+from moe_cdk.core import problems as _problems
+from moe_cdk.core.problems import Problem, problem
 
-__all__ = ["PropsError", "is_unresolved", "problem", "raise_if_any"]
+__all__ = ["Problem", "is_unresolved", "problem", "raise_if_any"]
 
 
 def is_unresolved(value: object) -> bool:
@@ -22,14 +23,6 @@ def is_unresolved(value: object) -> bool:
     return isinstance(value, str | int | float) and Token.is_unresolved(value)
 
 
-class PropsError(ValueError):
-    """A construct was given props it cannot build. Carries every problem found, not only the first."""
-
-    def __init__(self, construct: str, problems: Iterable[str]):
-        self.problems = list(problems)
-        super().__init__(f"invalid {construct} props:\n" + "\n".join(f"  {p}" for p in self.problems))
-
-
-def raise_if_any(construct: str, problems: list[str]) -> None:
-    if problems:
-        raise PropsError(construct, problems)
+def raise_if_any(construct: str, found: Iterable[Problem]) -> None:
+    """Raise ``ConfigError`` naming ``construct`` when its props have any problem."""
+    _problems.raise_if_any(found, subject=f"{construct} props")

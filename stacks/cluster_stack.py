@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, IStackSynthesizer, Stack
+from typing import TYPE_CHECKING
+
+from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
     FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
     provisioning_parameters,
 )
-from moe_cdk.stacks.config import REPO_ROOT, Config
-from moe_cdk.stacks.network_stack import NetworkStack
-from moe_cdk.stacks.storage_stack import StorageStack, fsx_parameter_names, lifecycle_bucket_name
+from moe_cdk.schema.config import Config
+from moe_cdk.stacks._shared import fsx_parameter_names, hyperpod_synthesizer, lifecycle_scripts
 
-LIFECYCLE_SCRIPTS = REPO_ROOT / "lifecycle_scripts"
+if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
+    from moe_cdk.stacks.network_stack import NetworkStack
+    from moe_cdk.stacks.storage_stack import StorageStack
 
-
-def hyperpod_synthesizer(config: Config, parameters: dict) -> IStackSynthesizer:
-    """The synthesizer of a stack holding a HyperPod cluster: its file assets go to the
-    lifecycle bucket, in a folder named after the scripts and ``parameters``."""
-    return lifecycle_synthesizer(lifecycle_bucket_name(config), lifecycle_bundle_id(str(LIFECYCLE_SCRIPTS), parameters))
 
 
 def _fsx_mount(config: Config, storage: StorageStack) -> FsxMount:
@@ -52,7 +49,7 @@ class SlurmClusterStack(Stack):
             instance_groups=groups,
             subnet=network.network.subnet_in(config.cluster.availability_zone),
             security_group=network.node_security_group.security_group,
-            lifecycle_scripts_directory=str(LIFECYCLE_SCRIPTS),
+            lifecycle_scripts_directory=str(lifecycle_scripts()),
             region=config.region,
             fsx=fsx,
             image_repository=storage.training_image.asset.repository,

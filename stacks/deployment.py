@@ -8,8 +8,9 @@ from pathlib import Path
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
+from moe_cdk.core.names import project_root
+from moe_cdk.schema.config import Config, Orchestrator
 from moe_cdk.stacks.cluster_stack import SlurmClusterStack
-from moe_cdk.stacks.config import REPO_ROOT, Config, Orchestrator
 from moe_cdk.stacks.eks_stack import EksStack
 from moe_cdk.stacks.hyperpod_eks_stack import HyperPodEksStack
 from moe_cdk.stacks.network_stack import NetworkStack
@@ -19,12 +20,12 @@ from moe_cdk.stacks.training_job_stack import TrainingJobStack
 DEFAULT_CONFIG = "config/default.yaml"
 
 
-def cdk_json_context(cdk_json: Path = REPO_ROOT / "cdk.json") -> dict:
+def cdk_json_context(cdk_json: Path | None = None) -> dict:
     """The context the CDK CLI would pass for cdk.json, which ``python app.py`` would otherwise ignore:
     its ``context`` block, path and asset metadata on (the CLI's defaults), and version reporting as
     cdk.json sets it. With it, ``python app.py`` and ``cdk synth`` write the same templates.
     """
-    settings = json.loads(cdk_json.read_text())
+    settings = json.loads((cdk_json or project_root() / "cdk.json").read_text())
     return {
         "aws:cdk:enable-path-metadata": True,
         "aws:cdk:enable-asset-metadata": True,

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.lustre_volume import LustreVolume, LustreVolumeProps
 from moe_cdk.constructs.training_eks_cluster import TrainingEksCluster, TrainingEksClusterProps
 from moe_cdk.constructs.training_observability import TrainingObservability, TrainingObservabilityProps
-from moe_cdk.stacks.config import Config
-from moe_cdk.stacks.network_stack import NetworkStack
-from moe_cdk.stacks.storage_stack import StorageStack
+from moe_cdk.schema.config import Config
+
+if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
+    from moe_cdk.stacks.network_stack import NetworkStack
+    from moe_cdk.stacks.storage_stack import StorageStack
 
 
 class EksStack(Stack):

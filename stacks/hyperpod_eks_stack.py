@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_eks_cluster import HyperPodEksCluster, HyperPodEksClusterProps, provisioning_parameters
-from moe_cdk.stacks.cluster_stack import LIFECYCLE_SCRIPTS, hyperpod_synthesizer
-from moe_cdk.stacks.config import Config
-from moe_cdk.stacks.eks_stack import EksStack
-from moe_cdk.stacks.network_stack import NetworkStack
-from moe_cdk.stacks.storage_stack import StorageStack
+from moe_cdk.schema.config import Config
+from moe_cdk.stacks._shared import hyperpod_synthesizer, lifecycle_scripts
+
+if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
+    from moe_cdk.stacks.eks_stack import EksStack
+    from moe_cdk.stacks.network_stack import NetworkStack
+    from moe_cdk.stacks.storage_stack import StorageStack
 
 
 class HyperPodEksStack(Stack):
@@ -30,7 +34,7 @@ class HyperPodEksStack(Stack):
             instance_groups=groups,
             subnet=network.network.subnet_in(config.cluster.availability_zone),
             security_group=network.node_security_group.security_group,
-            lifecycle_scripts_directory=str(LIFECYCLE_SCRIPTS),
+            lifecycle_scripts_directory=str(lifecycle_scripts()),
             region=config.region,
             require_efa=config.cluster.require_efa,
             training_operator=config.eks.training_operator,

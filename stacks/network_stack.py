@@ -7,7 +7,7 @@ from constructs import Construct
 
 from moe_cdk.constructs.efa_security_group import EfaSecurityGroup, EfaSecurityGroupProps
 from moe_cdk.constructs.training_network import TrainingNetwork, TrainingNetworkProps
-from moe_cdk.stacks.config import Config
+from moe_cdk.schema.config import Config
 
 
 class NetworkStack(Stack):

@@ -3,7 +3,6 @@ HyperPod lifecycle bucket and the training image."""
 
 from __future__ import annotations
 
-
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_s3 as s3, aws_ssm as ssm
 from constructs import Construct
 
@@ -12,26 +11,9 @@ from moe_cdk.constructs.efa_security_group import EfaSecurityGroup
 from moe_cdk.constructs.lustre_storage import LustreStorage, LustreStorageProps
 from moe_cdk.constructs.training_image import TrainingImage, TrainingImageProps
 from moe_cdk.constructs.training_network import TrainingNetwork
-from moe_cdk.stacks.config import REPO_ROOT, Config
-
-
-
-def lifecycle_bucket_name(config: Config) -> str:
-    """``sagemaker-<account>-<region>-<name>``, with CDK's account placeholder. The prefix is
-    what the managed HyperPod instance policy can read (SageMaker API reference,
-    ClusterLifeCycleConfig.SourceS3Uri)."""
-    return f"sagemaker-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
-
-
-def data_bucket_name(config: Config) -> str:
-    """The data bucket: ``storage.data_repository.bucket_name``, or ``moe-data-<account>-<region>-<name>``
-    (with CDK's account placeholder), so that other stacks can scope permissions to it by name."""
-    return config.storage.data_repository.bucket_name or f"moe-data-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
-
-
-def fsx_parameter_names(config: Config) -> tuple[str, str]:
-    """SSM parameters with the file system's DNS and mount names, which nodes read at boot."""
-    return f"/moe-cdk/{config.name}/fsx/dns-name", f"/moe-cdk/{config.name}/fsx/mount-name"
+from moe_cdk.core.names import project_root
+from moe_cdk.schema.config import Config
+from moe_cdk.stacks._shared import data_bucket_name, fsx_parameter_names, lifecycle_bucket_name
 
 
 class StorageStack(Stack):
@@ -82,7 +64,7 @@ class StorageStack(Stack):
             server_access_logs_prefix="lifecycle-bucket/",
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.training_image = TrainingImage(self, "TrainingImage", TrainingImageProps(context_directory=str(REPO_ROOT)))
+        self.training_image = TrainingImage(self, "TrainingImage", TrainingImageProps(context_directory=str(project_root())))
 
         CfnOutput(self, "FileSystemId", value=self.lustre.file_system_id)
         CfnOutput(self, "FileSystemDnsName", value=self.lustre.dns_name)

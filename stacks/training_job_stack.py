@@ -3,14 +3,19 @@ checkpoint and output prefixes and the training image, in the training network."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import aws_cdk as cdk
 from aws_cdk import CfnOutput, ReferenceStrength, Stack, aws_iam as iam
 from constructs import Construct
 
 from moe_cdk.constructs.nag import nag_text
-from moe_cdk.stacks.config import Config
-from moe_cdk.stacks.network_stack import NetworkStack
-from moe_cdk.stacks.storage_stack import StorageStack, data_bucket_name
+from moe_cdk.schema.config import Config
+from moe_cdk.stacks._shared import data_bucket_name
+
+if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
+    from moe_cdk.stacks.network_stack import NetworkStack
+    from moe_cdk.stacks.storage_stack import StorageStack
 
 # Prefixes of the data bucket a training job uses: the first two are the ones the file
 # system's data repository associations link to /datasets and /checkpoints.

@@ -109,15 +109,13 @@ def checksums(folder: Path) -> dict:
 
 
 def main(root: Path) -> dict:
-    from megatron.core import dist_checkpointing
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.strategies.torch import (
         TorchDistLoadShardedStrategy,
         TorchDistSaveShardedStrategy,
     )
     from torch.utils.serialization import config as serialization_config
-
-    import torch.distributed as dist
-    from megatron.core import parallel_state
 
     from moe_cdk.training import checkpoint_format, cpu_compat
     from moe_cdk.training.checkpoint_format import SequentialFileSystemReader, load_strategy, save_strategy

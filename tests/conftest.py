@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import sys
@@ -15,11 +14,10 @@ import pytest
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 import aws_cdk as cdk  # noqa: E402
-
-from moe_cdk.stacks.config import Config, Orchestrator, load_config  # noqa: E402
-from moe_cdk.stacks.deployment import build_app  # noqa: E402
-
 from survivors import mark_session, survivors  # noqa: E402
+
+from moe_cdk.schema.config import Config, Orchestrator, load_config  # noqa: E402
+from moe_cdk.stacks.deployment import build_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

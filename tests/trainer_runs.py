@@ -39,7 +39,7 @@ def python(nproc: int = 1, *, ports: range = range(29600, 29901)) -> list[str]:
 
 
 def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:
-    return [*python(nproc), "-m", "moe_cdk.training.train_cli", "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
+    return [*python(nproc), "-m", "moe_cdk.cli.train", "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
             "--metrics-file", str(run_dir / "metrics.jsonl"), "--set", f"data.prefixes=[{data_prefix}]",
             "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]", *extra]
 

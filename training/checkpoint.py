@@ -277,7 +277,7 @@ class CheckpointManager:
         checked = [(step, path, self.problem_with(path) is None) for step, path in step_dirs(self.root)]
         complete = [(step, path) for step, path, ok in checked if ok]
         newest_complete = complete[0][0] if complete else -1
-        for step, path in complete[self.keep_last:]:
+        for _, path in complete[self.keep_last:]:
             shutil.rmtree(path, ignore_errors=True)
             log.info("removed old checkpoint %s", path)
         for step, path, ok in checked:
@@ -302,7 +302,7 @@ class CheckpointManager:
 
         from moe_cdk.training.checkpoint_format import load_strategy
 
-        for step, path in self._candidates():
+        for _, path in self._candidates():
             started = time.perf_counter()
             common = dist_checkpointing.load_common_state_dict(str(path))
             try:

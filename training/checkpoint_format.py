@@ -54,7 +54,6 @@ from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 from torch.utils.serialization import config as serialization_config
 
-
 WRITERS_PER_RANK = 4
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from pydantic.dataclasses import dataclass
 
-from moe_cdk.training.schema import ConfigError, build, problem
+from moe_cdk.core.loader import SECTION, json_schema, parse
+from moe_cdk.core.problems import ConfigError, Problem, problem
 
-Problems = Iterator[tuple[str, str]]
+Problems = Iterator[Problem]
 
 
 class Dispatcher(enum.Enum):
@@ -82,7 +83,7 @@ class RecomputeModule(enum.Enum):
     LAYERNORM = "layernorm"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class ModelConfig:
     """The GPT backbone."""
 
@@ -141,46 +142,46 @@ class ModelConfig:
     def problems(self) -> Problems:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
             if getattr(self, key) < 1:
-                yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+                yield problem("must be positive", got=getattr(self, key), allowed="1 or more").at(key)
         if not 0 <= self.dense_layers < max(self.num_layers, 1):
-            yield "dense_layers", problem("out of range: an MoE model needs at least one MoE layer", got=self.dense_layers,
-                                          allowed=f"0 to {self.num_layers - 1}")
+            yield problem("out of range: an MoE model needs at least one MoE layer", got=self.dense_layers,
+                                          allowed=f"0 to {self.num_layers - 1}").at("dense_layers")
         if self.dense_layers and (self.dense_ffn_hidden_size is None or self.dense_ffn_hidden_size < 1):
-            yield "dense_ffn_hidden_size", problem("the dense layers need a positive MLP size", got=self.dense_ffn_hidden_size,
-                                                   allowed="1 or more while dense_layers > 0")
+            yield problem("the dense layers need a positive MLP size", got=self.dense_ffn_hidden_size,
+                                                   allowed="1 or more while dense_layers > 0").at("dense_ffn_hidden_size")
         if self.vocab_size is not None and self.vocab_size < 1:
-            yield "vocab_size", problem("must be positive", got=self.vocab_size, allowed="1 or more, or null")
+            yield problem("must be positive", got=self.vocab_size, allowed="1 or more, or null").at("vocab_size")
         if self.multi_latent_attention:
             for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
                 if getattr(self, key) < 1:
-                    yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+                    yield problem("must be positive", got=getattr(self, key), allowed="1 or more").at(key)
             if self.q_lora_rank is not None and self.q_lora_rank < 1:
-                yield "q_lora_rank", problem("must be positive", got=self.q_lora_rank, allowed="1 or more, or null")
+                yield problem("must be positive", got=self.q_lora_rank, allowed="1 or more, or null").at("q_lora_rank")
             if self.qk_pos_emb_head_dim % 2:
-                yield "qk_pos_emb_head_dim", problem("the rotary embedding rotates pairs", got=self.qk_pos_emb_head_dim,
-                                                     allowed="an even width")
+                yield problem("the rotary embedding rotates pairs", got=self.qk_pos_emb_head_dim,
+                                                     allowed="an even width").at("qk_pos_emb_head_dim")
             for key in ("num_query_groups", "kv_channels"):
                 if getattr(self, key) is not None:
-                    yield key, problem("multi-latent attention has no key/value groups or kv_channels", got=getattr(self, key),
-                                       allowed="null with multi_latent_attention")
+                    yield problem("multi-latent attention has no key/value groups or kv_channels", got=getattr(self, key),
+                                       allowed="null with multi_latent_attention").at(key)
             if self.qkv_bias:
-                yield "qkv_bias", problem("multi-latent attention's projections have no biases", got=True, allowed="false")
+                yield problem("multi-latent attention's projections have no biases", got=True, allowed="false").at("qkv_bias")
         if not 0.0 < self.norm_epsilon < 1.0:
-            yield "norm_epsilon", problem("out of range", got=self.norm_epsilon, allowed="0 < norm_epsilon < 1")
+            yield problem("out of range", got=self.norm_epsilon, allowed="0 < norm_epsilon < 1").at("norm_epsilon")
         if self.kv_channels is not None and self.kv_channels < 1:
-            yield "kv_channels", problem("must be positive", got=self.kv_channels, allowed="1 or more, or null")
+            yield problem("must be positive", got=self.kv_channels, allowed="1 or more, or null").at("kv_channels")
         if self.kv_channels is None and self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads:
-            yield "num_attention_heads", problem("must divide hidden_size", got=self.num_attention_heads,
-                                                 allowed=f"a divisor of {self.hidden_size}")
+            yield problem("must divide hidden_size", got=self.num_attention_heads,
+                                                 allowed=f"a divisor of {self.hidden_size}").at("num_attention_heads")
         groups = self.num_query_groups
         if groups is not None and (groups < 1 or self.num_attention_heads % groups):
-            yield "num_query_groups", problem("must divide num_attention_heads", got=groups,
-                                              allowed=f"a divisor of {self.num_attention_heads}")
+            yield problem("must divide num_attention_heads", got=groups,
+                                              allowed=f"a divisor of {self.num_attention_heads}").at("num_query_groups")
         if not 0.0 <= self.dropout < 1.0:
-            yield "dropout", problem("out of range", got=self.dropout, allowed="0 <= dropout < 1")
+            yield problem("out of range", got=self.dropout, allowed="0 <= dropout < 1").at("dropout")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class MoEConfig:
     """The mixture-of-experts layers."""
 
@@ -223,52 +224,52 @@ class MoEConfig:
 
     def problems(self) -> Problems:
         if self.num_experts < 2:
-            yield "num_experts", problem("an MoE needs at least 2 experts", got=self.num_experts, allowed="2 or more")
+            yield problem("an MoE needs at least 2 experts", got=self.num_experts, allowed="2 or more").at("num_experts")
         if not 1 <= self.top_k <= max(self.num_experts, 1):
-            yield "top_k", problem("out of range", got=self.top_k, allowed=f"1 to num_experts ({self.num_experts})")
+            yield problem("out of range", got=self.top_k, allowed=f"1 to num_experts ({self.num_experts})").at("top_k")
         for key in ("aux_loss_coeff", "z_loss_coeff"):
             if getattr(self, key) < 0:
-                yield key, problem("must not be negative", got=getattr(self, key), allowed="0 or more")
+                yield problem("must not be negative", got=getattr(self, key), allowed="0 or more").at(key)
         if self.capacity_factor is not None and self.capacity_factor <= 0:
-            yield "capacity_factor", problem("must be positive", got=self.capacity_factor, allowed="> 0, or null for dropless")
+            yield problem("must be positive", got=self.capacity_factor, allowed="> 0, or null for dropless").at("capacity_factor")
         # The rules below are megatron-core's (transformer_config.py __post_init__), checked here so that
         # they name the key.
         if self.expert_bias and self.score_function is not ScoreFunction.SIGMOID:
-            yield "expert_bias", problem("aux-loss-free expert bias needs sigmoid scores", got=True,
-                                         allowed="score_function: sigmoid, or expert_bias: false")
+            yield problem("aux-loss-free expert bias needs sigmoid scores", got=True,
+                                         allowed="score_function: sigmoid, or expert_bias: false").at("expert_bias")
         if not self.normalize_top_k and self.score_function is not ScoreFunction.SOFTMAX:
             # megatron renormalises sigmoid scores over the top_k whenever top_k > 1 (moe_utils.py).
-            yield "normalize_top_k", problem("only softmax scores can skip renormalising", got=False,
-                                             allowed="true while score_function is sigmoid")
+            yield problem("only softmax scores can skip renormalising", got=False,
+                                             allowed="true while score_function is sigmoid").at("normalize_top_k")
         if self.shared_expert_gate and self.shared_expert_ffn_hidden_size is None:
-            yield "shared_expert_gate", problem("gates a shared expert, and there is none", got=True,
-                                                allowed="false, or a shared_expert_ffn_hidden_size")
+            yield problem("gates a shared expert, and there is none", got=True,
+                                                allowed="false, or a shared_expert_ffn_hidden_size").at("shared_expert_gate")
         if self.bias_update_rate < 0:
-            yield "bias_update_rate", problem("must not be negative", got=self.bias_update_rate, allowed="0 or more")
+            yield problem("must not be negative", got=self.bias_update_rate, allowed="0 or more").at("bias_update_rate")
         if self.shared_expert_ffn_hidden_size is not None and self.shared_expert_ffn_hidden_size < 1:
-            yield "shared_expert_ffn_hidden_size", problem("must be positive", got=self.shared_expert_ffn_hidden_size,
-                                                           allowed="1 or more, or null for none")
+            yield problem("must be positive", got=self.shared_expert_ffn_hidden_size,
+                                                           allowed="1 or more, or null for none").at("shared_expert_ffn_hidden_size")
         if self.top_k_scaling_factor is not None and self.top_k_scaling_factor <= 0:
-            yield "top_k_scaling_factor", problem("must be positive", got=self.top_k_scaling_factor,
-                                                  allowed="> 0, or null for 1")
+            yield problem("must be positive", got=self.top_k_scaling_factor,
+                                                  allowed="> 0, or null for 1").at("top_k_scaling_factor")
         groups, chosen = self.num_groups, self.group_top_k
         if (groups is None) != (chosen is None):
-            yield "group_top_k" if groups is not None else "num_groups", problem(
+            yield problem(
                 "group-limited routing needs both num_groups and group_top_k", got=chosen if groups is not None else groups,
-                allowed="both set, or both null")
+                allowed="both set, or both null").at("group_top_k" if groups is not None else "num_groups")
         elif groups is not None:
             if groups < 1 or self.num_experts % groups:
-                yield "num_groups", problem("must divide num_experts", got=groups, allowed=f"a divisor of {self.num_experts}")
+                yield problem("must divide num_experts", got=groups, allowed=f"a divisor of {self.num_experts}").at("num_groups")
             elif not 1 <= chosen <= groups:
-                yield "group_top_k", problem("out of range", got=chosen, allowed=f"1 to num_groups ({groups})")
+                yield problem("out of range", got=chosen, allowed=f"1 to num_groups ({groups})").at("group_top_k")
             elif self.top_k % chosen or self.top_k // chosen > self.num_experts // groups:
                 # Each chosen group contributes top_k / group_top_k experts of its own.
-                yield "group_top_k", problem("must divide top_k into shares that fit a group", got=chosen,
+                yield problem("must divide top_k into shares that fit a group", got=chosen,
                                              allowed=f"a divisor of top_k ({self.top_k}) with top_k / group_top_k <= "
-                                                     f"{self.num_experts // groups} experts per group")
+                                                     f"{self.num_experts // groups} experts per group").at("group_top_k")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class ParallelConfig:
     """How the model is split across processes (training/parallel.py). The dense layers are
     data-parallel over world / (tensor x pipeline) ranks, the experts over
@@ -290,28 +291,28 @@ class ParallelConfig:
     def problems(self) -> Problems:
         for key in ("tensor", "pipeline", "expert", "expert_tensor"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
-                yield key, problem("must be at least 1", got=getattr(self, key), allowed="1 or more")
+                yield problem("must be at least 1", got=getattr(self, key), allowed="1 or more").at(key)
         if self.virtual_pipeline is not None:
             if self.virtual_pipeline < 2:
-                yield "virtual_pipeline", problem("must be at least 2, or null", got=self.virtual_pipeline, allowed="2 or more, or null")
+                yield problem("must be at least 2, or null", got=self.virtual_pipeline, allowed="2 or more, or null").at("virtual_pipeline")
             elif self.pipeline < 2:
-                yield "virtual_pipeline", problem("needs pipeline parallelism", got=self.virtual_pipeline,
-                                                  allowed="null while parallel.pipeline is 1")
+                yield problem("needs pipeline parallelism", got=self.virtual_pipeline,
+                                                  allowed="null while parallel.pipeline is 1").at("virtual_pipeline")
         if self.expert == 1 and self.expert_tensor is not None and self.expert_tensor != self.tensor:
             # megatron-core 0.16.1 marks expert weights as expert-parallel only when
             # expert_model_parallel_size > 1 (transformer/moe/experts.py, tensor_parallel/layers.py),
             # so with expert 1 their gradients are reduced over the dense data-parallel group,
             # which misses the tensor-parallel ranks that routed other tokens when expert_tensor < tensor.
-            yield "expert_tensor", problem("with parallel.expert 1, megatron-core reduces expert gradients correctly only when expert_tensor equals tensor",
-                                           got=self.expert_tensor, allowed=f"null or {self.tensor}, or parallel.expert > 1")
+            yield problem("with parallel.expert 1, megatron-core reduces expert gradients correctly only when expert_tensor equals tensor",
+                                           got=self.expert_tensor, allowed=f"null or {self.tensor}, or parallel.expert > 1").at("expert_tensor")
         if self.sequence is Toggle.ON and self.tensor == 1:
-            yield "sequence", problem("sequence parallelism splits over the tensor-parallel group, which has one rank",
-                                      got=True, allowed="auto or false while parallel.tensor is 1")
+            yield problem("sequence parallelism splits over the tensor-parallel group, which has one rank",
+                                      got=True, allowed="auto or false while parallel.tensor is 1").at("sequence")
         if self.sequence is Toggle.OFF and self.tensor > 1:
             # megatron/core/transformer/moe/moe_layer.py (0.16.1) raises in the training
             # forward when the attention is tensor-parallel without sequence parallelism.
-            yield "sequence", problem("megatron's MoE layer trains with tensor parallelism only under sequence parallelism",
-                                      got=False, allowed="auto or true while parallel.tensor > 1")
+            yield problem("megatron's MoE layer trains with tensor parallelism only under sequence parallelism",
+                                      got=False, allowed="auto or true while parallel.tensor > 1").at("sequence")
 
     @property
     def expert_tensor_size(self) -> int:
@@ -326,7 +327,7 @@ class ParallelConfig:
         return self.tensor > 1 if self.sequence is Toggle.AUTO else bool(self.sequence.value)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class RecomputeConfig:
     """Activation recompute: trade compute for activation memory."""
 
@@ -337,14 +338,14 @@ class RecomputeConfig:
 
     def problems(self) -> Problems:
         if self.granularity is RecomputeGranularity.SELECTIVE and not self.modules:
-            yield "modules", problem("selective recompute needs at least one module", got=[],
-                                     allowed="any of " + ", ".join(m.value for m in RecomputeModule))
+            yield problem("selective recompute needs at least one module", got=[],
+                                     allowed="any of " + ", ".join(m.value for m in RecomputeModule)).at("modules")
         if self.granularity is RecomputeGranularity.NONE and self.modules:
-            yield "modules", problem("modules are recomputed only with granularity selective",
-                                     got=[m.value for m in self.modules], allowed="[] while granularity is none")
+            yield problem("modules are recomputed only with granularity selective",
+                                     got=[m.value for m in self.modules], allowed="[] while granularity is none").at("modules")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class DataConfig:
     """Pre-tokenized training data in Megatron's indexed format (.bin/.idx)."""
 
@@ -367,17 +368,17 @@ class DataConfig:
 
     def problems(self) -> Problems:
         if not self.prefixes:
-            yield "prefixes", problem("needs at least one dataset", got=[], allowed="one or more path prefixes")
+            yield problem("needs at least one dataset", got=[], allowed="one or more path prefixes").at("prefixes")
         if self.weights is not None and len(self.weights) != len(self.prefixes):
-            yield "weights", problem("needs one weight per prefix", got=list(self.weights),
-                                     allowed=f"{len(self.prefixes)} weights")
+            yield problem("needs one weight per prefix", got=list(self.weights),
+                                     allowed=f"{len(self.prefixes)} weights").at("weights")
         if self.num_workers < 0:
-            yield "num_workers", problem("must not be negative", got=self.num_workers, allowed="0 or more")
+            yield problem("must not be negative", got=self.num_workers, allowed="0 or more").at("num_workers")
         if self.prefetch_factor < 1:
-            yield "prefetch_factor", problem("must be positive", got=self.prefetch_factor, allowed="1 or more")
+            yield problem("must be positive", got=self.prefetch_factor, allowed="1 or more").at("prefetch_factor")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class OptimConfig:
     """AdamW with linear warm-up and cosine decay."""
 
@@ -407,17 +408,17 @@ class OptimConfig:
     def problems(self) -> Problems:
         for key in ("micro_batch_size", "global_batch_size"):
             if getattr(self, key) < 1:
-                yield key, problem("must be positive", got=getattr(self, key), allowed="1 or more")
+                yield problem("must be positive", got=getattr(self, key), allowed="1 or more").at(key)
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            yield "min_lr", problem("must satisfy 0 <= min_lr <= lr", got=self.min_lr, allowed=f"0 to {self.lr}")
+            yield problem("must satisfy 0 <= min_lr <= lr", got=self.min_lr, allowed=f"0 to {self.lr}").at("min_lr")
         if self.warmup_steps < 0 or self.decay_steps < 1:
-            yield "decay_steps", problem("warmup_steps >= 0 and decay_steps >= 1", got=(self.warmup_steps, self.decay_steps),
-                                         allowed="non-negative warm-up, positive decay")
+            yield problem("warmup_steps >= 0 and decay_steps >= 1", got=(self.warmup_steps, self.decay_steps),
+                                         allowed="non-negative warm-up, positive decay").at("decay_steps")
         if self.grad_clip < 0:
-            yield "grad_clip", problem("must not be negative", got=self.grad_clip, allowed="0 or more")
+            yield problem("must not be negative", got=self.grad_clip, allowed="0 or more").at("grad_clip")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class CheckpointConfig:
     """Distributed checkpoints (megatron-core dist_checkpointing, torch_dist format)."""
 
@@ -434,13 +435,13 @@ class CheckpointConfig:
 
     def problems(self) -> Problems:
         if self.save_interval < 1:
-            yield "save_interval", problem("must be positive", got=self.save_interval, allowed="1 or more")
+            yield problem("must be positive", got=self.save_interval, allowed="1 or more").at("save_interval")
         if self.keep_last < 2:
-            yield "keep_last", problem("keep at least two, so a bad latest one has a fallback",
-                                       got=self.keep_last, allowed="2 or more")
+            yield problem("keep at least two, so a bad latest one has a fallback",
+                                       got=self.keep_last, allowed="2 or more").at("keep_last")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class MetricsConfig:
     """What the trainer reports and where."""
 
@@ -461,12 +462,12 @@ class MetricsConfig:
 
     def problems(self) -> Problems:
         if self.log_interval < 1:
-            yield "log_interval", problem("must be positive", got=self.log_interval, allowed="1 or more")
+            yield problem("must be positive", got=self.log_interval, allowed="1 or more").at("log_interval")
         if self.prometheus_port is not None and not 1 <= self.prometheus_port <= 65535:
-            yield "prometheus_port", problem("not a TCP port", got=self.prometheus_port, allowed="1 to 65535")
+            yield problem("not a TCP port", got=self.prometheus_port, allowed="1 to 65535").at("prometheus_port")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class TrainConfig:
     """A training run."""
 
@@ -491,30 +492,30 @@ class TrainConfig:
 
     def problems(self) -> Problems:
         if self.max_steps < 1:
-            yield "max_steps", problem("must be positive", got=self.max_steps, allowed="1 or more")
+            yield problem("must be positive", got=self.max_steps, allowed="1 or more").at("max_steps")
         if self.moe.num_experts % self.parallel.expert:
-            yield "parallel.expert", problem("must divide moe.num_experts", got=self.parallel.expert,
-                                             allowed=f"a divisor of {self.moe.num_experts}")
+            yield problem("must divide moe.num_experts", got=self.parallel.expert,
+                                             allowed=f"a divisor of {self.moe.num_experts}").at("parallel.expert")
         stages = self.parallel.pipeline * (self.parallel.virtual_pipeline or 1)
         if self.model.num_layers % stages:
-            yield "parallel.pipeline", problem("pipeline x virtual_pipeline must divide model.num_layers", got=stages,
-                                               allowed=f"a divisor of {self.model.num_layers}")
+            yield problem("pipeline x virtual_pipeline must divide model.num_layers", got=stages,
+                                               allowed=f"a divisor of {self.model.num_layers}").at("parallel.pipeline")
         if self.model.num_attention_heads % self.parallel.tensor:
-            yield "parallel.tensor", problem("must divide model.num_attention_heads", got=self.parallel.tensor,
-                                             allowed=f"a divisor of {self.model.num_attention_heads}")
+            yield problem("must divide model.num_attention_heads", got=self.parallel.tensor,
+                                             allowed=f"a divisor of {self.model.num_attention_heads}").at("parallel.tensor")
 
 
-def _apply_override(data: dict, assignment: str, errors: list[str]) -> None:
+def _apply_override(data: dict, assignment: str, errors: list[Problem]) -> None:
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
-        errors.append(f"--set: {problem('not a key=value assignment', got=assignment, allowed='section.key=value')}")
+        errors.append(problem('not a key=value assignment', got=assignment, allowed='section.key=value').at("--set"))
         return
     node = data
     *parents, last = key.split(".")
     for part in parents:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            errors.append(f"{key}: {problem('not a section', got=part, allowed='a dotted path to a key')}")
+            errors.append(problem('not a section', got=part, allowed='a dotted path to a key').at(f"{key}"))
             return
         node = child
     node[last] = yaml.safe_load(raw) if raw != "" else None
@@ -526,20 +527,29 @@ def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainC
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as error:
-        raise ConfigError([f"{path}: {problem('cannot read the file', got=error.strerror, allowed='a readable YAML file')}"]) from None
+        raise ConfigError([problem("cannot read the file", got=error.strerror, allowed="a readable YAML file").at(str(path))]) from None
     except yaml.YAMLError:
-        raise ConfigError([f"{path}: {problem('not valid YAML', got=str(path), allowed='a YAML mapping')}"]) from None
+        raise ConfigError([problem("not valid YAML", got=str(path), allowed="a YAML mapping").at(str(path))]) from None
     if not isinstance(data, dict):
-        raise ConfigError([f"{path}: {problem('must be a mapping', got=type(data).__name__, allowed='key: value pairs')}"])
+        raise ConfigError([problem("must be a mapping", got=type(data).__name__, allowed="key: value pairs").at(str(path))])
     return train_config_from(data, overrides)
 
 
 def train_config_from(data: dict, overrides: Sequence[str] = ()) -> TrainConfig:
     """A checked TrainConfig from a mapping of YAML sections (changed in place by ``overrides``)."""
-    errors: list[str] = []
+    errors: list[Problem] = []
     for assignment in overrides:
         _apply_override(data, assignment, errors)
-    config = build(TrainConfig, data, "", errors)
+    config = parse(TrainConfig, data, errors)
     if errors or config is None:
         raise ConfigError(errors)
     return config
+
+
+SCHEMA_FILE = "training/configs/moe-train.schema.json"
+"""Where the JSON Schema of a trainer profile ships, for editors (``make docs`` writes it)."""
+
+
+def train_config_schema() -> dict:
+    """The JSON Schema of a trainer profile (before ``--set`` overrides)."""
+    return json_schema(TrainConfig, title="moe-train profile")

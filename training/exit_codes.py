@@ -1,6 +1,6 @@
 """The trainer's exit codes, which the orchestrators act on (Kubeflow's ``restartPolicy:
 ExitCode``, the sbatch script's requeue, ``moe-cdk sagemaker submit --chain``). Standard
-library only, so a launcher process can use them without importing torch.
+library only (and core), so a launcher process can use them without importing torch.
 
 Kubeflow's training operator is the narrowest of the three: it restarts a pod only for
 130, 137, 143 (killed by INT, KILL, TERM) and 138 (128 + SIGUSR1, "for user defined
@@ -10,8 +10,10 @@ the trainer's retryable codes are from that set, and the Slurm script, which req
 128 to 255, agrees with it.
 """
 
+from moe_cdk.core.problems import EXIT_INVALID
+
 EXIT_OK = 0
-EXIT_CONFIG = 2
+EXIT_CONFIG = EXIT_INVALID
 """Bad configuration or input: permanent, never retried."""
 EXIT_PREEMPTED = 143
 """Stopped by SIGTERM or SIGUSR1 after saving a checkpoint (128 + SIGTERM): retryable."""

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from moe_cdk.training.schema import ConfigError, problem
+from moe_cdk.core.problems import ConfigError, Problem, problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +69,8 @@ FAMILIES = {f.model_type: f for f in (
 def family_of(hf_config: Mapping) -> Family:
     model_type = hf_config.get("model_type")
     if model_type not in FAMILIES:
-        raise ConfigError(["config.json: model_type: " + problem("not a family moe-checkpoint converts", got=model_type,
-                                                                   allowed=", ".join(FAMILIES))])
+        raise ConfigError([problem("not a family moe-checkpoint converts", got=model_type,
+                                                                   allowed=", ".join(FAMILIES)).at("config.json: model_type")])
     return FAMILIES[model_type]
 
 
@@ -80,10 +80,10 @@ _IMPORTED_SEQ_LENGTH = 4096
 """Tokens per sample in an imported profile, or the model's own maximum when that is shorter."""
 
 
-def _refusals(hf: Mapping, family: Family) -> Iterable[str]:
+def _refusals(hf: Mapping, family: Family) -> Iterable[Problem]:
     """Why a configuration's model is not one moe-train builds, one line per reason."""
-    def refuse(key: str, what: str, allowed: str) -> str:
-        return f"config.json: {key}: " + problem(what, got=hf.get(key), allowed=allowed)
+    def refuse(key: str, what: str, allowed: str) -> Problem:
+        return problem(what, got=hf.get(key), allowed=allowed).at(f"config.json: {key}")
 
     if hf.get("hidden_act", "silu") != "silu":
         yield refuse("hidden_act", "moe-train's experts are SwiGLU", "silu")
@@ -271,8 +271,8 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
             if field.name == "num_query_groups" and not m.multi_latent_attention:
                 ours = ours or m.num_attention_heads
             if ours != theirs:
-                problems.append(f"{section_name}.{field.name}: " + problem(
-                    f"a {family.model_type} config.json cannot hold this", got=ours, allowed=theirs))
+                problems.append(problem(
+                    f"a {family.model_type} config.json cannot hold this", got=ours, allowed=theirs).at(f"{section_name}.{field.name}"))
     if problems:
         raise ConfigError(problems)
     return out
@@ -417,20 +417,20 @@ def split(link: Link, tensor: torch.Tensor, shapes: Shapes) -> list[torch.Tensor
     return [p.clone(memory_format=torch.contiguous_format) for p in parts]
 
 
-def megatron_problems(table: list[Link], megatron_names: Iterable[str]) -> list[str]:
+def megatron_problems(table: list[Link], megatron_names: Iterable[str]) -> list[Problem]:
     """Problems when a megatron tensor has no link, or a link names one megatron did not build."""
     built, linked = set(megatron_names), {link.megatron for link in table}
-    return ([f"model: {name}: " + problem("a megatron tensor moe-checkpoint does not map", got=name,
-                                          allowed="the tensors of the families it converts") for name in sorted(built - linked)]
-            + [f"model: {name}: " + problem("mapped, but megatron did not build it", got=name,
-                                            allowed="the tensors of this profile's model") for name in sorted(linked - built)])
+    return ([problem("a megatron tensor moe-checkpoint does not map", got=name,
+                                          allowed="the tensors of the families it converts").at(f"model: {name}") for name in sorted(built - linked)]
+            + [problem("mapped, but megatron did not build it", got=name,
+                                            allowed="the tensors of this profile's model").at(f"model: {name}") for name in sorted(linked - built)])
 
 
-def hf_problems(table: list[Link], hf_names: Iterable[str], *, where: str) -> list[str]:
+def hf_problems(table: list[Link], hf_names: Iterable[str], *, where: str) -> list[Problem]:
     """Problems when a tensor the configuration implies is missing, or one it does not imply is there."""
     wanted, present = {name for link in table for name in link.hf}, set(hf_names)
-    return ([f"{where}: {name}: " + problem("missing from the checkpoint", got="absent",
-                                            allowed="a tensor the configuration implies") for name in sorted(wanted - present)]
-            + [f"{where}: {name}: " + problem("a tensor the configuration does not account for", got=name,
-                                              allowed="only the tensors of the model config.json describes")
+    return ([problem("missing from the checkpoint", got="absent",
+                                            allowed="a tensor the configuration implies").at(f"{where}: {name}") for name in sorted(wanted - present)]
+            + [problem("a tensor the configuration does not account for", got=name,
+                                              allowed="only the tensors of the model config.json describes").at(f"{where}: {name}")
                for name in sorted(present - wanted)])

@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import yaml
 
+from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training import hf_checkpoint as hf
 from moe_cdk.training.checkpoint import MARKER, CheckpointManager, step_dirs
 from moe_cdk.training.config import ParallelConfig, Precision, Spec, TrainConfig, train_config_from
-from moe_cdk.training.schema import ConfigError, problem
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,11 @@ def _read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
     except OSError as error:
-        raise ConfigError([f"{path}: " + problem("cannot read the file", got=error.strerror, allowed="a readable JSON file")]) from None
+        raise ConfigError([problem("cannot read the file", got=error.strerror, allowed="a readable JSON file").at(f"{path}")]) from None
     except ValueError as error:
-        raise ConfigError([f"{path}: " + problem("not valid JSON", got=str(error), allowed="a JSON object")]) from None
+        raise ConfigError([problem("not valid JSON", got=str(error), allowed="a JSON object").at(f"{path}")]) from None
     if not isinstance(value, dict):
-        raise ConfigError([f"{path}: " + problem("must be a JSON object", got=type(value).__name__, allowed="an object")])
+        raise ConfigError([problem("must be a JSON object", got=type(value).__name__, allowed="an object").at(f"{path}")])
     return value
 
 
@@ -65,8 +65,8 @@ class SafetensorsDir:
         else:
             files = sorted(p.name for p in folder.glob("*.safetensors"))
         if not files:
-            raise ConfigError([f"{folder}: " + problem("no safetensors weights", got="none",
-                                                            allowed="model.safetensors or an index with its shards")])
+            raise ConfigError([problem("no safetensors weights", got="none",
+                                                            allowed="model.safetensors or an index with its shards").at(f"{folder}")])
         self._where: dict[str, object] = {}
         for name in files:
             handle = safe_open(str(folder / name), framework="pt")
@@ -95,13 +95,13 @@ def _start_one_rank(config: TrainConfig):
 
     env = detect()
     if env.world_size != 1:
-        raise ConfigError(["WORLD_SIZE: " + problem("moe-checkpoint runs as one process", got=env.world_size, allowed="1")])
+        raise ConfigError([problem("moe-checkpoint runs as one process", got=env.world_size, allowed="1").at("WORLD_SIZE")])
     return trainer.setup(config, env)
 
 
 def _vocab(config: TrainConfig) -> int:
-    from moe_cdk.training.data import load_tokenizer
     from moe_cdk.training.model import model_vocab_size
+    from moe_cdk.training.tokenizers import load_tokenizer
 
     return model_vocab_size(config, load_tokenizer(config.data.tokenizer).vocab_size)
 
@@ -144,10 +144,10 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     family = hf.family_of(hf_config)
     existing = _newest_complete_step(output)
     if existing is not None:
-        raise ConfigError(["--output: " + problem("already holds a complete checkpoint", got=str(existing),
-                                                  allowed="a new or empty folder")])
+        raise ConfigError([problem("already holds a complete checkpoint", got=str(existing),
+                                                  allowed="a new or empty folder").at("--output")])
     if profile_path.exists():
-        raise ConfigError(["--write-config: " + problem("the file exists", got=str(profile_path), allowed="a new file")])
+        raise ConfigError([problem("the file exists", got=str(profile_path), allowed="a new file").at("--write-config")])
     source = SafetensorsDir(hf_dir)
     one = _one_rank(config)
     table = hf.links(one, family)
@@ -156,7 +156,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
         raise ConfigError(problems)
     tokenizer_vocab = None
     if (hf_dir / "tokenizer.json").is_file():
-        from moe_cdk.training.data import load_tokenizer
+        from moe_cdk.training.tokenizers import load_tokenizer
 
         tokenizer_vocab = load_tokenizer(str(hf_dir / "tokenizer.json")).vocab_size
     from moe_cdk.training.model import model_vocab_size
@@ -175,8 +175,8 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
                 value = hf.join(link, [source.get(name) for name in link.hf], shapes)
                 target = params[link.megatron]
                 if value.shape != target.shape:
-                    problems.append(f"{hf_dir}: {', '.join(link.hf)}: " + problem(
-                        "shape does not match config.json", got=tuple(value.shape), allowed=tuple(target.shape)))
+                    problems.append(problem(
+                        "shape does not match config.json", got=tuple(value.shape), allowed=tuple(target.shape)).at(f"{hf_dir}: {', '.join(link.hf)}"))
                 else:
                     target.copy_(value)
         if problems:
@@ -213,13 +213,13 @@ def _step_folder(checkpoint: Path, step: int | None) -> Path:
         chosen = checkpoint / f"step-{step}"
         reason = CheckpointManager.problem_with(chosen) if chosen.is_dir() else "no such folder"
         if reason:
-            raise ConfigError(["--step: " + problem("not a complete checkpoint", got=f"{chosen}: {reason}",
-                                                    allowed="a step-N folder with its completion marker")])
+            raise ConfigError([problem("not a complete checkpoint", got=f"{chosen}: {reason}",
+                                                    allowed="a step-N folder with its completion marker").at("--step")])
         return chosen
     newest = _newest_complete_step(checkpoint)
     if newest is None:
-        raise ConfigError(["CKPT_DIR: " + problem("holds no complete checkpoint", got=str(checkpoint),
-                                                  allowed="a run's checkpoint folder, or one of its step-N folders")])
+        raise ConfigError([problem("holds no complete checkpoint", got=str(checkpoint),
+                                                  allowed="a run's checkpoint folder, or one of its step-N folders").at("CKPT_DIR")])
     return newest
 
 
@@ -246,11 +246,11 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
     base_path = folder.parent / HF_SUBDIR / "config.json"
     base = _read_json(base_path) if base_path.is_file() else None
     if family_name is None and base is None:
-        raise ConfigError(["--family: " + problem(f"needed: there is no {base_path} from an import", got=None,
-                                                  allowed=", ".join(hf.FAMILIES))])
+        raise ConfigError([problem(f"needed: there is no {base_path} from an import", got=None,
+                                                  allowed=", ".join(hf.FAMILIES)).at("--family")])
     family = hf.FAMILIES[family_name] if family_name else hf.family_of(base)
     if output.exists() and any(output.iterdir()):
-        raise ConfigError(["--output: " + problem("the folder exists and is not empty", got=str(output), allowed="a new folder")])
+        raise ConfigError([problem("the folder exists and is not empty", got=str(output), allowed="a new folder").at("--output")])
     vocab_size = _vocab(config)
     dtype = hf.DTYPES[dtype_name] if dtype_name else (
         hf.DTYPES.get((base or {}).get("torch_dtype")) or _stored_dtype(folder))

@@ -22,23 +22,25 @@ The launchers are checked in this order, the first that matches wins:
    ``LOCAL_RANK``): one process per pod, with ``RANK`` and ``WORLD_SIZE`` per pod.
 5. Anything else is a single process: rank 0 of a world of 1 on 127.0.0.1, on MASTER_PORT or a free port.
 
-Values that cannot be used raise ``LaunchEnvError`` carrying every problem found, one
+Values that cannot be used raise ``ConfigError`` carrying every problem found, one
 ``<VARIABLE>: <what is wrong> (got <value>; allowed <what is allowed>)`` line each, the
-project's error format. Standard library only: this runs before torch is imported.
+project's error format. Standard library and python-hostlist (pure Python) only: this runs
+before torch is imported.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_cdk.training.schema import problem
+import hostlist
+
+from moe_cdk.core.problems import ConfigError, Problem, problem
 
 DEFAULT_MASTER_PORT = 29500
 """The rendezvous port when the launcher names none (torchrun's own default)."""
@@ -53,14 +55,9 @@ _PORT_ALLOWED = "1 to 65535"
 _HOST_ALLOWED = "a host name or IP address"
 _HOSTLIST_ALLOWED = "a Slurm hostlist such as node[01-04],gpu-7"
 _INTEGER = re.compile(r"[+-]?\d+")
-
-
-class LaunchEnvError(ValueError):
-    """The launch environment cannot be used. ``problems`` holds one ``VARIABLE: ...`` line per problem."""
-
-    def __init__(self, problems: Iterable[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+# An empty (or blank) pattern: at the start, between two commas, or at the end. Inside brackets the
+# same text is an empty range, which python-hostlist refuses anyway.
+_EMPTY_PATTERN = re.compile(r"(?:^|,)\s*(?:,|$)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +112,7 @@ def detect(
 
     ``sagemaker_resource_config`` is the SageMaker host description; it only counts when
     the file exists. See the module docstring for the launchers and their order.
-    Raises ``LaunchEnvError`` with every problem when a value cannot be used.
+    Raises ``ConfigError`` with every problem when a value cannot be used.
     """
     env = os.environ if environ is None else environ
     config = Path(sagemaker_resource_config)
@@ -133,73 +130,24 @@ def detect(
 
 
 def expand_hostlist(spec: str) -> list[str]:
-    """Expand Slurm's compressed hostlist syntax into host names, in order.
+    """Expand Slurm's compressed hostlist syntax into host names, in order (python-hostlist's
+    ``expand_hostlist``).
 
     ``"node[01-03,7],gpu-5"`` gives ``node01, node02, node03, node7, gpu-5``: commas outside
     brackets separate patterns, a bracket holds numbers and ``lo-hi`` ranges, and a range
     keeps the zero padding of its lower bound (``node[08-10]`` gives ``node08`` to
     ``node10``). Several bracket groups in one pattern expand to every combination.
-    Raises ``ValueError`` for an empty or malformed list.
+    Raises ``ValueError`` for an empty or malformed list: python-hostlist skips empty patterns
+    (``"a,,b"``, ``""``), which Slurm never writes, so they are refused here before it runs.
     """
-    hosts: list[str] = []
-    for pattern in _split_outside_brackets(spec):
-        pattern = pattern.strip()
-        if not pattern:
-            raise ValueError(f"empty host pattern in Slurm hostlist {spec!r}")
-        parts: list[list[str]] = []
-        rest = pattern
-        while rest:
-            open_at = rest.find("[")
-            if open_at < 0:
-                if "]" in rest:
-                    raise ValueError(f"unmatched ']' in Slurm hostlist {spec!r}")
-                parts.append([rest])
-                break
-            close_at = rest.find("]", open_at)
-            if close_at < 0 or "]" in rest[:open_at]:
-                raise ValueError(f"unmatched bracket in Slurm hostlist {spec!r}")
-            if open_at:
-                parts.append([rest[:open_at]])
-            parts.append(_expand_ranges(rest[open_at + 1 : close_at], spec))
-            rest = rest[close_at + 1 :]
-        hosts.extend("".join(combination) for combination in itertools.product(*parts))
-    return hosts
-
-
-def _split_outside_brackets(spec: str) -> list[str]:
-    pieces, depth, start = [], 0, 0
-    for i, char in enumerate(spec):
-        if char == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"nested brackets in Slurm hostlist {spec!r}")
-        elif char == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unmatched ']' in Slurm hostlist {spec!r}")
-        elif char == "," and depth == 0:
-            pieces.append(spec[start:i])
-            start = i + 1
-    if depth:
-        raise ValueError(f"unmatched '[' in Slurm hostlist {spec!r}")
-    pieces.append(spec[start:])
-    return pieces
-
-
-def _expand_ranges(body: str, spec: str) -> list[str]:
-    values: list[str] = []
-    for item in body.split(","):
-        item = item.strip()
-        low, dash, high = item.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise ValueError(f"bad range {item!r} in Slurm hostlist {spec!r}")
-        if not dash:
-            values.append(low)
-            continue
-        if int(high) < int(low):
-            raise ValueError(f"descending range {item!r} in Slurm hostlist {spec!r}")
-        values.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
-    return values
+    if _EMPTY_PATTERN.search(spec):
+        raise ValueError(f"empty host pattern in Slurm hostlist {spec!r}")
+    try:
+        # Every host as the list names it, repeats included (python-hostlist drops them by default).
+        hosts = hostlist.expand_hostlist(spec, allow_duplicates=True)
+    except hostlist.BadHostlist as error:
+        raise ValueError(f"{error} in Slurm hostlist {spec!r}") from error
+    return [host.strip() for host in hosts]  # blanks around a pattern ("a, b") are not part of its name
 
 
 class _Reader:
@@ -207,10 +155,10 @@ class _Reader:
 
     def __init__(self, environ: Mapping[str, str]):
         self.environ = environ
-        self.problems: list[str] = []
+        self.problems: list[Problem] = []
 
     def add(self, key: str, what: str, *, got: object, allowed: str) -> None:
-        self.problems.append(f"{key}: {problem(what, got=got, allowed=allowed)}")
+        self.problems.append(problem(what, got=got, allowed=allowed).at(key))
 
     def integer(
         self,
@@ -266,7 +214,7 @@ class _Reader:
 
     def build(self, **fields: object) -> LaunchEnv:
         if self.problems:
-            raise LaunchEnvError(self.problems)
+            raise ConfigError(self.problems)
         return LaunchEnv(**fields)  # type: ignore[arg-type]
 
 

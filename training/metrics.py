@@ -4,25 +4,30 @@
 counts the tokens each expert receives (from the router's routing map), the router's
 entropy (from its logits), and the wall time of the forward token dispatch and combine
 (the all-to-all, or all-gather, communication). ``MetricsSink`` writes each step's record
-to a JSONL file, serves the latest one for Prometheus, mirrors it to TensorBoard, touches
-the readiness and liveness files, and shows progress on rank 0. ``dispatch_time_s`` is the
-forward dispatch and combine only (the backward all-to-all runs inside autograd).
+to a JSONL file, serves the latest one for Prometheus (``prometheus_client``, from a registry
+of its own), mirrors it to TensorBoard, touches the readiness and liveness files, and shows
+progress on rank 0. ``dispatch_time_s`` is the forward dispatch and combine only (the backward
+all-to-all runs inside autograd).
 """
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import math
 import resource
 import sys
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+# The one table of peaks, with its sources, is the catalog's; ``moe-cdk plan`` reads it by accelerator model.
+from moe_cdk.core.catalog import peak_bf16_tflops_for_device as peak_tflops_for
 
 log = logging.getLogger(__name__)
 
@@ -157,41 +162,72 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-# Dense BF16 peaks from NVIDIA's data sheets (TFLOP/s, without sparsity). The PCIe and NVL
-# parts have lower clocks and power than the SXM part of the same name, so they are matched
-# first: "NVIDIA H100 PCIe" must not get the H100 SXM's 989.
-_PEAK_TFLOPS = (
-    ("H200 NVL", 835.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0),
-    ("H200", 989.0), ("H100", 989.0), ("A100", 312.0),
-)
-
-
-def peak_tflops_for(device_name: str) -> float | None:
-    """Dense BF16 peak for a CUDA device name, or None when the part is not known."""
-    for part, tflops in _PEAK_TFLOPS:
-        if part in device_name:
-            return tflops
-    return None
-
-
 def default_peak_tflops() -> float | None:
     """Dense BF16 peak of the local GPU; None on CPU or an unknown GPU."""
     return peak_tflops_for(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
 
 
-class _PrometheusHandler(http.server.BaseHTTPRequestHandler):
-    sink: MetricsSink
+_PREFIX = "moe_train_"
+_PER_LAYER = ("expert_imbalance", "router_entropy", "load_balancing_loss", "z_loss")
+"""Record fields holding one value per layer, exported with a ``layer`` label (None, a dense layer, is left out)."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = self.sink.prometheus_text().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+# Keyword form, not a literal: tests/charts/test_dashboard.py reads the record's keys from the one dict
+# literal here that has a tokens_per_expert key (MoEProbe.collect's record).
+_HELP = dict(
+    step="Optimizer steps completed.",
+    loss="Language-model cross-entropy of the logged step, without the auxiliary losses.",
+    lm_loss="Language-model cross-entropy of the logged step (the same value as loss).",
+    load_balancing_loss="Load-balancing auxiliary loss per MoE layer, divided by its coefficient.",
+    z_loss="Router z-loss per MoE layer, divided by its coefficient.",
+    tokens_per_expert="Routing assignments per step to each expert of each MoE layer, over all data-parallel ranks.",
+    expert_imbalance="Busiest expert's token count divided by the mean count, per MoE layer (1 is an even load).",
+    router_entropy="Mean entropy of the router's softmax over experts per token, per MoE layer, in nats.",
+    router_entropy_max="ln(num_experts), the entropy of a uniform router, in nats.",
+    dispatch_time_s="Seconds per step rank 0 spent in the forward token dispatch and combine.",
+    lr="Learning rate after the logged step's scheduler update.",
+    grad_norm="Global gradient norm of the logged step, before clipping.",
+    step_time_s="Wall time of the logged step, in seconds.",
+    tokens_per_s="Tokens per second of the whole job at the logged step.",
+    mfu="Model FLOPs utilisation of the logged step.",
+    peak_memory_gib="Peak accelerator memory of rank 0 in GiB (peak resident host memory on CPU).",
+)
+"""Help texts for the fields the trainer writes; any other numeric field gets a generic one."""
 
-    def log_message(self, format, *args) -> None:  # quiet
-        pass
+
+def _record_metrics(record: dict) -> Iterator[GaugeMetricFamily]:
+    """One record as Prometheus gauges: every number unlabelled, ``tokens_per_expert`` by layer and
+    expert, the per-layer lists by layer. Booleans, nulls and other fields are left out, and so is a
+    metric with no values, so a field the record lacks is absent rather than 0."""
+    for key, value in record.items():
+        name, help_text = _PREFIX + key, _HELP.get(key, f"The trainer record's {key} at the logged step.")
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int | float):
+            yield GaugeMetricFamily(name, help_text, value=value)
+        elif key == "tokens_per_expert" and any(value):
+            family = GaugeMetricFamily(name, help_text, labels=("layer", "expert"))
+            for layer, row in enumerate(value):
+                for expert, count in enumerate(row):
+                    family.add_metric((str(layer), str(expert)), count)
+            yield family
+        elif key in _PER_LAYER and any(v is not None for v in value):
+            family = GaugeMetricFamily(name, help_text, labels=("layer",))
+            for layer, v in enumerate(value):
+                if v is not None:
+                    family.add_metric((str(layer),), v)
+            yield family
+
+
+class _LatestRecord:
+    """A ``prometheus_client`` collector for the sink's latest record, read at each scrape: the
+    record's fields vary with the model (layers, experts, auxiliary losses), so the gauges are made
+    from it then rather than declared up front, and a record replaced between steps is never half-exported."""
+
+    def __init__(self, sink: MetricsSink) -> None:
+        self.sink = sink
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        return _record_metrics(self.sink.latest)
 
 
 class MetricsSink:
@@ -207,6 +243,10 @@ class MetricsSink:
         self._file = None
         self._server = None
         self._tensorboard = None
+        # A registry of its own, not prometheus_client's global one: only the record is exported, and
+        # two sinks in one process (tests) do not clash.
+        self._registry = CollectorRegistry()
+        self._registry.register(_LatestRecord(self))
         self._tty = rank == 0 and sys.stderr.isatty()
         if rank != 0:
             return
@@ -214,9 +254,8 @@ class MetricsSink:
             Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
             self._file = open(jsonl, "a", buffering=1)
         if prometheus_port:
-            handler = type("Handler", (_PrometheusHandler,), {"sink": self})
-            self._server = http.server.ThreadingHTTPServer(("0.0.0.0", prometheus_port), handler)
-            threading.Thread(target=self._server.serve_forever, daemon=True).start()
+            # Every path on all interfaces, from a daemon thread.
+            self._server, _ = start_http_server(prometheus_port, addr="0.0.0.0", registry=self._registry)
             log.info("serving Prometheus metrics on port %d", prometheus_port)
         if tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
@@ -249,18 +288,8 @@ class MetricsSink:
             log.info("%s", line)
 
     def prometheus_text(self) -> str:
-        lines = []
-        for key, value in self.latest.items():
-            if isinstance(value, bool) or value is None:
-                continue
-            if isinstance(value, int | float):
-                lines.append(f"moe_train_{key} {value}")
-            elif key == "tokens_per_expert":
-                for layer, row in enumerate(value):
-                    lines += [f'moe_train_tokens_per_expert{{layer="{layer}",expert="{e}"}} {n}' for e, n in enumerate(row)]
-            elif key in ("expert_imbalance", "router_entropy", "load_balancing_loss", "z_loss"):
-                lines += [f'moe_train_{key}{{layer="{layer}"}} {v}' for layer, v in enumerate(value) if v is not None]
-        return "\n".join(lines) + "\n"
+        """The latest record in Prometheus's text format, as the endpoint serves it; empty before the first."""
+        return generate_latest(self._registry).decode()
 
     def close(self) -> None:
         if self._tty:
@@ -269,5 +298,6 @@ class MetricsSink:
             self._file.close()
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()
         if self._tensorboard is not None:
             self._tensorboard.close()

@@ -9,9 +9,9 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.config import Precision, RecomputeGranularity, RecomputeModule, RouterDtype, Spec, TrainConfig
 from moe_cdk.training.parallel import MAX_TENSOR_PARALLEL
-from moe_cdk.training.schema import ConfigError, problem
 
 # The embedding and output tables are padded to a multiple of this: 128 rows per shard
 # (megatron's --make-vocab-size-divisible-by default) for every tensor-parallel size up to
@@ -32,8 +32,8 @@ def model_vocab_size(config: TrainConfig, tokenizer_vocab_size: int) -> int:
     if chosen is None:
         return tokenizer_vocab_size
     if chosen < tokenizer_vocab_size:
-        raise ConfigError(["model.vocab_size: " + problem("smaller than the tokenizer's vocabulary", got=chosen,
-                                                          allowed=f"{tokenizer_vocab_size} or more, or null")])
+        raise ConfigError([problem("smaller than the tokenizer's vocabulary", got=chosen,
+                                                          allowed=f"{tokenizer_vocab_size} or more, or null").at("model.vocab_size")])
     return chosen
 
 
@@ -52,20 +52,20 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
     have_te = on_gpu and _transformer_engine_importable()
     spec = (Spec.TRANSFORMER_ENGINE if have_te else Spec.LOCAL) if requested is Spec.AUTO else requested
     if spec is Spec.TRANSFORMER_ENGINE and not have_te:
-        errors.append("model.spec: " + problem("Transformer Engine needs a GPU and the transformer_engine package",
-                                               got=spec.value, allowed="local or auto"))
+        errors.append(problem("Transformer Engine needs a GPU and the transformer_engine package",
+                                               got=spec.value, allowed="local or auto").at("model.spec"))
     if spec is Spec.LOCAL:
         if config.moe.permute_fusion:
-            errors.append("moe.permute_fusion: " + problem("fused permutation is a Transformer Engine kernel",
-                                                           got=True, allowed="false under the local spec"))
+            errors.append(problem("fused permutation is a Transformer Engine kernel",
+                                                           got=True, allowed="false under the local spec").at("moe.permute_fusion"))
         if config.moe.grouped_gemm and not (on_gpu and importlib.util.find_spec("grouped_gemm")):
             # megatron/core/transformer/moe/experts.py (GroupedMLP) asserts the package is there.
-            errors.append("moe.grouped_gemm: " + problem("the local spec's grouped GEMM needs a GPU and the grouped_gemm package",
-                                                         got=True, allowed="false, or model.spec transformer_engine"))
+            errors.append(problem("the local spec's grouped GEMM needs a GPU and the grouped_gemm package",
+                                                         got=True, allowed="false, or model.spec transformer_engine").at("moe.grouped_gemm"))
         if RecomputeModule.LAYERNORM in config.recompute.modules:
             # megatron's layernorm recompute wraps Transformer Engine's norm only.
-            errors.append("recompute.modules: " + problem("layernorm recompute needs the Transformer Engine spec",
-                                                          got="layernorm", allowed="core_attn, moe_act under the local spec"))
+            errors.append(problem("layernorm recompute needs the Transformer Engine spec",
+                                                          got="layernorm", allowed="core_attn, moe_act under the local spec").at("recompute.modules"))
     if errors:
         raise ConfigError(errors)
     return spec
@@ -168,14 +168,14 @@ def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
     try:
         built = (MLATransformerConfig if config.model.multi_latent_attention else TransformerConfig)(**kwargs)
     except (ValueError, AssertionError, TypeError) as error:
-        raise ConfigError(["megatron-core: " + problem("TransformerConfig rejects this configuration",
+        raise ConfigError([problem("TransformerConfig rejects this configuration",
                                                         got=str(error) or type(error).__name__,
-                                                        allowed="a layout and model megatron-core supports")]) from None
+                                                        allowed="a layout and model megatron-core supports").at("megatron-core")]) from None
     changed = {k: (v, getattr(built, k)) for k, v in kwargs.items() if getattr(built, k) != v}
     if changed:
-        raise ConfigError(["megatron-core: " + problem(
+        raise ConfigError([problem(
             "TransformerConfig changed values moe-cdk set", got=", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()),
-            allowed="a configuration megatron-core keeps as given")])
+            allowed="a configuration megatron-core keeps as given").at("megatron-core")])
     return built
 
 

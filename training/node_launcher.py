@@ -2,7 +2,7 @@
 
 SageMaker Training Jobs and Kubeflow PyTorchJob (with ``nprocPerNode``) start one process
 per node. That process becomes this launcher: it starts ``local_world_size`` ranks of
-``python -m moe_cdk.training.train_cli`` with torchrun's variables (``RANK``,
+``python -m moe_cdk.cli.train`` with torchrun's variables (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ...), so each rank sees an ordinary torchrun launch.
 
 Unlike torchrun, which exits 1 whenever a rank fails, the launcher keeps the trainer's exit
@@ -101,4 +101,4 @@ def run_node(env: LaunchEnv, command: Sequence[str], *, grace_s: float = 60.0, p
 
 def trainer_command(argv: Sequence[str]) -> list[str]:
     """One rank of the trainer, with the same arguments this launcher got."""
-    return [sys.executable, "-m", "moe_cdk.training.train_cli", *argv]
+    return [sys.executable, "-m", "moe_cdk.cli.train", *argv]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.config import TrainConfig
-from moe_cdk.training.schema import ConfigError, problem
 
 # The largest tensor-parallel size: one node's 8 GPUs, the NVLink domain of every supported
 # instance. The vocabulary padding (model.py) is shard-aligned for every divisor of it.
@@ -59,37 +59,37 @@ def plan_layout(config: TrainConfig, world_size: int) -> Layout:
     dense = p.tensor * p.pipeline
     expert = p.expert * p.expert_tensor_size * p.pipeline
     if world_size % dense:
-        errors.append("parallel: " + problem(
+        errors.append(problem(
             "tensor x pipeline must divide the world size", got=f"{p.tensor} x {p.pipeline} for {world_size} processes",
-            allowed=f"a product dividing {world_size}"))
+            allowed=f"a product dividing {world_size}").at("parallel"))
     if world_size % expert:
-        errors.append("parallel.expert: " + problem(
+        errors.append(problem(
             "expert x expert_tensor x pipeline must divide the world size",
             got=f"{p.expert} x {p.expert_tensor_size} x {p.pipeline} for {world_size} processes",
-            allowed=f"a product dividing {world_size}"))
+            allowed=f"a product dividing {world_size}").at("parallel.expert"))
     if config.model.ffn_hidden_size % p.expert_tensor_size:
-        errors.append("parallel.expert_tensor: " + problem(
-            "must divide model.ffn_hidden_size", got=p.expert_tensor_size, allowed=f"a divisor of {config.model.ffn_hidden_size}"))
+        errors.append(problem(
+            "must divide model.ffn_hidden_size", got=p.expert_tensor_size, allowed=f"a divisor of {config.model.ffn_hidden_size}").at("parallel.expert_tensor"))
     if MAX_TENSOR_PARALLEL % p.tensor:
-        errors.append("parallel.tensor: " + problem(
-            "must divide the largest tensor-parallel size, one node's 8 GPUs", got=p.tensor, allowed="1, 2, 4 or 8"))
+        errors.append(problem(
+            "must divide the largest tensor-parallel size, one node's 8 GPUs", got=p.tensor, allowed="1, 2, 4 or 8").at("parallel.tensor"))
     groups = config.model.num_query_groups or config.model.num_attention_heads
     if groups % p.tensor:
-        errors.append("parallel.tensor: " + problem(
-            "must divide the key/value heads (model.num_query_groups)", got=p.tensor, allowed=f"a divisor of {groups}"))
+        errors.append(problem(
+            "must divide the key/value heads (model.num_query_groups)", got=p.tensor, allowed=f"a divisor of {groups}").at("parallel.tensor"))
     data = max(world_size // dense, 1)
     per_step = o.micro_batch_size * data
     num_microbatches = o.global_batch_size // per_step if per_step else 0
     if o.global_batch_size % per_step:
-        errors.append("optim.global_batch_size: " + problem(
+        errors.append(problem(
             f"must be a multiple of micro_batch_size x data-parallel size ({o.micro_batch_size} x {data})",
-            got=o.global_batch_size, allowed=f"a multiple of {per_step}"))
+            got=o.global_batch_size, allowed=f"a multiple of {per_step}").at("optim.global_batch_size"))
     elif p.virtual_pipeline and num_microbatches < p.pipeline:
         # megatron/core/pipeline_parallel/schedules.py: the interleaved schedule needs at
         # least one micro-batch group of pipeline-size micro-batches.
-        errors.append("optim.global_batch_size: " + problem(
+        errors.append(problem(
             "the interleaved pipeline schedule needs at least parallel.pipeline micro-batches per step",
-            got=f"{num_microbatches} micro-batches", allowed=f"global_batch_size >= {p.pipeline * per_step}"))
+            got=f"{num_microbatches} micro-batches", allowed=f"global_batch_size >= {p.pipeline * per_step}").at("optim.global_batch_size"))
     if errors:
         raise ConfigError(errors)
     return Layout(world_size=world_size, tensor=p.tensor, pipeline=p.pipeline, virtual_pipeline=p.virtual_pipeline,

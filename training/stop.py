@@ -1,6 +1,6 @@
 """A request to stop: SIGTERM and SIGUSR1 set a flag instead of ending the process.
 
-Installed in a rank (``train_cli.main``) before torch is imported, and set to ignore both
+Installed in a rank (``cli/train.py``) before torch is imported, and set to ignore both
 once the rank's exit code is decided (``ignore_from_now``). Slurm's ``srun
 --kill-on-bad-exit`` and the node launcher TERM the other ranks as soon as one exits. A rank
 that got that TERM while still starting up, or while its interpreter shut down after its own

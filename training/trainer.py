@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training import cpu_compat, parallel
 from moe_cdk.training.checkpoint import CheckpointManager
 from moe_cdk.training.config import TrainConfig
@@ -26,7 +27,6 @@ from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
 from moe_cdk.training.model import build_model, flops_per_token, model_vocab_size, use_bf16
 from moe_cdk.training.parallel import Layout
-from moe_cdk.training.schema import ConfigError, problem
 from moe_cdk.training.stop import StopRequested
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,8 @@ def build(config: TrainConfig, runtime: Runtime, vocab_size: int) -> Trainable:
     o = config.optim
     if o.distributed_optimizer and not on_gpu:
         # megatron/core/optimizer/distrib_optimizer.py accepts only torch.cuda tensor types.
-        raise ConfigError(["optim.distributed_optimizer: " + problem("megatron's distributed optimizer needs CUDA",
-                                                                     got=True, allowed="false on CPU")])
+        raise ConfigError([problem("megatron's distributed optimizer needs CUDA",
+                                                                     got=True, allowed="false on CPU").at("optim.distributed_optimizer")])
     try:
         chunks = build_model(config, vocab_size, on_gpu=on_gpu)
         transformer_config = get_model_config(chunks[0])
@@ -117,9 +117,9 @@ def build(config: TrainConfig, runtime: Runtime, vocab_size: int) -> Trainable:
     except ConfigError:
         raise
     except Exception as error:  # megatron's own asserts during the build
-        raise ConfigError(["model build: " + problem("megatron-core could not build this model and layout",
+        raise ConfigError([problem("megatron-core could not build this model and layout",
                                                      got=f"{type(error).__name__}: {error}",
-                                                     allowed="a configuration megatron-core supports")]) from error
+                                                     allowed="a configuration megatron-core supports").at("model build")]) from error
     transformer_config.finalize_model_grads_func = finalize_model_grads
     transformer_config.grad_scale_func = optimizer.scale_loss
     no_sync = [chunk.no_sync for chunk in chunks]
@@ -225,10 +225,10 @@ def train(config: TrainConfig, env: LaunchEnv, stop: StopRequested) -> int:
 
 
 def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
-    from moe_cdk.training import data as data_module
+    from moe_cdk.training.tokenizers import load_tokenizer
 
     layout = runtime.layout
-    tokenizer = data_module.load_tokenizer(None if config.data.tokenizer == "byte" else config.data.tokenizer)
+    tokenizer = load_tokenizer(None if config.data.tokenizer == "byte" else config.data.tokenizer)
     checkpoint_dir = Path(config.checkpoint.dir)
     prepare_data(config, tokenizer, runtime)
 
@@ -342,19 +342,19 @@ def check_inputs(config: TrainConfig) -> None:
     errors = []
     tokenizer = config.data.tokenizer
     if tokenizer != "byte" and not Path(tokenizer).is_file():
-        errors.append("data.tokenizer: " + problem("no such file", got=tokenizer, allowed="'byte' or a tokenizer.json path"))
+        errors.append(problem("no such file", got=tokenizer, allowed="'byte' or a tokenizer.json path").at("data.tokenizer"))
     for i, prefix in enumerate(config.data.prefixes):
         preparable = i == 0 and config.data.prepare_from
         missing = [suffix for suffix in (".bin", ".idx") if not Path(f"{prefix}{suffix}").is_file()]
         if missing and not preparable:
-            errors.append(f"data.prefixes[{i}]: " + problem(f"dataset files missing ({', '.join(missing)})", got=prefix,
-                                                            allowed="a prefix with .bin and .idx files (see moe-data prepare)"))
+            errors.append(problem(f"dataset files missing ({', '.join(missing)})", got=prefix,
+                                                            allowed="a prefix with .bin and .idx files (see moe-data prepare)").at(f"data.prefixes[{i}]"))
     for i, source in enumerate(config.data.prepare_from):
         if not Path(source).is_file():
-            errors.append(f"data.prepare_from[{i}]: " + problem("no such file", got=source, allowed="a text or JSONL file"))
+            errors.append(problem("no such file", got=source, allowed="a text or JSONL file").at(f"data.prepare_from[{i}]"))
     if config.metrics.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
-        errors.append("metrics.tensorboard_dir: " + problem("needs the tensorboard package, which is not installed",
-                                                            got=config.metrics.tensorboard_dir, allowed="null, or pip install tensorboard"))
+        errors.append(problem("needs the tensorboard package, which is not installed",
+                                                            got=config.metrics.tensorboard_dir, allowed="null, or pip install tensorboard").at("metrics.tensorboard_dir"))
     if errors:
         raise ConfigError(errors)
 
@@ -362,7 +362,7 @@ def check_inputs(config: TrainConfig) -> None:
 def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: int, consumed_samples: int):
     """This rank's micro-batches from ``consumed_samples`` on: megatron's GPT dataset, the
     resumable sampler and the data loader, as the configuration sets them."""
-    from moe_cdk.training import data as data_module
+    from moe_cdk.training import dataset as data_module
 
     o = config.optim
     dataset = data_module.build_gpt_dataset(
@@ -381,11 +381,11 @@ def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: 
 
 def prepare_data(config: TrainConfig, tokenizer, runtime: Runtime) -> None:
     """Tokenize ``data.prepare_from`` into the first prefix on rank 0 if it does not exist yet."""
-    from moe_cdk.training import data as data_module
+    from moe_cdk.training.prepare import prepare
 
     prefix = Path(config.data.prefixes[0])
     if config.data.prepare_from and runtime.rank == 0 and not Path(f"{prefix}.idx").exists():
         prefix.parent.mkdir(parents=True, exist_ok=True)
-        summary = data_module.prepare([Path(p) for p in config.data.prepare_from], prefix, tokenizer)
+        summary = prepare([Path(p) for p in config.data.prepare_from], prefix, tokenizer)
         log.info("prepared %s: %d documents, %d tokens", prefix, summary["documents"], summary["tokens"])
     dist.barrier()

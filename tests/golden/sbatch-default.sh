@@ -1,6 +1,6 @@
 #!/bin/bash
 # moe-cdk training job moe-8x1b: 2 node(s) x 8 task(s), container 123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest.
-# Rendered by moe_cdk.stacks.slurm_job.render_sbatch; submit with sbatch.
+# Rendered by moe_cdk.jobs.slurm_job.render_sbatch; submit with sbatch.
 #SBATCH --job-name=moe-8x1b
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8

@@ -1,6 +1,6 @@
 #!/bin/bash
 # moe-cdk training job moe-tiny: 2 node(s) x 1 task(s), local (CPU, gloo).
-# Rendered by moe_cdk.stacks.slurm_job.render_sbatch; submit with sbatch.
+# Rendered by moe_cdk.jobs.slurm_job.render_sbatch; submit with sbatch.
 #SBATCH --job-name=moe-tiny
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
@@ -49,7 +49,7 @@ trap 'forward_usr1 TERM' TERM
 
 srun \
     --kill-on-bad-exit=1 \
-    python3 -m moe_cdk.training.train_cli \
+    python3 -m moe_cdk.cli.train \
     --config training/configs/tiny.yaml \
     --set parallel.expert=2 \
     --max-steps 40 &

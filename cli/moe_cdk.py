@@ -1,0 +1,130 @@
+"""The ``moe-cdk`` command line.
+
+Reading and checking a configuration, planning and rendering jobs load no CDK: only
+``synth`` (cli/synth.py, app.py's entry point) starts the jsii runtime.
+
+Exit codes: 0 success, 1 a check failed (a stale reference, a synthesized app that fails
+cdk-nag), 2 the configuration or the command line is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from moe_cdk.cli.report import report
+from moe_cdk.core.problems import ConfigError
+from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
+from moe_cdk.schema.config import load_config, reference_docs
+
+EXIT_CHECK_FAILED = 1
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        load_config(args.config)
+    except ConfigError as error:
+        return report(args.config, error)
+    print(f"{args.config}: valid")
+    return 0
+
+
+def _slurm_render(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        spec = job_spec_from_config(
+            config, train_config=args.train_config, image=args.image, local=args.local, python=args.python,
+            group=args.group, nodes=args.nodes, time_limit=args.time, signal_lead_seconds=args.signal_lead,
+            qos=args.qos, nice=args.nice, max_requeues=args.max_requeues, job_name=args.job_name,
+            train_args=tuple(args.train_arg))
+    except ConfigError as error:
+        return report(args.config, error)
+    problems = spec.problems()
+    if problems:
+        return report(args.config, ConfigError(problems))
+    text = render_sbatch(spec)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}: {spec.nodes} node(s) x {spec.tasks_per_node} task(s)")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _config_docs(args: argparse.Namespace) -> int:
+    text = reference_docs()
+    if args.check:
+        current = Path(args.check).read_text() if Path(args.check).exists() else ""
+        if current != text:
+            print(f"{args.check} is out of date; run: moe-cdk config-docs > {args.check}", file=sys.stderr)
+            return EXIT_CHECK_FAILED
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+def _config_schema(args: argparse.Namespace) -> int:
+    from moe_cdk.schema.config import config_schema
+    from moe_cdk.training.config import train_config_schema
+
+    text = json.dumps(train_config_schema() if args.trainer else config_schema(), indent=2) + "\n"
+    if args.check:
+        current = Path(args.check).read_text() if Path(args.check).exists() else ""
+        if current != text:
+            print(f"{args.check} is out of date; run: make docs", file=sys.stderr)
+            return EXIT_CHECK_FAILED
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="moe-cdk", description="moe-cdk: MoE training infrastructure on AWS.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    validate = commands.add_parser("validate", help="check a configuration file; exit 0 if valid, 2 if not")
+    validate.add_argument("--config", required=True, help="YAML configuration, e.g. config/default.yaml")
+    validate.set_defaults(run=_validate)
+
+    docs = commands.add_parser("config-docs", help="print the configuration reference (docs/configuration.md)")
+    docs.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated reference")
+    docs.set_defaults(run=_config_docs)
+
+    schema = commands.add_parser("config-schema", help="print the JSON Schema of a configuration file (for editors)")
+    schema.add_argument("--trainer", action="store_true", help="the schema of a moe-train profile instead")
+    schema.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated schema")
+    schema.set_defaults(run=_config_schema)
+
+    slurm = commands.add_parser("slurm", help="HyperPod Slurm helpers")
+    slurm_commands = slurm.add_subparsers(dest="slurm_command", required=True, metavar="COMMAND")
+    render = slurm_commands.add_parser("render", help="write an sbatch script that runs moe-train on the compute group")
+    render.add_argument("--config", required=True, help="infrastructure YAML, e.g. config/default.yaml")
+    render.add_argument("--train-config", required=True, help="trainer YAML as the nodes see it, e.g. /fsx/configs/moe-8x1b.yaml")
+    render.add_argument("--image", help="training image URI (the storage stack's TrainingImageUri); not with --local")
+    render.add_argument("--local", action="store_true", help="CPU-only cluster: no container, no GPUs, one task per node")
+    render.add_argument("--python", default="python3", help="interpreter for --local (default: python3)")
+    render.add_argument("--group", help="compute group to run on (default: the first)")
+    render.add_argument("--nodes", type=int, help="nodes to use (default: the group's instance_count)")
+    render.add_argument("--time", default="48:00:00", help="Slurm time limit (default: 48:00:00)")
+    render.add_argument("--signal-lead", type=int, default=300, help="seconds before the limit to signal a checkpoint (default: 300)")
+    render.add_argument("--qos", help="Slurm QoS")
+    render.add_argument("--nice", type=int, help="Slurm priority adjustment (--nice)")
+    render.add_argument("--max-requeues", type=int, default=10, help="self-requeues after retryable exits (default: 10)")
+    render.add_argument("--job-name", help="job name (default: the train config's file name)")
+    render.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
+    render.add_argument("--output", help="write the script here instead of stdout")
+    render.set_defaults(run=_slurm_render)
+
+    from moe_cdk.cli import diff, eks, plan, submit
+
+    for command in (eks, plan, submit, diff):
+        command.add_parser(commands)
+
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""The one place a moe-cdk command prints the problems of an input and picks its exit code."""
+
+from __future__ import annotations
+
+import sys
+
+from moe_cdk.core.problems import EXIT_INVALID, ConfigError
+
+
+def report(source: str, error: ConfigError, exit_code: int = EXIT_INVALID) -> int:
+    """Print every problem on stderr, one indented line each under the input they concern
+    (a file, or the command); return ``exit_code`` (2: invalid input)."""
+    print(f"{source}: {len(error.problems)} problem(s)", file=sys.stderr)
+    for found in error.problems:
+        print(f"  {found}", file=sys.stderr)
+    return exit_code

@@ -1,0 +1,84 @@
+"""``moe-train``: the trainer's command line, the container's entry point."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from moe_cdk.cli.report import report
+from moe_cdk.core.problems import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moe-train", description="Train a Megatron-core MoE model.")
+    parser.add_argument("--config", required=True, help="YAML file, e.g. training/configs/tiny.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one configuration value (repeatable)")
+    parser.add_argument("--max-steps", type=int, help="same as --set max_steps=N")
+    parser.add_argument("--checkpoint-dir", help="same as --set checkpoint.dir=DIR")
+    parser.add_argument("--save-interval", type=int, help="same as --set checkpoint.save_interval=N")
+    parser.add_argument("--metrics-file", help="same as --set metrics.file=FILE")
+    return parser
+
+
+def overrides_from(args: argparse.Namespace) -> list[str]:
+    """The --set assignments, with the shortcut flags appended (they win)."""
+    shortcuts = {"max_steps": args.max_steps, "checkpoint.dir": args.checkpoint_dir,
+                 "checkpoint.save_interval": args.save_interval, "metrics.file": args.metrics_file}
+    return [*args.set, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("megatron", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.exit_codes import EXIT_CONFIG, EXIT_FAILED_RETRYABLE
+    from moe_cdk.training.launch_env import detect
+
+    try:
+        config = load_train_config(args.config, overrides_from(args))
+        env = detect()
+    except ConfigError as error:
+        return report(args.config, error, EXIT_CONFIG)
+    if env.launcher == "sagemaker" or (env.launcher == "kubeflow" and env.local_world_size > 1):
+        # One process per node was started: this one launches the node's ranks.
+        from moe_cdk.training.node_launcher import run_node, trainer_command
+
+        _configure_logging(env.rank)
+        return run_node(env, trainer_command(argv))
+    # Before torch is imported: a TERM from now on is a request to stop (see training/stop.py).
+    from moe_cdk.training.stop import StopRequested
+
+    stop = StopRequested()
+    _configure_logging(env.rank)
+
+    from moe_cdk.training.trainer import train
+
+    try:
+        return train(config, env, stop)
+    except ConfigError as error:
+        # Every rank checks the same configuration and layout the same way, so rank 0 alone
+        # reports it: the job log gets the reason once, not once per rank.
+        if env.rank != 0:
+            return EXIT_CONFIG
+        return report(args.config, error, EXIT_CONFIG)
+    except Exception:
+        logging.getLogger(__name__).exception("training failed; the run is retryable and resumes from its last checkpoint")
+        return EXIT_FAILED_RETRYABLE
+    finally:
+        stop.ignore_from_now()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The accelerator and head-node instance types moe-cdk knows, with the figures every construct validates against.
+
+Each entry is looked up by its EC2 name (``p5en.48xlarge``) or its SageMaker name
+(``ml.p5en.48xlarge``). This module is plain data: it imports nothing from CDK, so the
+configuration loader, the planner and the trainer can all use it.
+
+Sources (checked 2026-11-30):
+
+- [EC2-ACC] Amazon EC2 "Accelerated computing instance specifications" and
+  DescribeInstanceTypes ``NetworkInfo.EfaInfo.MaximumEfaInterfaces``.
+- [EC2-EFA] Amazon EC2 User Guide, "Maximize network bandwidth on accelerated
+  instances" (efa-acc-inst-types): P5 has 32 EFA devices and one ENA device.
+- [NEURON] AWS Neuron documentation, "Amazon EC2 Trn2 Architecture": trn2.48xlarge has
+  16 Trainium2 chips, 192 vCPUs, 2,048 GiB host memory and 1,536 GiB device memory.
+- [SM-API] SageMaker API reference, ``ClusterInstanceGroupDetails.InstanceType`` valid
+  values (ml.p4de.24xlarge, ml.p5.48xlarge, ml.p5en.48xlarge, ml.trn2.48xlarge, ml.m5.*).
+- [EC2-GP] Amazon EC2 "General purpose instance specifications" (m5 family).
+
+It also holds each accelerator's dense BF16 peak (``PEAK_BF16_TFLOPS``), the one table that
+``moe-cdk plan`` (by the catalog's ``accelerator_model``) and the trainer's MFU (by the CUDA
+device name) both read, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from moe_cdk.core.problems import Problem, problem
+
+
+class AcceleratorKind(enum.Enum):
+    """What does the heavy arithmetic on an instance."""
+
+    NVIDIA_GPU = "nvidia-gpu"
+    TRAINIUM = "trainium"
+    NONE = "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceSpec:
+    """Figures for one instance type, as AWS publishes them: accelerator memory in GB
+    (10**9 bytes, the datasheets' unit), host memory in GiB."""
+
+    ec2_name: str
+    """The EC2 name, e.g. ``p5en.48xlarge``."""
+    accelerator_kind: AcceleratorKind
+    """GPU, Trainium or none."""
+    accelerator_model: str
+    """Marketing name of the accelerator, e.g. ``H200``; empty for CPU-only types."""
+    accelerator_count: int
+    """Accelerators (GPUs or Trainium chips) per instance."""
+    accelerator_memory_gb: int
+    """Memory per accelerator, in GB (10**9 bytes): an H200's 141 GB is 131.3 GiB."""
+    efa_interfaces: int
+    """Maximum EFA interfaces per instance; 0 when the type has no EFA."""
+    vcpus: int
+    """vCPUs per instance."""
+    memory_gib: int
+    """Host memory per instance, in GiB."""
+    network_gbps: int
+    """Aggregate network bandwidth, in Gbit/s."""
+
+    @property
+    def sagemaker_name(self) -> str:
+        """The SageMaker (HyperPod, Training Jobs) name, e.g. ``ml.p5en.48xlarge``."""
+        return f"ml.{self.ec2_name}"
+
+    @property
+    def accelerator_memory_gib(self) -> float:
+        """Memory per accelerator in GiB (2**30 bytes), the unit the allocator and ``moe-cdk plan`` count in."""
+        return self.accelerator_memory_gb * 1e9 / 2**30
+
+    @property
+    def supports_efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+    @property
+    def is_accelerated(self) -> bool:
+        return self.accelerator_kind is not AcceleratorKind.NONE
+
+
+def _gpu(name: str, model: str, count: int, mem: int, efa: int, vcpus: int, host: int, gbps: int) -> InstanceSpec:
+    return InstanceSpec(
+        ec2_name=name, accelerator_kind=AcceleratorKind.NVIDIA_GPU, accelerator_model=model,
+        accelerator_count=count, accelerator_memory_gb=mem, efa_interfaces=efa,
+        vcpus=vcpus, memory_gib=host, network_gbps=gbps,
+    )
+
+
+def _cpu(name: str, vcpus: int, host: int, gbps: int) -> InstanceSpec:
+    return InstanceSpec(
+        ec2_name=name, accelerator_kind=AcceleratorKind.NONE, accelerator_model="",
+        accelerator_count=0, accelerator_memory_gb=0, efa_interfaces=0,
+        vcpus=vcpus, memory_gib=host, network_gbps=gbps,
+    )
+
+
+_SPECS: tuple[InstanceSpec, ...] = (
+    # [EC2-ACC]: 8x H200 with 141 GB HBM3e each (NVIDIA H200 datasheet: 141 GB, which is
+    # 131.3 GiB), 192 vCPUs, 2,048 GiB, 3,200 Gbps EFAv3 over 16 network cards, one EFA
+    # interface each.
+    _gpu("p5en.48xlarge", "H200", 8, 141, 16, 192, 2048, 3200),
+    # [EC2-ACC], [EC2-EFA]: 8x H100 80 GB, 192 vCPUs, 2,048 GiB, 3,200 Gbps over 32 EFA devices.
+    _gpu("p5.48xlarge", "H100", 8, 80, 32, 192, 2048, 3200),
+    # [EC2-ACC]: 8x A100 80 GB, 96 vCPUs, 1,152 GiB, 400 Gbps over 4 EFA interfaces.
+    _gpu("p4de.24xlarge", "A100", 8, 80, 4, 96, 1152, 400),
+    # [NEURON]: 16 Trainium2 chips, 1,536 GiB device memory (96 GiB each), 192 vCPUs,
+    # 2,048 GiB host memory; [EC2-ACC]: 3.2 Tbps EFAv3 over 16 EFA interfaces.
+    InstanceSpec(
+        ec2_name="trn2.48xlarge", accelerator_kind=AcceleratorKind.TRAINIUM, accelerator_model="Trainium2",
+        accelerator_count=16, accelerator_memory_gb=96, efa_interfaces=16,
+        vcpus=192, memory_gib=2048, network_gbps=3200,
+    ),
+    # [EC2-GP]: head and login nodes. Bandwidth is the "up to" figure for the smaller sizes.
+    _cpu("m5.xlarge", 4, 16, 10),
+    _cpu("m5.2xlarge", 8, 32, 10),
+    _cpu("m5.4xlarge", 16, 64, 10),
+    _cpu("m5.8xlarge", 32, 128, 10),
+    _cpu("m5.12xlarge", 48, 192, 12),
+    _cpu("m5.16xlarge", 64, 256, 20),
+    _cpu("m5.24xlarge", 96, 384, 25),
+)
+
+_BY_NAME: dict[str, InstanceSpec] = {
+    **{spec.ec2_name: spec for spec in _SPECS},
+    **{spec.sagemaker_name: spec for spec in _SPECS},
+}
+
+
+def lookup(instance_type: str) -> InstanceSpec | None:
+    """The spec for an EC2 or ``ml.`` name, or None when the catalog does not know it."""
+    return _BY_NAME.get(instance_type)
+
+
+def known_instance_types() -> list[str]:
+    """Every name the catalog accepts, sorted: EC2 names and ``ml.`` names."""
+    return sorted(_BY_NAME)
+
+
+def unknown_instance_type(instance_type: str) -> Problem:
+    """The one wording used wherever an instance type is not in the catalog."""
+    return problem("unknown instance type", got=instance_type,
+                   allowed=f"{', '.join(spec.sagemaker_name for spec in _SPECS)} or their EC2 names")
+
+
+# Dense (no sparsity) BF16 tensor-core peak per accelerator, TFLOP/s, keyed by ``accelerator_model``:
+# - H100 SXM and H200 SXM: 989 (NVIDIA H100 Tensor Core GPU datasheet and NVIDIA H200
+#   datasheet list 1,979 TFLOPS BF16 "with sparsity"; dense is half).
+# - H100 NVL and H200 NVL: 835; H100 PCIe: 756 (the same datasheets' NVL and PCIe columns, dense
+#   half of the sparsity figure). These parts have lower clocks and power than the SXM part of
+#   the same name; no catalog instance has them, but a trainer may run on one.
+# - A100 SXM: 312 (NVIDIA A100 Tensor Core GPU datasheet, BF16 312 TFLOPS dense, 624 with sparsity).
+# - Trainium2: 667 (AWS Trainium2 / Amazon EC2 Trn2 product page: 667 TFLOPS dense BF16 per chip).
+PEAK_BF16_TFLOPS: dict[str, float] = {
+    "H200": 989.0, "H200 NVL": 835.0,
+    "H100": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0,
+    "A100": 312.0,
+    "Trainium2": 667.0,
+}
+
+# Longest model first, so that "NVIDIA H100 PCIe" finds "H100 PCIe" before "H100" (the SXM part's 989).
+_MODELS_BY_SPECIFICITY: tuple[str, ...] = tuple(sorted(PEAK_BF16_TFLOPS, key=len, reverse=True))
+
+
+def peak_bf16_tflops(accelerator_model: str) -> float | None:
+    """Dense BF16 peak of one accelerator, by ``InstanceSpec.accelerator_model``; None when not known."""
+    return PEAK_BF16_TFLOPS.get(accelerator_model)
+
+
+def peak_bf16_tflops_for_device(device_name: str) -> float | None:
+    """Dense BF16 peak for a CUDA device name (``torch.cuda.get_device_name()``), or None when
+    no known model is in the name.
+
+    CUDA names carry the model amid other words ("NVIDIA H100 80GB HBM3",
+    "NVIDIA A100-SXM4-80GB"), so the name is searched for each model, the most specific first.
+    """
+    for model in _MODELS_BY_SPECIFICITY:
+        if model in device_name:
+            return PEAK_BF16_TFLOPS[model]
+    return None

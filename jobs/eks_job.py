@@ -1,0 +1,303 @@
+"""The Kubernetes training job for a HyperPod EKS cluster, rendered from an ``EksJobSpec``.
+
+``render_pytorchjob(spec)`` returns a Kubeflow ``PyTorchJob``; ``render_hyperpod_job(spec)``
+the HyperPod training operator's ``HyperPodPyTorchJob`` with log-based hang detection. Both
+run one pod per node:
+
+* ``hostNetwork`` with ``dnsPolicy: ClusterFirstWithHostNet``, so NCCL and EFA use the
+  node's interfaces and the pod still resolves cluster names;
+* accelerators and ``vpc.amazonaws.com/efa`` requested from the instance catalog: every
+  device the node has, never more (a pod asking for more than the node advertises would
+  stay Pending forever);
+* the FSx claim at ``/fsx`` and a memory-backed ``/dev/shm`` for the data loaders and NCCL;
+* ``restartPolicy: ExitCode``: the training operator restarts a pod only for 130, 137, 138
+  and 143 and treats every other code as permanent (``training/exit_codes.py``); the
+  trainer exits 2 for a bad configuration, 143 after SIGTERM and a checkpoint, 138 after a
+  crash. ``nprocPerNode`` makes each pod the node launcher (``training/node_launcher.py``),
+  which keeps those codes;
+* a startup probe that waits for the first metrics record, a readiness probe on the same
+  file, and a liveness probe that fails when no record has been written for
+  ``stall_timeout_s`` (the trainer touches the files at every record, on every rank);
+* tolerations for exactly the taints the configuration puts on the group.
+
+``charts/moe-training`` renders the same objects from Helm values; ``helm_values(spec)``
+gives those values, and the tests check that both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import yaml
+
+from moe_cdk.core import catalog
+from moe_cdk.core.problems import ConfigError, Problem, problem
+from moe_cdk.rules import eks as eks_rules
+from moe_cdk.rules.eks import KUBERNETES_NAME
+from moe_cdk.schema.config import Config
+from moe_cdk.training.config import load_train_config
+
+CONTAINER = "pytorch"  # the container name the Kubeflow training operator looks for
+FSX_MOUNT = "/fsx"
+LIVENESS_FILE = "/tmp/moe-train/alive"
+READINESS_FILE = "/tmp/moe-train/ready"
+# The trainer's progress line (training/metrics.py), e.g. "step 120/5000 loss 2.3140 tokens/s ...".
+PROGRESS_LOG_PATTERN = r".*step \d+/\d+ loss .*"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EksJobSpec:
+    """One MoE training job on a HyperPod EKS cluster."""
+
+    name: str
+    """Job name, a Kubernetes name."""
+    namespace: str
+    """Namespace of the job and of the FSx claim."""
+    image: str
+    """The training image, e.g. the storage stack's TrainingImageUri output."""
+    nodes: int
+    """Pods, one per node (1 master, nodes-1 workers)."""
+    instance_type: str
+    """The ml. instance type the pods run on (node selector)."""
+    devices_per_node: int
+    """Accelerators per pod: every one the node has."""
+    device_resource: str
+    """``nvidia.com/gpu`` or ``aws.amazon.com/neuron``."""
+    efa_per_node: int
+    """``vpc.amazonaws.com/efa`` per pod: every EFA device of the node, 0 for none."""
+    train_config: str
+    """The trainer's YAML, as a path in the image."""
+    num_experts: int
+    """Experts per MoE layer (``--set moe.num_experts``)."""
+    expert_parallel: int
+    """Expert-parallel size (``--set parallel.expert``)."""
+    train_args: tuple[str, ...] = ()
+    """Further trainer arguments, e.g. ``("--max-steps", "100")``."""
+    claim_name: str = "fsx-lustre"
+    """The FSx PersistentVolumeClaim, mounted at /fsx."""
+    node_labels: dict[str, str] = field(default_factory=dict)
+    """Labels of the group's nodes the pods must land on (besides the instance type)."""
+    tolerations: tuple[dict, ...] = ()
+    """Tolerations for the group's taints."""
+    shm_size_gib: int = 64
+    """Size of the memory-backed /dev/shm, in GiB."""
+    metrics_port: int | None = None
+    """The trainer's Prometheus port; the pod is annotated for the scraper when set."""
+    backoff_limit: int = 10
+    """Pod restarts after permanent failures before the job fails (``runPolicy.backoffLimit``)."""
+    startup_timeout_s: int = 1800
+    """Time allowed until the first metrics record (model build, checkpoint load, first steps), in seconds."""
+    stall_timeout_s: int = 900
+    """A pod whose trainer wrote no metrics record for this long is restarted (liveness), in seconds."""
+    termination_grace_s: int = 300
+    """Time between SIGTERM and SIGKILL: the trainer saves a checkpoint in it, in seconds."""
+
+    def problems(self) -> list[Problem]:
+        found: list[Problem] = []
+
+        def add(name: str, what: str, got: object, allowed: str) -> None:
+            found.append(problem(what, got=got, allowed=allowed).at(name))
+
+        for key in ("name", "namespace", "claim_name"):
+            if not KUBERNETES_NAME.match(getattr(self, key)):
+                add(key, "not a Kubernetes name", getattr(self, key), "lowercase letters, digits and inner hyphens, at most 63")
+        if not self.image or any(c.isspace() for c in self.image):
+            add("image", "not an image reference", self.image, "e.g. <account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>")
+        for key, minimum in (("nodes", 1), ("devices_per_node", 1), ("num_experts", 2), ("expert_parallel", 1),
+                             ("shm_size_gib", 1), ("backoff_limit", 0),
+                             ("startup_timeout_s", 60), ("stall_timeout_s", 60), ("termination_grace_s", 30)):
+            if getattr(self, key) < minimum:
+                add(key, "too small", getattr(self, key), f"{minimum} or more")
+        if self.efa_per_node < 0:
+            add("efa_per_node", "negative", self.efa_per_node, "0 or more")
+        return found
+
+
+def _pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_ports: list[dict] = ()) -> dict:
+    resources = {spec.device_resource: spec.devices_per_node}
+    if spec.efa_per_node:
+        resources[eks_rules.EFA_RESOURCE] = spec.efa_per_node
+    annotations = {}
+    ports = list(extra_ports)
+    if spec.metrics_port is not None:
+        annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port)}
+        ports.append({"name": "metrics", "containerPort": spec.metrics_port})
+    probe_period = 30
+    container = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "args": args,
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": [{"name": "fsx", "mountPath": FSX_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}],
+        "startupProbe": {"exec": {"command": ["test", "-f", LIVENESS_FILE]}, "periodSeconds": probe_period,
+                         "failureThreshold": -(-spec.startup_timeout_s // probe_period)},
+        "readinessProbe": {"exec": {"command": ["test", "-f", READINESS_FILE]}, "periodSeconds": probe_period},
+        "livenessProbe": {"exec": {"command": ["sh", "-c", f'test $(( $(date +%s) - $(stat -c %Y {LIVENESS_FILE}) )) '
+                                                          f'-lt {spec.stall_timeout_s}']},
+                          "periodSeconds": probe_period, "failureThreshold": 2},
+    }
+    if ports:
+        container["ports"] = ports
+    pod_spec = {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": {eks_rules.INSTANCE_TYPE_LABEL: spec.instance_type, **spec.node_labels},
+        "terminationGracePeriodSeconds": spec.termination_grace_s,
+        "containers": [container],
+        "volumes": [
+            {"name": "fsx", "persistentVolumeClaim": {"claimName": spec.claim_name}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_size_gib}Gi"}},
+        ],
+    }
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    metadata = {"labels": _labels(spec)}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": pod_spec}
+
+
+def _labels(spec: EksJobSpec) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "moe-training", "app.kubernetes.io/instance": spec.name,
+            "app.kubernetes.io/managed-by": "moe-cdk"}
+
+
+def _trainer_args(spec: EksJobSpec) -> list[str]:
+    # The probe files are set here, so the probes and the trainer cannot disagree.
+    return ["--config", spec.train_config, "--set", f"moe.num_experts={spec.num_experts}",
+            "--set", f"parallel.expert={spec.expert_parallel}", "--set", f"metrics.readiness_file={READINESS_FILE}",
+            "--set", f"metrics.liveness_file={LIVENESS_FILE}", *spec.train_args]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes repeated pod templates out in full: kubectl and reviewers read no YAML anchors."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def to_yaml(document: dict) -> str:
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False)
+
+
+def render_pytorchjob(spec: EksJobSpec) -> dict:
+    """A Kubeflow ``PyTorchJob`` (kubeflow.org/v1)."""
+    template = _pod_template(spec, ["moe-train"], _trainer_args(spec))
+    replica_specs = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
+    if spec.nodes > 1:
+        replica_specs["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "ExitCode", "template": template}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": _labels(spec)},
+        "spec": {
+            "nprocPerNode": str(spec.devices_per_node),
+            "runPolicy": {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": replica_specs,
+        },
+    }
+
+
+def render_hyperpod_job(spec: EksJobSpec) -> dict:
+    """A ``HyperPodPyTorchJob`` (sagemaker.amazonaws.com/v1) with log-based hang detection.
+
+    The HyperPod training operator starts ranks through ``hyperpodrun`` (the HyperPod elastic
+    agent, installed in the image) and restarts the job when the trainer's progress line
+    stops appearing (SageMaker Developer Guide, "Use the training operator to run jobs").
+    """
+    # Flags as in the guide's sample entry point: the agent's server for the operator, and the
+    # ranks' output teed to /tmp/hyperpod, where the log monitoring reads it.
+    command = ["hyperpodrun", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.devices_per_node}",
+               "--server-host=0.0.0.0", "--server-port=8080", "--tee=3", "--log_dir=/tmp/hyperpod",
+               "-m", "moe_cdk.cli.train"]
+    template = _pod_template(spec, command, _trainer_args(spec), extra_ports=[{"name": "agent", "containerPort": 8080}])
+    return {
+        "apiVersion": "sagemaker.amazonaws.com/v1",
+        "kind": "HyperPodPyTorchJob",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": _labels(spec)},
+        "spec": {
+            "nprocPerNode": str(spec.devices_per_node),
+            "replicaSpecs": [{"name": "pods", "replicas": spec.nodes, "template": template}],
+            "runPolicy": {
+                "jobMaxRetryCount": spec.backoff_limit,
+                "cleanPodPolicy": "None",
+                "logMonitoringConfiguration": [
+                    {"name": "JobStart", "logPattern": PROGRESS_LOG_PATTERN,
+                     "expectedStartCutOffInSeconds": spec.startup_timeout_s},
+                    {"name": "JobHangingDetection", "logPattern": PROGRESS_LOG_PATTERN,
+                     "expectedStartCutOffInSeconds": spec.startup_timeout_s,
+                     "expectedRecurringFrequencyInSeconds": spec.stall_timeout_s},
+                ],
+            },
+        },
+    }
+
+
+def helm_values(spec: EksJobSpec, *, hyperpod: bool = False) -> dict:
+    """The values for ``charts/moe-training`` that render the same job."""
+    return {
+        "name": spec.name,
+        "kind": "HyperPodPyTorchJob" if hyperpod else "PyTorchJob",
+        "image": spec.image,
+        "nodes": spec.nodes,
+        "instanceType": spec.instance_type,
+        "devicesPerNode": spec.devices_per_node,
+        "deviceResource": spec.device_resource,
+        "efaPerNode": spec.efa_per_node,
+        "trainConfig": spec.train_config,
+        "numExperts": spec.num_experts,
+        "expertParallel": spec.expert_parallel,
+        "trainArgs": list(spec.train_args),
+        "claimName": spec.claim_name,
+        "nodeLabels": dict(spec.node_labels),
+        "tolerations": [dict(t) for t in spec.tolerations],
+        "shmSizeGiB": spec.shm_size_gib,
+        "metricsPort": spec.metrics_port,
+        "backoffLimit": spec.backoff_limit,
+        "startupTimeoutSeconds": spec.startup_timeout_s,
+        "stallTimeoutSeconds": spec.stall_timeout_s,
+        "terminationGraceSeconds": spec.termination_grace_s,
+    }
+
+
+def job_spec_from_config(config: Config, *, image: str, group: str | None = None, name: str | None = None,
+                         nodes: int | None = None, train_args: tuple[str, ...] = (), backoff_limit: int = 10,
+                         stall_timeout_s: int = 900, startup_timeout_s: int = 1800) -> EksJobSpec:
+    """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
+    devices, EFA, node selector and tolerations come from the configuration and the instance
+    catalog, the experts and metrics port from the training profile as the trainer reads it;
+    nothing is typed twice. Raises ``ConfigError`` naming the option when the group does not
+    exist or has no accelerators."""
+    chosen = config.cluster.compute_group(group)
+    if nodes is not None and not 1 <= nodes <= chosen.instance_count:
+        raise ConfigError([problem(f"more nodes than group {chosen.name} has", got=nodes,
+                                                 allowed=f"1 to {chosen.instance_count}").at("--nodes")])
+    spec = catalog.lookup(chosen.instance_type)
+    if not spec.is_accelerated:
+        raise ConfigError([problem(f"group {chosen.name} has no accelerators to train on",
+                                                 got=spec.sagemaker_name, allowed="a GPU or Trainium compute group").at("--group")])
+    gpu = spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU
+    profile = load_train_config(config.training.path)
+    return EksJobSpec(
+        name=name or PurePosixPath(config.training.profile).stem,
+        namespace=config.eks.namespace,
+        image=image,
+        nodes=nodes or chosen.instance_count,
+        instance_type=spec.sagemaker_name,
+        devices_per_node=spec.accelerator_count,
+        device_resource=eks_rules.GPU_RESOURCE if gpu else eks_rules.NEURON_RESOURCE,
+        efa_per_node=spec.efa_interfaces,
+        train_config=config.training.image_path,
+        num_experts=profile.moe.num_experts,
+        expert_parallel=profile.parallel.expert,
+        train_args=tuple(train_args),
+        node_labels=dict(chosen.labels),
+        tolerations=tuple(t.toleration() for t in chosen.taints),
+        metrics_port=profile.metrics.prometheus_port,
+        backoff_limit=backoff_limit,
+        startup_timeout_s=startup_timeout_s,
+        stall_timeout_s=stall_timeout_s,
+    )

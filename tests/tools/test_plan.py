@@ -1,0 +1,248 @@
+"""`moe-cdk plan`: the memory formula by hand, the shipped configurations, cost, recommendation and the CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+from conftest import ROOT, SHIPPED_CONFIGS
+
+from moe_cdk.core.problems import ConfigError
+from moe_cdk.schema.config import load_config, parse_config
+from moe_cdk.tools.plan import GIB, load_prices, memory_per_device, plan, render_table, to_json
+from moe_cdk.training.config import load_train_config
+
+TINY = ROOT / "training/configs/tiny.yaml"
+MIXTRAL = ROOT / "training/configs/mixtral-8x7b.yaml"
+MOE_8X1B = ROOT / "training/configs/moe-8x1b.yaml"
+DEFAULT_DATA = yaml.safe_load((ROOT / "config/default.yaml").read_text())
+
+
+def config_with(*, compute: str = "ml.p5en.48xlarge", count: int = 2, orchestrator: str = "slurm",
+                profile: str = "training/configs/mixtral-8x7b.yaml"):
+    """config/default.yaml with its compute group, orchestrator and profile replaced."""
+    data = copy.deepcopy(DEFAULT_DATA)
+    data["cluster"]["orchestrator"] = orchestrator
+    gpu = data["cluster"]["instance_groups"][2]
+    gpu["instance_type"], gpu["instance_count"] = compute, count
+    data["training"]["profile"] = profile
+    return parse_config(data)
+
+
+# ---------------------------------------------------------------------------------- the formula by hand
+
+
+def test_memory_of_a_two_layer_toy_by_hand():
+    # tiny.yaml: 2 layers, h=64, 4 heads (no GQA), ffn=128, seq 64, 4 experts top-2, micro-batch 4;
+    # byte vocab 257; precision fp32.
+    train = load_train_config(TINY)
+    est = memory_per_device(train, world_size=1, vocab_size=257, device_memory_gib=1.0)
+    # Parameters. Vocab padded to a multiple of 1024 (128 per shard up to TP 8): 1024.
+    attention = 64 * (64 + 2 * 64) + 64 * 64  # QKV + output = 16,384
+    router, norms = 64 * 4, 2 * 64  # 256, 128
+    embeddings = 2 * 1024 * 64 + 64  # input + output + final norm = 131,136
+    dense = 2 * (attention + router + norms) + embeddings  # 33,536 + 131,136 = 164,672
+    expert = 2 * 4 * 3 * 64 * 128  # 196,608
+    per_device = dense + expert  # TP = EP = PP = 1
+    assert est.parameters_per_device == per_device == 361_280
+    # fp32: weight 4, gradient 4, Adam 8; no distributed optimizer.
+    assert (est.parameters, est.gradients, est.optimizer) == pytest.approx(
+        (per_device * 4 / GIB, per_device * 4 / GIB, per_device * 8 / GIB))
+    # Activations per layer, T = 64 x 4 = 256 tokens, 4 bytes each:
+    hidden = (8 * 64 + (64 + 2 * 64) + 2 * 64) * 256 * 4  # streams, fused QKV, q and k: 851,968
+    scores = 4 * 64 * 64 * 4 * 4  # heads x s^2 x b, unfused: 262,144
+    bookkeeping = 256 * (13 * 4 + 20 * 2) + 2 * 256 * 4  # router, norm statistics: 25,600
+    experts = 256 * 2 * (64 + 6 * 128) * 4  # routed tokens x (input + SwiGLU intermediates): 1,703,936
+    rotary = 4 * 64 * 16 * 4  # 16,384
+    per_layer = hidden + scores + bookkeeping + experts + rotary  # 2,860,032
+    final_norm, logits = 256 * 64 * 4, 256 * 1024 * 4  # 65,536 and 1,048,576
+    assert est.activations * GIB == pytest.approx(2 * per_layer + final_norm + logits)  # 6,834,176
+    assert (est.layout.tensor, est.layout.pipeline, est.layout.expert, est.layout.data) == (1, 1, 1, 1)
+    assert (est.precision, est.attention, est.distributed_optimizer) == ("fp32", "unfused", False)
+    assert est.capacity == pytest.approx(0.9) and est.fits
+
+
+def test_pipeline_stages_hold_their_layers_and_one_table_each():
+    # 4 layers, pipeline 2 x virtual 2 on 2 devices: 2 micro-batches per step (8 / 4).
+    train = load_train_config(TINY, ["model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_pipeline=2"])
+    est = memory_per_device(train, world_size=2, vocab_size=257, device_memory_gib=1.0)
+    layer = 16_384 + 256 + 128
+    assert est.parameters_per_device == 4 * layer / 2 + (1024 * 64 + 64) + 4 * 4 * 3 * 64 * 128 / 2
+    # 4 layers x min(1, 2 micro-batches / 2 stages) x (1 + (2 - 1) / (2 x 2)) = 5 layers in flight.
+    assert est.activations * GIB == pytest.approx(5 * 2_860_032 + 65_536 + 1_048_576)
+
+
+def test_transformer_engine_attention_keeps_only_softmax_statistics():
+    unfused = memory_per_device(load_train_config(TINY), world_size=1, vocab_size=257, device_memory_gib=1.0)
+    fused = memory_per_device(load_train_config(TINY, ["model.spec=transformer_engine"]), world_size=1,
+                              vocab_size=257, device_memory_gib=1.0)
+    assert (unfused.activations - fused.activations) * GIB == pytest.approx(2 * (262_144 - 4 * 64 * 4 * 4))
+    assert fused.attention == "fused"
+
+
+def test_mixtral_on_16_h200_by_hand():
+    train = load_train_config(MIXTRAL)
+    est = memory_per_device(train, world_size=16, vocab_size=32000, device_memory_gib=131.3)
+    # 46.71B total: dense 1,611,927,552 (32 layers x (GQA attention 41,943,040 + router 32,768 + norms 8,192)
+    # + embeddings 2 x 32,768 (32,000 padded to 1024) x 4,096 + 4,096); experts 32 x 8 x 3 x 4,096 x 14,336.
+    dense, expert = 1_611_927_552 / 2, 45_097_156_608 / 8  # TP 2; EP 8 x ETP 1
+    assert est.parameters_per_device == dense + expert == 6_443_108_352
+    # bf16 weights (2) and fp32 gradients (4); the distributed optimizer shards the fp32 main weights
+    # and Adam moments (12) over data-parallel 8 (dense) and expert-data-parallel 2 (experts).
+    assert (est.parameters + est.gradients) * GIB == pytest.approx(6 * 6_443_108_352)
+    assert est.optimizer * GIB == pytest.approx(12 * (dense / 8 + expert / 2))  # 35,031,813,120
+    # Activations per layer (bf16, T = 4096, t = 2, core-attention recompute: no scores):
+    hidden = (8 * 4096 + (4096 + 2 * 1024) + 2 * 4096 + 4096) * 4096 * 2  # GQA: v expanded: 419,430,400
+    bookkeeping = 4096 * (13 * 8 + 20 * 2) + 2 * 4096 * 4  # 622,592
+    experts = 4096 / 2 * 2 * (4096 + 6 * 14336) * 2  # 738,197,504
+    per_layer = (hidden + bookkeeping) / 2 + experts + 4 * 4096 * 128 * 4  # 956,612,608
+    logits = 4096 * 32768 * 4 / 2
+    assert est.activations * GIB == pytest.approx(32 * per_layer + 4096 * 4096 * 2 / 2 + logits)
+    assert est.total == pytest.approx(97.40, abs=0.01)
+    assert est.capacity == pytest.approx(118.17) and est.fits
+    assert est.layout.describe().startswith("TP2 PP1 EP8 ETP1 DP8 (expert DP2) SP")
+    assert est.checkpoint_gb == pytest.approx(46_709_084_160 * 14 / 1e9)  # 654 GB: weights, main weights, Adam
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+def test_mixtral_without_expert_parallel_on_one_p4de_does_not_fit():
+    config = config_with(compute="ml.p4de.24xlarge", count=1)
+    result = plan(config, train_overrides=["parallel.expert=1", "parallel.tensor=1"])
+    [line] = [str(p) for p in result.problems]
+    assert line.startswith("training.profile: training/configs/mixtral-8x7b.yaml does not fit in device memory (got ")
+    assert "GiB per device'; allowed at most 67.1 GiB per device: 74.5 GiB A100 less 10% reserve)" in line
+    assert not result.memory.fits
+    assert result.memory.total > 260  # 46.7B x 6 bytes (bf16 weights, fp32 gradients) alone is 261 GiB
+
+
+def test_a_layout_that_does_not_fit_the_world_size_is_a_plan_error():
+    config = config_with(count=1)  # 8 GPUs, but expert 8 x expert_tensor 2 needs 16
+    with pytest.raises(ConfigError) as caught:
+        plan(config, train_overrides=["parallel.expert_tensor=2"])
+    assert caught.value.errors == [
+        "training.profile: parallel.expert: expert x expert_tensor x pipeline must divide the world size "
+        "(got '8 x 2 x 1 for 8 processes'; allowed a product dividing 8)"]
+
+
+# ---------------------------------------------------------------------------------- shipped configurations
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS)
+def test_every_shipped_configuration_plans(path):
+    result = plan(load_config(ROOT / path))
+    assert result.memory.fits
+    assert result.cost_per_hour_usd and result.cost_per_hour_usd > 0
+    assert result.tokens_per_second > 0 and result.cost_per_billion_tokens_usd > 0
+    assert "does not fit" not in render_table(result)
+
+
+MODERN_PROFILES = ("training/configs/qwen3-30b-a3b.yaml", "training/configs/deepseek-v3-style-16b.yaml")
+P5EN_CONFIGS = [p for p in SHIPPED_CONFIGS if "ml.p5en.48xlarge" in (ROOT / p).read_text()]
+
+
+@pytest.mark.parametrize("profile", MODERN_PROFILES)
+@pytest.mark.parametrize("path", P5EN_CONFIGS)
+def test_modern_profiles_fit_every_p5en_configuration(path, profile):
+    result = plan(load_config(ROOT / path), train_config_path=str(ROOT / profile))
+    assert result.accelerator == "H200" and result.memory.fits
+
+
+@pytest.mark.parametrize("profile", MODERN_PROFILES)
+def test_modern_profiles_fit_four_p5en_nodes(profile):
+    result = plan(config_with(count=4, profile=profile))
+    assert result.world_size == 32 and result.memory.fits
+
+
+def test_p5_fits_mixtral_with_tensor_parallel_4():
+    result = plan(load_config(ROOT / "config/p5-efa-lustre.yaml"), train_overrides=["parallel.tensor=4"])
+    assert result.world_size == 32 and result.memory.fits
+    assert (result.memory.layout.tensor, result.memory.layout.expert, result.memory.layout.data) == (4, 8, 8)
+
+
+def test_json_output_keys():
+    result = to_json(plan(load_config(ROOT / "config/default.yaml")))
+    json.dumps(result)
+    assert set(result) == {
+        "config", "region", "profile", "instance_type", "nodes", "world_size", "accelerator", "vocab_size",
+        "parameters", "layout", "memory_gib", "cost_per_hour_usd", "mfu", "tokens_per_second",
+        "cost_per_billion_tokens_usd", "run_tokens", "estimated_run_hours", "checkpoint", "recommendation", "notes"}
+    assert set(result["memory_gib"]) == {"parameters", "gradients", "optimizer", "activations", "total", "capacity", "fits",
+                                         "precision", "distributed_optimizer", "attention", "recompute"}
+    assert result["layout"] == {"tensor": 2, "pipeline": 1, "virtual_pipeline": None, "expert": 8, "expert_tensor": 1,
+                                "data": 8, "expert_data": 2}
+    # 654 GB at 4,800 GiB x 250 MB/s/TiB = 1,172 MB/s: about 9.3 minutes a save.
+    assert result["checkpoint"]["save_s"] == pytest.approx(654e3 / 1171.875, rel=1e-3)
+    assert set(result["recommendation"]) == {"orchestrator", "reasons"}
+    assert any("assumed a 32000-token vocabulary" in note for note in result["notes"])
+
+
+def test_cost_is_the_sum_of_group_counts_times_price():
+    config = load_config(ROOT / "config/default.yaml")
+    prices = load_prices()
+    expected = sum(g.instance_count * prices[(g.instance_type, config.region)] for g in config.cluster.instance_groups)
+    assert expected == pytest.approx(2 * prices[("ml.m5.2xlarge", "us-east-2")] + 2 * prices[("ml.p5en.48xlarge", "us-east-2")])
+    result = plan(config)
+    assert result.cost_per_hour_usd == pytest.approx(expected)
+    assert result.cost_per_billion_tokens_usd == pytest.approx(expected / (result.tokens_per_second * 3600) * 1e9)
+
+
+def test_prices_file_covers_the_catalog_in_three_regions():
+    data = yaml.safe_load((ROOT / "tools/prices.yaml").read_text())
+    assert data["source"] and data["retrieved"]
+    for entry in data["prices"]:
+        assert set(entry) == {"instance_type", "region", "usd_per_hour", "confirmed"}
+    types = {"ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge",
+             *(f"ml.m5.{s}" for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge"))}
+    assert set(load_prices()) == {(t, r) for t in types for r in ("us-east-1", "us-east-2", "us-west-2")}
+
+
+def test_a_missing_price_gives_no_cost_and_a_note(tmp_path):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("source: test\nretrieved: today\nprices: []\n")
+    result = plan(load_config(ROOT / "config/default.yaml"), prices_path=prices)
+    assert result.cost_per_hour_usd is None and result.cost_per_billion_tokens_usd is None
+    assert any("no price for ml.p5en.48xlarge in us-east-2" in note for note in result.notes)
+
+
+def test_throughput_follows_flops_per_token_and_mfu():
+    from moe_cdk.training.model import flops_per_token
+
+    result = plan(load_config(ROOT / "config/default.yaml"), mfu=0.5)
+    flops = flops_per_token(load_train_config(MIXTRAL), 32000)
+    assert result.tokens_per_second == pytest.approx(0.5 * 989e12 * 16 / flops)
+    assert result.estimated_run_hours == pytest.approx(50_000 * 256 * 4096 / result.tokens_per_second / 3600)
+
+
+# ---------------------------------------------------------------------------------- recommendation
+
+
+def test_a_short_run_on_one_node_is_a_training_job():
+    config = config_with(count=1, profile="training/configs/moe-8x1b.yaml")
+    result = plan(config, train_overrides=["max_steps=100"])
+    assert result.estimated_run_hours < 1
+    assert result.recommendation == "training-job"
+    assert any("under 24 h" in reason for reason in result.reasons)
+
+
+def test_a_long_run_is_slurm():
+    result = plan(load_config(ROOT / "config/default.yaml"))
+    assert result.estimated_run_hours > 24
+    assert result.recommendation == "slurm"
+    assert any("automatic resume" in reason for reason in result.reasons)
+
+
+def test_a_run_beyond_28_days_names_the_training_jobs_limit():
+    result = plan(load_config(ROOT / "config/default.yaml"), train_overrides=["max_steps=500000"])
+    assert result.estimated_run_hours > 28 * 24
+    assert result.recommendation == "slurm"
+    assert any("28-day Training Jobs limit" in reason for reason in result.reasons)
+
+
+def test_an_eks_configuration_is_recommended_eks():
+    result = plan(load_config(ROOT / "config/eks-p5en.yaml"))
+    assert result.recommendation == "eks"
+    assert any("eks" in reason for reason in result.reasons)

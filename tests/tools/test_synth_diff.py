@@ -1,0 +1,389 @@
+"""``moe-cdk diff``: the template diff on hand-made templates and on the shipped configurations' templates,
+and one real diff between two commits."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
+from conftest import SHIPPED_CONFIGS, synth
+
+from moe_cdk.cli.diff import add_parser
+from moe_cdk.core.problems import ConfigError
+from moe_cdk.schema.config import load_config
+from moe_cdk.tools import synth_diff
+from moe_cdk.tools.synth_diff import (
+    diff_templates,
+    render_markdown,
+    synth_revision,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _template(**resources) -> dict:
+    return {"Resources": {
+        "CDKMetadata": {"Type": "AWS::CDK::Metadata", "Properties": {"Analytics": "v2:x"}},
+        **resources,
+    }}
+
+
+def _resource(type_: str, metadata_path: str = "stack/x/Resource", **properties) -> dict:
+    return {"Type": type_, "Properties": properties, "Metadata": {"aws:cdk:path": metadata_path}}
+
+
+def _only(diff, stack="s"):
+    (stack_diff,) = [s for s in diff.stacks if s.name == stack]
+    (change,) = stack_diff.resources
+    return change
+
+
+def test_identical_templates_are_an_empty_diff():
+    template = _template(Bucket=_resource("AWS::S3::Bucket"))
+    diff = diff_templates({"s": template}, {"s": template})
+    assert diff.empty
+    assert "No infrastructure changes." in render_markdown(diff, "HEAD", "working tree")
+
+
+def test_metadata_and_cdk_metadata_are_ignored():
+    old = _template(Bucket=_resource("AWS::S3::Bucket", "stack/old/Resource"))
+    new = _template(Bucket=_resource("AWS::S3::Bucket", "stack/new/Resource"))
+    new["Resources"]["CDKMetadata"]["Properties"]["Analytics"] = "v2:y"
+    assert diff_templates({"s": old}, {"s": new}).empty
+
+
+def test_added_and_removed():
+    old = _template(Old=_resource("AWS::S3::Bucket"))
+    new = _template(New=_resource("AWS::Logs::LogGroup", RetentionInDays=7))
+    diff = diff_templates({"s": old}, {"s": new})
+    kinds = {r.logical_id: r.kind for r in diff.stacks[0].resources}
+    assert kinds == {"Old": "removed", "New": "added"}
+    assert (diff.count("added"), diff.count("removed")) == (1, 1)
+    text = render_markdown(diff, "a", "b")
+    assert "1 added, 1 removed, 0 replaced, 0 modified" in text
+
+
+def test_replaced_by_type_change():
+    old = _template(Thing=_resource("AWS::S3::Bucket"))
+    new = _template(Thing=_resource("AWS::Logs::LogGroup"))
+    change = _only(diff_templates({"s": old}, {"s": new}))
+    assert change.kind == "replaced"
+    assert "AWS::S3::Bucket" in change.replacement_reasons[0]
+
+
+def test_replaced_by_replacement_property_including_nested():
+    # The registry schema of AWS::EKS::Cluster lists /properties/KubernetesNetworkConfig/ServiceIpv4Cidr.
+    old = _template(Eks=_resource("AWS::EKS::Cluster", Version="1.33",
+                                  KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "172.20.0.0/16"}))
+    new = _template(Eks=_resource("AWS::EKS::Cluster", Version="1.33",
+                                  KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "10.100.0.0/16"}))
+    change = _only(diff_templates({"s": old}, {"s": new}))
+    assert change.kind == "replaced"
+    assert change.replacement_reasons == ["KubernetesNetworkConfig.ServiceIpv4Cidr"]
+    assert [c.path for c in change.changes] == ["KubernetesNetworkConfig.ServiceIpv4Cidr"]
+    assert "⚠ replacement" in render_markdown(diff_templates({"s": old}, {"s": new}), "a", "b")
+
+    subnet_old = _template(Sn=_resource("AWS::EC2::Subnet", CidrBlock="10.0.0.0/18", VpcId={"Ref": "Vpc"}))
+    subnet_new = _template(Sn=_resource("AWS::EC2::Subnet", CidrBlock="10.0.0.0/19", VpcId={"Ref": "Vpc"}))
+    assert _only(diff_templates({"s": subnet_old}, {"s": subnet_new})).replacement_reasons == ["CidrBlock"]
+
+
+def test_modified_lists_paths_with_old_and_new_values():
+    old = _template(Fs=_resource("AWS::FSx::FileSystem", StorageCapacity=4800, Tags=[{"Key": "a", "Value": "1"}]))
+    new = _template(Fs=_resource("AWS::FSx::FileSystem", StorageCapacity=9600, Tags=[{"Key": "a", "Value": "2"}]))
+    diff = diff_templates({"s": old}, {"s": new})
+    change = _only(diff)
+    assert change.kind == "modified" and not change.iam and not change.security_group
+    assert {c.path: (c.old, c.new) for c in change.changes} == {
+        "StorageCapacity": (4800, 9600), "Tags[0].Value": ("1", "2")}
+    text = render_markdown(diff, "a", "b")
+    assert "`StorageCapacity`: `4800` → `9600`" in text
+
+
+def test_long_values_are_shortened():
+    old = _template(P=_resource("AWS::SSM::Parameter", Value="x" * 300 + "old"))
+    new = _template(P=_resource("AWS::SSM::Parameter", Value="x" * 300 + "new"))
+    text = render_markdown(diff_templates({"s": old}, {"s": new}), "a", "b")
+    row = next(line for line in text.splitlines() if "`P`" in line)
+    assert "old" in row and "new" in row and "x" * 100 not in row
+
+
+def test_iam_flag():
+    policy = {"Statement": [{"Action": "s3:GetObject", "Effect": "Allow", "Resource": "*"}]}
+    wider = {"Statement": [{"Action": "s3:*", "Effect": "Allow", "Resource": "*"}]}
+    old = _template(Pol=_resource("AWS::IAM::Policy", PolicyDocument=policy),
+                    Bp=_resource("AWS::S3::BucketPolicy", Bucket="b", PolicyDocument=policy))
+    new = _template(Pol=_resource("AWS::IAM::Policy", PolicyDocument=wider),
+                    Bp=_resource("AWS::S3::BucketPolicy", Bucket="b", PolicyDocument=wider))
+    diff = diff_templates({"s": old}, {"s": new})
+    assert all(r.iam for r in diff.stacks[0].resources) and diff.iam
+    text = render_markdown(diff, "a", "b")
+    assert "🔒 IAM" in text and "🔒 security group" not in text
+
+
+def test_security_group_flag():
+    rule = {"IpProtocol": "-1", "CidrIp": "10.0.0.0/16"}
+    old = _template(Sg=_resource("AWS::EC2::SecurityGroup", GroupDescription="d", SecurityGroupIngress=[rule]),
+                    Fs=_resource("AWS::SageMaker::Domain", SecurityGroupIds=["sg-1"]))
+    new = _template(Sg=_resource("AWS::EC2::SecurityGroup", GroupDescription="d",
+                                 SecurityGroupIngress=[{**rule, "CidrIp": "0.0.0.0/0"}]),
+                    Fs=_resource("AWS::SageMaker::Domain", SecurityGroupIds=["sg-2"]))
+    diff = diff_templates({"s": old}, {"s": new})
+    assert all(r.security_group for r in diff.stacks[0].resources) and not diff.iam
+    assert "🔒 security group" in render_markdown(diff, "a", "b")
+
+
+def test_access_entry_principal_change_is_a_replacement_and_a_security_change():
+    entry = {"ClusterName": {"Ref": "Cluster"}, "Type": "STANDARD", "PrincipalArn": "arn:aws:iam::111122223333:role/a"}
+    old = _template(Entry=_resource("AWS::EKS::AccessEntry", **entry))
+    new = _template(Entry=_resource("AWS::EKS::AccessEntry", **{**entry,
+                                                                "PrincipalArn": "arn:aws:iam::111122223333:role/b"}))
+    diff = diff_templates({"s": old}, {"s": new})
+    change = _only(diff)
+    assert change.kind == "replaced" and change.replacement_reasons == ["PrincipalArn"]
+    assert change.security and change.iam and diff.security
+    assert "| ⚠ replacement 🔒 IAM | `Entry` | AWS::EKS::AccessEntry |" in render_markdown(diff, "a", "b")
+
+
+POLICY = {"Statement": [{"Action": "kms:*", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::1:root"}}]}
+ACCESS_CHANGES = [  # (type, property, old value, new value)
+    ("AWS::EKS::AccessEntry", "KubernetesGroups", ["viewers"], ["admins"]),
+    ("AWS::S3::BucketPolicy", "Bucket", "a", "b"),
+    ("AWS::IAM::InstanceProfile", "Roles", ["a"], ["b"]),
+    ("AWS::IAM::Role", "MaxSessionDuration", 3600, 43200),
+    ("AWS::KMS::Key", "KeyPolicy", POLICY, {**POLICY, "Version": "2012-10-17"}),
+]
+
+
+@pytest.mark.parametrize(("type_", "name", "old", "new"),
+                         [pytest.param(*case, id=f"{case[0]}.{case[1]}") for case in ACCESS_CHANGES])
+def test_access_changes_are_security_changes(type_, name, old, new):
+    """Any change to an access resource, and a policy change on any resource, is an IAM (security) change."""
+    diff = diff_templates({"s": _template(R=_resource(type_, **{name: old}))},
+                          {"s": _template(R=_resource(type_, **{name: new}))})
+    change = _only(diff)
+    assert change.iam and change.security and not change.security_group
+
+
+def test_outputs_and_parameters_are_a_separate_section():
+    old = {**_template(), "Outputs": {"A": {"Value": "1"}, "Gone": {"Value": "x"}}, "Parameters": {}}
+    new = {**_template(), "Outputs": {"A": {"Value": "2"}}, "Parameters": {"P": {"Type": "String"}}}
+    diff = diff_templates({"s": old}, {"s": new})
+    assert not diff.empty and diff.stacks[0].resources == []
+    assert {(s.section, s.name, s.kind) for s in diff.stacks[0].sections} == {
+        ("Outputs", "A", "modified"), ("Outputs", "Gone", "removed"), ("Parameters", "P", "added")}
+    assert "Parameters and outputs:" in render_markdown(diff, "a", "b")
+
+
+def test_stack_added():
+    diff = diff_templates({}, {"new-stack": _template(B=_resource("AWS::S3::Bucket"))})
+    assert diff.stacks[0].status == "added"
+    assert "new-stack (stack added)" in render_markdown(diff, "a", "b")
+
+
+@cache
+def _shipped_templates() -> dict[str, dict[str, dict]]:
+    """{configuration: {stack name: template}} of every shipped configuration, synthesized once per run
+    (at collection: the parametrization below needs the resource types)."""
+    templates = {}
+    for config_path in SHIPPED_CONFIGS:
+        with tempfile.TemporaryDirectory(prefix="synth-diff-") as outdir:
+            templates[config_path] = synth(load_config(ROOT / config_path), Path(outdir))
+    return templates
+
+
+def _deployed_types() -> dict[str, tuple[str, str, str]]:
+    """{resource type: (configuration, stack, logical id) of its first resource} over the shipped configurations."""
+    found: dict[str, tuple[str, str, str]] = {}
+    for config_path, templates in _shipped_templates().items():
+        for stack, template in sorted(templates.items()):
+            for logical_id, resource in sorted(template.get("Resources", {}).items()):
+                if resource["Type"] not in synth_diff.IGNORED_RESOURCE_TYPES:
+                    found.setdefault(resource["Type"], (config_path, stack, logical_id))
+    return found
+
+
+DEPLOYED_TYPES = _deployed_types()
+
+
+def _has(value, keys: list[str]) -> bool:
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return False
+        value = value[key]
+    return True
+
+
+def _set(properties: dict, keys: list[str], value) -> None:
+    for key in keys[:-1]:
+        if not isinstance(properties.get(key), dict):
+            properties[key] = {}
+        properties = properties[key]
+    properties[keys[-1]] = value
+
+
+@pytest.mark.parametrize("resource_type", sorted(DEPLOYED_TYPES))
+def test_changing_a_create_only_property_is_a_replacement(resource_type):
+    """For each type the shipped configurations deploy: a copy of its template with one of the type's
+    createOnlyProperties (read from the registry schema here, not through synth_diff) changed is a replacement."""
+    schema = PROVIDER_SCHEMA_MANAGER.get_resource_schema(synth_diff.SCHEMA_REGION, resource_type).schema
+    paths = [pointer.split("/")[2:] for pointer in schema.get("createOnlyProperties", [])
+             if pointer.startswith("/properties/") and "*" not in pointer]
+    if not paths:
+        pytest.skip(f"{resource_type}: its registry schema lists no createOnlyProperties (outside list items)")
+    config_path, stack, logical_id = DEPLOYED_TYPES[resource_type]
+    old = _shipped_templates()[config_path][stack]
+    new = copy.deepcopy(old)
+    properties = new["Resources"][logical_id].setdefault("Properties", {})
+    keys = next((k for k in paths if _has(properties, k)), paths[0])  # one the resource sets, if any
+    _set(properties, keys, "changed-by-test")
+    change = _only(diff_templates({stack: old}, {stack: new}), stack)
+    assert (change.logical_id, change.kind) == (logical_id, "replaced")
+    assert ".".join(keys) in change.replacement_reasons
+
+
+@pytest.fixture
+def counted_schema_reads(monkeypatch) -> Iterator[list[str]]:
+    """The types whose schema synth_diff reads from cfn-lint from now on, with its cache emptied before and after."""
+    real, reads = synth_diff.schema_manager(), []
+
+    class Counting:
+        def get_resource_schema(self, region: str, resource_type: str):
+            reads.append(resource_type)
+            return real.get_resource_schema(region, resource_type)
+
+    monkeypatch.setattr(synth_diff, "schema_manager", Counting)
+    synth_diff.create_only_paths.cache_clear()
+    yield reads
+    synth_diff.create_only_paths.cache_clear()
+
+
+def test_each_schema_is_read_once_per_run(counted_schema_reads):
+    subnets = [_template(**{name: _resource("AWS::EC2::Subnet", CidrBlock=cidr, VpcId={"Ref": "Vpc"})
+                            for name in ("A", "B")}) for cidr in ("10.0.0.0/18", "10.0.0.0/19")]
+    for _ in range(2):
+        assert diff_templates({"s": subnets[0]}, {"s": subnets[1]}).count("replaced") == 2
+    assert counted_schema_reads == ["AWS::EC2::Subnet"]
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=test", "-c", "user.email=test@example.com",
+                    "-c", "commit.gpgsign=false", *args], check=True, capture_output=True)
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: {old!r} not found"
+    path.write_text(text.replace(old, new))
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A clone of HEAD with two commits of its own: rev1 marks the network stack's description
+    (so the base revision's code differs from both /work/main and the working tree), rev2 changes
+    the marker again and the default configuration's storage capacity and subnet mask."""
+    repo = tmp_path_factory.mktemp("diff") / "repo"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(repo)], check=True, capture_output=True)
+    deployment = repo / "stacks/deployment.py"
+    _edit(deployment, 'description="moe-cdk: VPC', 'description="moe-cdk [rev1]: VPC')
+    _git(repo, "commit", "--quiet", "-am", "rev1")
+    _edit(deployment, "moe-cdk [rev1]: VPC", "moe-cdk [rev2]: VPC")
+    config = repo / "config/default.yaml"
+    _edit(config, "storage_capacity_gib: 4800", "storage_capacity_gib: 9600")
+    _edit(config, "private_subnet_cidr_mask: 18", "private_subnet_cidr_mask: 19")
+    _git(repo, "commit", "--quiet", "-am", "rev2: bigger file system, smaller subnets")
+    return repo
+
+
+def _worktrees(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+
+
+def test_two_commits(clone, tmp_path, monkeypatch, capsys):
+    """``moe-cdk diff HEAD~1`` run in the clone: base from a temporary worktree, head from the clone's files."""
+    synthesized = {}
+    real = synth_diff.synth_revision
+
+    def recording(ref, config, outdir, repo):
+        synthesized[ref] = real(ref, config, outdir, repo)
+        return synthesized[ref]
+
+    monkeypatch.setattr(synth_diff, "synth_revision", recording)
+    monkeypatch.chdir(clone)
+    output = tmp_path / "diff.md"
+    args = _args("HEAD~1", "--output", str(output))
+    assert args.run(args) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {output}"
+    base_commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD~1"], capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    base, head = synthesized[base_commit], synthesized[None]
+    # Each side ran its own code: rev1 exists only in the removed worktree, rev2 only in the clone.
+    assert base["moe-network"]["Description"].startswith("moe-cdk [rev1]")
+    assert head["moe-network"]["Description"].startswith("moe-cdk [rev2]")
+    assert len(_worktrees(clone).strip().splitlines()) == 1  # the temporary worktree is gone
+
+    diff = diff_templates(base, head)
+    text = output.read_text()
+    assert text == render_markdown(diff, f"HEAD~1 ({base_commit[:12]})", "working tree")
+    print(text)
+    fs_row = next(line for line in text.splitlines() if "AWS::FSx::FileSystem" in line)
+    assert fs_row.startswith("| modified") and "`StorageCapacity`: `4800` → `9600`" in fs_row
+    subnet_rows = [line for line in text.splitlines() if "| AWS::EC2::Subnet |" in line]
+    assert subnet_rows and all(row.startswith("| ⚠ replacement") for row in subnet_rows)
+    assert all(re.search(r'`CidrBlock`: `"10\.0\.[0-9.]+/18"` → `"10\.0\.[0-9.]+/19"`', row) for row in subnet_rows)
+    assert diff.count("replaced") >= len(subnet_rows)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="moe-cdk")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["diff", *argv])
+
+
+def test_bad_ref_exits_2(clone, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(clone)
+    args = _args("no-such-branch", "--output", str(tmp_path / "diff.md"))
+    assert args.base_ref == "no-such-branch" and args.config == "config/default.yaml"
+    assert args.run(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "moe-cdk diff: 1 problem(s)", "  BASE_REF: not a revision (got 'no-such-branch'; allowed a commit, branch or tag)"]
+    assert not (tmp_path / "diff.md").exists()
+    with pytest.raises(ConfigError, match="not a revision"):
+        synth_revision("no-such-branch", "config/default.yaml", tmp_path / "out", clone)
+    assert _args().base_ref == "HEAD"
+
+
+def test_invalid_config_exits_2_with_its_errors(clone, tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((clone / "config/default.yaml").read_text().replace("storage_capacity_gib: 9600",
+                                                                        "storage_capacity_gib: 7"))
+    monkeypatch.chdir(clone)
+    args = _args("HEAD~1", "--config", str(bad))
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "storage_capacity_gib" in err
+    assert len(_worktrees(clone).strip().splitlines()) == 1
+
+
+def test_missing_cfn_lint_exits_1_before_synth(clone, monkeypatch, capsys):
+    def missing():
+        raise ImportError("No module named 'cfnlint'")
+
+    def no_synth(*args):
+        raise AssertionError("synthesized without cfn-lint")
+
+    monkeypatch.setattr(synth_diff, "schema_manager", missing)
+    monkeypatch.setattr(synth_diff, "synth_revision", no_synth)
+    monkeypatch.chdir(clone)
+    args = _args("HEAD~1")
+    assert args.run(args) == 1
+    assert capsys.readouterr().err.strip() == (
+        "moe-cdk diff: cfn-lint is not installed (No module named 'cfnlint'); pip install cfn-lint")

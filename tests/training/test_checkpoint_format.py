@@ -1,0 +1,51 @@
+"""The trainer's checkpoint reader and writer (training/checkpoint_format.py) against torch's own
+reader and megatron's stock writer, through tests/checkpoint_format_probe.py in one process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from trainer_runs import ENV, ROOT
+
+PROBE = ROOT / "tests/checkpoint_format_probe.py"
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> dict:
+    done = subprocess.run([sys.executable, str(PROBE), str(tmp_path_factory.mktemp("checkpoint-format"))],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_case_loads_what_torchs_reader_loads(probe):
+    assert probe["cases"] == {name: {"equals_reference": True, "equals_saved": True} for name in probe["cases"]}
+
+
+def test_whole_contiguous_tensors_are_read_in_place_and_the_rest_copied(probe):
+    # in place: fp32, bf16, int64, a scalar, 3 floats; copied: a transposed tensor, and the
+    # archive two fragments are read from
+    assert probe["paths"] == {"in_place": 5, "copied": 2}
+
+
+def test_a_non_contiguous_target_is_copied_into(probe):
+    assert probe["non_contiguous_target"] == {"equals_reference": True, "equals_saved": True}
+    assert probe["non_contiguous_paths"] == {"in_place": 4, "copied": 3}
+
+
+def test_a_wrong_guess_of_where_the_bytes_start_is_caught_and_copied_instead(probe):
+    assert probe["wrong_offset_paths"] == {"in_place": 0, "copied": 7}
+    assert all(case == {"equals_reference": True, "equals_saved": True} for case in probe["wrong_offset"].values())
+
+
+def test_archives_are_written_without_checksums(probe):
+    assert not any(probe["checksums"]["ours"]["written"])
+    # the check can tell: megatron's stock writer sets them, and right
+    assert all(probe["checksums"]["stock"]["written"]) and all(probe["checksums"]["stock"]["right"])
+
+
+def test_the_checksum_setting_is_restored_after_a_save(probe):
+    assert probe["crc_setting_after_save"] is True

@@ -1,0 +1,276 @@
+"""The trainer end to end on CPU: real megatron-core, gloo, real checkpoints and signals."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from survivors import alive, descendants
+from trainer_runs import ENV, ROOT, TINY, data_prefix, final_parameters, records, run_training, train_command  # noqa: F401 (fixture)
+
+from moe_cdk.training.checkpoint import MARKER, CheckpointManager
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory, data_prefix) -> Path:
+    """20 uninterrupted steps on one process, checkpointing every 4."""
+    run_dir = tmp_path_factory.mktemp("single")
+    result = run_training(run_dir, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_single_process_loss_falls(single_run):
+    losses = [r["loss"] for r in records(single_run)]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
+
+
+def test_every_record_has_step_and_loss(single_run):
+    assert [r["step"] for r in records(single_run)] == list(range(1, 21))
+
+
+def test_metrics_hold_tokens_per_expert_for_every_layer(single_run):
+    record = records(single_run)[-1]
+    # 8 samples x 64 tokens x top-2 routing, per layer, 2 layers of 4 experts.
+    assert [sum(layer) for layer in record["tokens_per_expert"]] == [8 * 64 * 2] * 2
+    assert all(len(layer) == 4 for layer in record["tokens_per_expert"])
+
+
+def test_moe_figures_are_per_step_when_records_are_sparse(tmp_path, data_prefix, single_run):
+    # Records every 2 steps: expert load is the average over the 2 steps (each expert's count
+    # rounded), so it reads as it would with a record at every step, not twice as high.
+    result = run_training(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4", "--set", "metrics.log_interval=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    sparse = records(tmp_path)
+    assert [r["step"] for r in sparse] == [2, 4]
+    assert all(abs(sum(layer) - 8 * 64 * 2) <= 2 for r in sparse for layer in r["tokens_per_expert"])
+
+
+def test_metrics_hold_router_entropy_and_imbalance(single_run):
+    record = records(single_run)[-1]
+    assert len(record["router_entropy"]) == 2
+    assert all(0 < e <= record["router_entropy_max"] for e in record["router_entropy"])
+    assert all(1.0 <= i <= 4.0 for i in record["expert_imbalance"])
+
+
+def test_metrics_hold_aux_losses_and_throughput(single_run):
+    record = records(single_run)[-1]
+    assert len(record["load_balancing_loss"]) == 2 and len(record["z_loss"]) == 2
+    assert record["tokens_per_s"] > 0 and record["dispatch_time_s"] > 0 and record["peak_memory_gib"] > 0
+
+
+def test_only_the_last_two_complete_checkpoints_are_kept(single_run):
+    assert sorted(p.name for p in (single_run / "ckpt").glob("step-*")) == ["step-16", "step-20"]
+    assert (single_run / "ckpt/step-20" / MARKER).is_file()
+
+
+def test_two_processes_with_expert_parallel_2_train(tmp_path, data_prefix, single_run):
+    result = run_training(tmp_path, data_prefix, "--max-steps", "10", "--save-interval", "10",
+                          "--set", "parallel.expert=2", "--set", "data.num_workers=1", nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [r["loss"] for r in records(tmp_path)]
+    assert len(losses) == 10 and losses[-1] < losses[0] - 0.5
+
+
+def test_kubeflow_pod_starts_one_rank_per_device_and_trains(tmp_path, data_prefix, single_run):
+    # What a PyTorchJob pod with nprocPerNode: "2" sees: one process, the node described by PET_*.
+    pod_env = {**ENV, "PET_NPROC_PER_NODE": "2", "PET_NNODES": "1", "PET_NODE_RANK": "0",
+               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(29600 + random.randint(301, 600))}
+    result = subprocess.run(train_command(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4",
+                                          "--set", "parallel.expert=2"), cwd=ROOT, env=pod_env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_allgather_dispatcher_with_capacity_factor_trains(tmp_path, data_prefix, single_run):
+    result = run_training(tmp_path, data_prefix, "--max-steps", "3", "--save-interval", "3",
+                          "--set", "moe.token_dispatcher=allgather", "--set", "moe.capacity_factor=1.0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
+
+
+def test_core_attention_recompute_with_dropout_trains_the_same_losses(tmp_path, data_prefix):
+    # Recompute restores the generator before the recomputed forward (cpu_compat on CPU), so the
+    # recomputed attention dropout draws the same mask and the step is the same.
+    common = ("--max-steps", "3", "--save-interval", "3", "--set", "model.dropout=0.1")
+    plain = run_training(tmp_path / "plain", data_prefix, *common)
+    recomputed = run_training(tmp_path / "recompute", data_prefix, *common, "--set", "recompute.granularity=selective",
+                              "--set", "recompute.modules=[core_attn]")
+    assert plain.returncode == recomputed.returncode == 0, recomputed.stderr[-3000:]
+    assert [r["loss"] for r in records(tmp_path / "recompute")] == pytest.approx(
+        [r["loss"] for r in records(tmp_path / "plain")], rel=1e-6)
+
+
+def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_run):
+    kill_after = random.Random().randint(6, 17)
+    command = train_command(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    metrics = tmp_path / "metrics.jsonl"
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, f"the run ended before the kill at step {kill_after}"
+
+    resumed = run_training(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    assert records(tmp_path)[-1]["loss"] == records(single_run)[-1]["loss"]
+    reference = final_parameters(single_run / "ckpt/step-20", tmp_path / "reference.pt")
+    interrupted = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "interrupted.pt")
+    assert reference.keys() == interrupted.keys() and reference
+    assert all(torch.equal(reference[k], interrupted[k]) for k in reference)
+
+
+def test_a_rank_killed_mid_save_leaves_no_process_behind(tmp_path, data_prefix):
+    # A save every step, so the kill lands during one (or right next to one); the checkpoint
+    # writer's manager runs from the start.
+    command = train_command(tmp_path, data_prefix, "--max-steps", "200", "--save-interval", "1")
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, helpers = tmp_path / "metrics.jsonl", set()
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        helpers |= descendants(process.pid)
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    helpers |= descendants(process.pid)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL and helpers, "the run ended, or started no helper, before the kill"
+    deadline = time.time() + 10
+    while alive(helpers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(helpers), f"outlived the killed rank: {sorted(alive(helpers))}"
+
+
+def test_truncated_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, data_prefix, single_run):
+    run_dir = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(single_run), str(run_dir)], check=True)
+    shard = max((run_dir / "ckpt/step-20").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    result = run_training(run_dir, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"skipping checkpoint {run_dir / 'ckpt/step-20'}: {shard.name} has" in result.stderr
+    assert f"resumed from {run_dir / 'ckpt/step-16'}" in result.stderr
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_retryable(tmp_path, data_prefix, single_run):
+    command = train_command(tmp_path, data_prefix, "--max-steps", "1000", "--save-interval", "1000")
+    process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 143, stderr[-3000:]
+    last_step = records(tmp_path)[-1]["step"]
+    assert CheckpointManager.problem_with(tmp_path / f"ckpt/step-{last_step}") is None
+
+
+def test_configuration_error_exits_2_with_keyed_lines(tmp_path, data_prefix):
+    result = run_training(tmp_path, data_prefix, "--set", "moe.top_k=9", "--set", "model.hidden_size=63")
+    assert result.returncode == 2
+    assert "  moe.top_k: out of range (got 9; allowed 1 to num_experts (4))" in result.stderr
+    assert "  model.num_attention_heads: must divide hidden_size (got 4; allowed a divisor of 63)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_layout_that_does_not_fit_the_world_size_exits_2(tmp_path, data_prefix):
+    result = run_training(tmp_path, data_prefix, "--set", "optim.global_batch_size=6")
+    assert result.returncode == 2
+    assert "optim.global_batch_size: must be a multiple of micro_batch_size x data-parallel size" in result.stderr
+
+
+def test_missing_dataset_and_tokenizer_exit_2_before_training(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "moe_cdk.cli.train", "--config", str(TINY),
+         "--set", f"data.prefixes=[{tmp_path / 'absent_document'}]", "--set", "data.prepare_from=[]",
+         "--set", f"data.tokenizer={tmp_path / 'tokenizer.json'}"],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"  data.tokenizer: no such file (got '{tmp_path / 'tokenizer.json'}';" in result.stderr
+    assert f"  data.prefixes[0]: dataset files missing (.bin, .idx) (got '{tmp_path / 'absent_document'}';" in result.stderr
+
+
+def test_deepseek_style_routing_trains_and_moves_the_expert_bias(tmp_path, data_prefix, single_run):
+    # Sigmoid scores, aux-loss-free expert bias, a shared expert and group-limited routing
+    # (test_train_config.DEEPSEEK_ROUTER), all megatron-core's own, on CPU.
+    from test_train_config import DEEPSEEK_ROUTER
+
+    overrides = [arg for option in DEEPSEEK_ROUTER for arg in ("--set", option)]
+    result = run_training(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "20", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [r["loss"] for r in records(tmp_path)]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
+    parameters = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "final.pt")
+    (bias,) = [v for k, v in parameters.items() if k.endswith("router.expert_bias")]  # layers stacked
+    assert bias.shape == (2, 8) and bool((bias.abs().sum(dim=1) > 0).all()), bias  # moved from 0 in both layers
+    assert any(".shared_experts." in k for k in parameters)
+    assert _parameter_count(parameters) == _planned_parameters(parameters, *DEEPSEEK_ROUTER)
+
+
+def test_planned_parameter_count_is_megatrons(single_run, tmp_path):
+    parameters = final_parameters(single_run / "ckpt/step-20", tmp_path / "final.pt")
+    assert _parameter_count(parameters) == _planned_parameters(parameters)
+
+
+def _parameter_count(parameters: dict) -> int:
+    """Trainable parameters in a checkpoint: without the router's expert-bias buffer."""
+    return sum(v.numel() for k, v in parameters.items() if not k.endswith("expert_bias"))
+
+
+def _planned_parameters(parameters: dict, *overrides: str, config: Path = TINY) -> int:
+    """``parameter_counts`` (what moe-cdk plan and the MFU figure use) of ``config`` with ``overrides``,
+    for the checkpoint's vocabulary."""
+    from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.model import parameter_counts
+
+    vocab = parameters["embedding.word_embeddings.weight"].shape[0]
+    return parameter_counts(load_train_config(config, list(overrides)), vocab).total
+
+
+def _shrunk(profile: str, out: Path) -> Path:
+    """``profile``'s model and MoE sections at a CPU size, in tiny.yaml's run settings: the routing
+    (experts, top-k, score function, bias, groups, shared expert) and the attention options
+    (query/key norms, multi-latent attention) and the dense first layers stay."""
+    import yaml
+
+    tiny, source = yaml.safe_load(TINY.read_text()), yaml.safe_load((ROOT / profile).read_text())
+    model = source["model"] | {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 32,
+                               "seq_length": 64}
+    if model.get("multi_latent_attention"):
+        # Query/key heads wider than the value heads, as in the profile.
+        model |= {"kv_lora_rank": 32, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}
+    else:
+        model["num_query_groups"] = 2
+    if "kv_channels" in model:
+        model["kv_channels"] = 32  # wider than hidden / heads, as in the profile
+    model.pop("vocab_size", None)  # the byte tokenizer's 256 rows
+    if model.get("dense_layers"):
+        model["dense_ffn_hidden_size"] = 96  # wider than the experts, as in the profile
+    moe = source["moe"] | ({"shared_expert_ffn_hidden_size": 64} if "shared_expert_ffn_hidden_size" in source["moe"] else {})
+    out.write_text(yaml.safe_dump(tiny | {"model": model, "moe": moe}))
+    return out
+
+
+@pytest.mark.parametrize("profile", ["training/configs/qwen3-30b-a3b.yaml", "training/configs/deepseek-v3-style-16b.yaml"])
+def test_a_shrunk_copy_of_each_modern_profile_trains(tmp_path, data_prefix, single_run, profile):
+    config = _shrunk(profile, tmp_path / "shrunk.yaml")
+    result = run_training(tmp_path, data_prefix, "--config", str(config), "--max-steps", "20", "--save-interval", "20")
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [r["loss"] for r in records(tmp_path)]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
+    parameters = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "final.pt")
+    assert _parameter_count(parameters) == _planned_parameters(parameters, config=config)

@@ -1,0 +1,513 @@
+"""``moe-cdk plan``: will the training profile fit the cluster, what will it cost, and where to run it.
+
+Everything here is arithmetic on the two configurations and the instance catalog: no CDK
+constructs are built and nothing is deployed. The parameter counts and FLOPs come from
+``moe_cdk.training.model`` (imported lazily; it pulls in torch, a few seconds).
+
+Memory model (per device, GiB = 2**30 bytes): what moe-train does on a GPU, stage by stage
+(``memory_per_device``); the activation formula is checked against the trainer's saved
+tensors on CPU (tests/test_activation_memory.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from moe_cdk.core import catalog
+from moe_cdk.core.catalog import AcceleratorKind
+from moe_cdk.core.names import project_root
+from moe_cdk.core.problems import ConfigError, Problem, problem
+from moe_cdk.schema.config import Config, NodeRole, Orchestrator
+from moe_cdk.training.config import RecomputeModule, Spec, TrainConfig, load_train_config
+from moe_cdk.training.parallel import Layout, plan_layout
+
+GIB = 2**30
+PRICES_PATH = Path(__file__).resolve().parent / "prices.yaml"
+
+# Bytes per parameter a device holds, megatron's mixed precision (its distributed optimizer
+# guide, megatron/core/optimizer/distrib_optimizer.py): the weight, the fp32 gradient buffer
+# (DDP's grad_reduce_in_fp32) and the optimizer state -- fp32 main weights (bf16 only) and
+# Adam's two moments. The distributed optimizer shards the optimizer state over the
+# data-parallel group (experts: the expert-data-parallel group); weights and gradients are
+# not sharded.
+BF16_BYTES = {"weight": 2, "gradient": 4, "optimizer": 12}
+FP32_BYTES = {"weight": 4, "gradient": 4, "optimizer": 8}
+
+DEFAULT_RESERVE = 0.10
+"""Share of device memory kept back for the CUDA context, NCCL buffers, the caching
+allocator's fragmentation and temporaries the formula does not count."""
+
+DEFAULT_MFU = 0.35
+"""Model FLOPs utilisation assumed for throughput: a typical figure for a well-tuned MoE
+run with megatron-core on H100-class GPUs; an estimate, not a measurement."""
+
+BYTE_TOKENIZER_VOCAB = 257  # 256 byte values + end-of-document (training/tokenizers.py ByteTokenizer)
+ASSUMED_VOCAB = 32000  # Mixtral/Llama-2 size, used when the tokenizer.json is not on this machine
+
+TRAINING_JOB_MAX_HOURS = 24.0  # prototypes and short runs: under a day...
+TRAINING_JOB_MAX_NODES = 4  # ...on a few nodes
+TRAINING_JOB_LIMIT_HOURS = 28 * 24  # SageMaker Training Jobs: MaxRuntimeInSeconds is at most 28 days
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Memory per device, in GiB, on the most loaded pipeline stage, and what it was sized for."""
+
+    layout: Layout
+    precision: str
+    """``bf16`` (bf16 weights, fp32 gradients and main weights) or ``fp32``."""
+    distributed_optimizer: bool
+    attention: str
+    """``unfused`` (the local spec materialises the s x s scores) or ``fused`` (Transformer Engine)."""
+    recompute: tuple[str, ...]
+    """Modules recomputed in the backward pass (megatron's ``recompute_modules``)."""
+    parameters: float
+    """Weights this device holds (bf16 or fp32)."""
+    gradients: float
+    """fp32 gradient buffers of those weights."""
+    optimizer: float
+    """fp32 main weights (bf16 only) and Adam moments, after the distributed optimizer's sharding."""
+    activations: float
+    """Activations kept for the backward pass by the micro-batches in flight, plus the fp32 logits."""
+    total: float
+    capacity: float
+    """Device memory less the reserve."""
+    fits: bool
+    parameters_per_device: int
+    """Parameter count this device holds."""
+    device_memory_gib: float
+    reserve_fraction: float
+    checkpoint_gb: float
+    """One checkpoint of the whole model: weights, fp32 main weights (bf16) and Adam moments, in GB."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sized training run on a configured cluster."""
+
+    config_name: str
+    region: str
+    profile: str
+    instance_type: str
+    """The compute group's instance type (the first, if there are several)."""
+    nodes: int
+    """Compute nodes with accelerators."""
+    world_size: int
+    """Accelerators across those nodes: one training process each."""
+    accelerator: str
+    vocab_size: int
+    total_parameters: int
+    active_parameters: int
+    memory: MemoryEstimate
+    cost_per_hour_usd: float | None
+    """The whole cluster (every instance group, controller and login included); None without a price."""
+    mfu: float
+    tokens_per_second: float
+    cost_per_billion_tokens_usd: float | None
+    run_tokens: int
+    """max_steps x global_batch_size x seq_length."""
+    estimated_run_hours: float
+    storage_throughput_mb_s: float
+    """The FSx file system's throughput: capacity in TiB x its per-TiB tier, in MB/s."""
+    checkpoint_save_s: float
+    """One checkpoint (``memory.checkpoint_gb``) written at ``storage_throughput_mb_s``."""
+    recommendation: str
+    """training-job, slurm or eks."""
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...]
+    problems: tuple[Problem, ...] = ()
+    """Why the run cannot go ahead as sized: empty when it fits in device memory."""
+
+
+def _in_profile(problems: list[Problem]) -> list[Problem]:
+    """A trainer profile's problems, named as the profile's own keys inside ``training.profile``."""
+    return [dataclasses.replace(p, key=f"training.profile: {p.key}" if p.key else "training.profile") for p in problems]
+
+
+# ---------------------------------------------------------------------------------- memory
+
+
+def _model():
+    # Lazy: moe_cdk.training.model imports torch at module level.
+    from moe_cdk.training import model
+
+    return model
+
+
+def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_element: int,
+                               fused_attention: bool, on_gpu: bool = True, dense: bool = False) -> float:
+    """Bytes one transformer layer keeps for the backward pass of one micro-batch, per device.
+
+    Counted from what megatron-core 0.16.1 saves (the tensors ``saved_tensors_hooks`` sees in
+    tests/test_activation_memory.py), with T = seq x micro-batch tokens, h hidden, a heads,
+    d_kv the key/value width (groups x head size), f the expert FFN width, k top-k, E experts,
+    t tensor parallel (sequence parallel whenever t > 1, so every token-wise tensor is split
+    t ways) and e the activation element size (2 bf16, 4 fp32):
+
+    - residual stream and norms: 8 x T*h (norm inputs and outputs, the attention output
+      projection's input, the MoE layer's input and combine);
+    - attention: the fused QKV output T*(q + 2 d_kv), rotated q and k (T*q each), v expanded
+      to every head under grouped-query attention (T*q when d_kv < q), with q the query width
+      (h unless ``model.kv_channels`` is set); ``qk_layernorm`` adds its norms' T*(q + d_kv) twice;
+    - unfused scores: the softmax output a*s^2*b, and with dropout its mask and output;
+      fused attention keeps only its fp32 softmax statistics (a*s*b); ``core_attn``
+      recompute keeps neither (the checkpoint keeps q, k and v, counted above);
+    - experts: each device runs (T/t) x k x ETP routed tokens (balanced routing, after the
+      all-to-all and the expert-tensor all-gather): their permuted input (h each) and the
+      SwiGLU's intermediates, 6 x f/ETP each (fc1's 2f output and four f-wide tensors);
+      ``moe_act`` recompute drops the activation's f-wide output (not measurable here: it
+      needs grouped GEMM, which needs a GPU); a shared expert adds T x 6 x its width / t;
+    - router bookkeeping, fp32 and int64: T x (13 E + 20 k) bytes; norm statistics 2T x 4;
+      rotary tables 4 x s x head size x 4.
+    """
+    m, moe, o = train.model, train.moe, train.optim
+    s, b, h, a, f, k, E = (m.seq_length, o.micro_batch_size, m.hidden_size, m.num_attention_heads,
+                           m.ffn_hidden_size, moe.top_k, moe.num_experts)
+    t, etp, e = layout.tensor, layout.expert_tensor, bytes_per_element
+    head = m.head_size
+    d_kv = (m.num_query_groups or a) * head
+    tokens = s * b
+    recompute = set(train.recompute.modules)
+    mask_bytes = 1 if on_gpu else e  # torch's dropout keeps a bool mask on CUDA, one of the input's dtype on CPU
+    q = a * head  # the query width: h unless model.kv_channels says otherwise
+    if m.multi_latent_attention:
+        # Fitted to the tensors autograd saves on CPU (tests/activation_probe.py, varying each width
+        # in turn at hidden 64 and 128): 2 per query/key/value head element, 3 per latent element
+        # (the down projection's output and its norm's input and output), 2 per rotated width, less
+        # 1.25 h against the residual-stream term that counts h-wide attention tensors.
+        attention = (2 * a * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) + 2 * m.qk_pos_emb_head_dim
+                     + 3 * (m.kv_lora_rank + (m.q_lora_rank or 0)) - 1.25 * h)
+        head = m.qk_pos_emb_head_dim  # the rotary tables' width
+    else:
+        attention = (q + 2 * d_kv) + 2 * q + (q if d_kv < q else 0)
+        if m.qk_layernorm:
+            attention += 2 * (q + d_kv)  # the query and key norms' inputs and outputs (estimated, not measured)
+    hidden = (8 * h + attention) * tokens * e
+    if m.dropout > 0:
+        hidden += 2 * tokens * h * mask_bytes  # the two hidden dropouts' masks
+    if fused_attention:
+        scores = a * s * b * 4
+    elif RecomputeModule.CORE_ATTN in recompute:
+        scores = 0
+    else:
+        scores = a * s * s * b * (e + ((e + mask_bytes) if m.dropout > 0 else 0))
+    routed = tokens / t * k
+    expert_width = 6 * f - (f if RecomputeModule.MOE_ACT in recompute else 0)
+    experts = routed * (etp * h + expert_width) * e
+    # A shared expert runs every token through a tensor-parallel SwiGLU: the same 6 x width
+    # intermediates, split t ways (an estimate by analogy with the routed experts, not measured).
+    experts += tokens * 6 * (moe.shared_expert_ffn_hidden_size or 0) * e / t
+    bookkeeping = tokens * (13 * E + 20 * k) + 2 * tokens * 4
+    if dense:
+        # A dense layer (model.dense_layers): one tensor-parallel SwiGLU over every token, the
+        # routed experts' 6 x width intermediates, and no router.
+        experts, bookkeeping = tokens * 6 * m.dense_ffn_hidden_size * e / t, 2 * tokens * 4
+    return (hidden + scores + bookkeeping) / t + experts + 4 * s * head * 4
+
+
+def activation_bytes(train: TrainConfig, layout: Layout, *, vocab_size: int, bytes_per_element: int,
+                     fused_attention: bool, on_gpu: bool = True) -> float:
+    """Activation bytes on the most loaded device: its layers' activations for every
+    micro-batch in flight, the final norm's input and the fp32 logits of the loss.
+
+    A pipeline stage holds num_layers / PP layers. Under 1F1B the first stage has
+    min(PP, micro-batches) micro-batches in flight, so it holds num_layers x min(1, M/PP)
+    layers' worth; interleaving (VPP) adds (PP - 1) / (PP x VPP) of that (megatron's
+    theoretical memory model). The logits (T x padded vocabulary / t, fp32 for the cross
+    entropy) sit on the last stage; they are added to the first stage's figure, which
+    over-counts by at most one micro-batch's logits when PP > 1.
+    """
+    m, o = train.model, train.optim
+    tokens = m.seq_length * o.micro_batch_size
+    pp, t = layout.pipeline, layout.tensor
+    layers = m.num_layers * (min(1.0, layout.num_microbatches / pp) if pp > 1 else 1.0)
+    if layout.virtual_pipeline:
+        layers *= 1 + (pp - 1) / (pp * layout.virtual_pipeline)
+    options = dict(bytes_per_element=bytes_per_element, fused_attention=fused_attention, on_gpu=on_gpu)
+    per_layer = activation_bytes_per_layer(train, layout, **options)
+    if m.dense_layers:  # the layers' mean, dense and MoE
+        dense = activation_bytes_per_layer(train, layout, **options, dense=True)
+        per_layer = (m.dense_layers * dense + (m.num_layers - m.dense_layers) * per_layer) / m.num_layers
+    padded_vocab = _model().padded_vocab_size(vocab_size)
+    final_norm = tokens * m.hidden_size * bytes_per_element / t
+    logits = tokens * padded_vocab * 4 / t
+    return per_layer * layers + final_norm + logits
+
+
+def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, device_memory_gib: float,
+                      reserve_fraction: float = DEFAULT_RESERVE) -> MemoryEstimate:
+    """Memory one GPU needs to train ``train`` on ``world_size`` GPUs of ``device_memory_gib`` each.
+
+    - parameters on the most loaded stage: dense layer parameters / (TP x PP), expert
+      parameters / (EP x ETP x PP), and the embedding and output tables / TP (both on one
+      stage when PP = 1, one each on the first and last stage otherwise);
+    - bytes per parameter: ``BF16_BYTES`` or ``FP32_BYTES`` (``optim.precision``; ``auto``
+      is bf16 on a GPU), the optimizer share divided by the data-parallel size (experts:
+      expert-data-parallel) under ``optim.distributed_optimizer``;
+    - activations: ``activation_bytes``, with unfused attention unless ``model.spec`` is
+      ``transformer_engine`` (``auto`` may pick the local spec, the larger of the two);
+    - capacity: ``device_memory_gib * (1 - reserve_fraction)``.
+
+    Raises ``ConfigError`` when the parallel layout does not fit ``world_size``.
+    """
+    try:
+        layout = plan_layout(train, world_size)
+    except ConfigError as error:
+        raise ConfigError(_in_profile(error.problems)) from None
+    model = _model()
+    m, o = train.model, train.optim
+    counts = model.parameter_counts(train, vocab_size)
+    table = model.padded_vocab_size(vocab_size) * m.hidden_size
+    dense_layers = counts.total - counts.expert - 2 * table - m.hidden_size
+    tables = 2 if layout.pipeline == 1 else 1
+    dense = dense_layers / (layout.tensor * layout.pipeline) + (tables * table + m.hidden_size) / layout.tensor
+    expert = counts.expert / (layout.expert * layout.expert_tensor * layout.pipeline)
+    bf16 = model.use_bf16(train, on_gpu=True)
+    sizes = BF16_BYTES if bf16 else FP32_BYTES
+    if o.distributed_optimizer:
+        optimizer = sizes["optimizer"] * (dense / layout.data + expert / layout.expert_data)
+    else:
+        optimizer = sizes["optimizer"] * (dense + expert)
+    fused = m.spec is Spec.TRANSFORMER_ENGINE
+    activations = activation_bytes(train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4,
+                                   fused_attention=fused)
+    per_device = dense + expert
+    parameters, gradients = per_device * sizes["weight"] / GIB, per_device * sizes["gradient"] / GIB
+    total = parameters + gradients + optimizer / GIB + activations / GIB
+    capacity = device_memory_gib * (1 - reserve_fraction)
+    return MemoryEstimate(
+        layout=layout, precision="bf16" if bf16 else "fp32", distributed_optimizer=o.distributed_optimizer,
+        attention="fused" if fused else "unfused", recompute=tuple(mod.value for mod in train.recompute.modules),
+        parameters=parameters, gradients=gradients, optimizer=optimizer / GIB, activations=activations / GIB,
+        total=total, capacity=capacity, fits=total <= capacity, parameters_per_device=round(per_device),
+        device_memory_gib=float(device_memory_gib), reserve_fraction=reserve_fraction,
+        checkpoint_gb=counts.total * (sizes["weight"] + sizes["optimizer"]) / 1e9,
+    )
+
+
+# ---------------------------------------------------------------------------------- prices
+
+
+@lru_cache(maxsize=4)
+def _load_prices(path: str) -> dict[tuple[str, str], float]:
+    data = yaml.safe_load(Path(path).read_text())
+    return {(e["instance_type"], e["region"]): float(e["usd_per_hour"]) for e in data["prices"]}
+
+
+def load_prices(path: str | Path = PRICES_PATH) -> dict[tuple[str, str], float]:
+    """``{(instance type, region): USD per hour}`` from prices.yaml."""
+    return dict(_load_prices(str(path)))
+
+
+def _ml_name(instance_type: str) -> str:
+    spec = catalog.lookup(instance_type)
+    return spec.sagemaker_name if spec else instance_type
+
+
+def cluster_cost_per_hour(config: Config, prices: dict[tuple[str, str], float]) -> tuple[float | None, list[str]]:
+    """Sum of instance_count x hourly price over every group; None and the missing ones when a price is unknown."""
+    total, missing = 0.0, []
+    for group in config.cluster.instance_groups:
+        price = prices.get((_ml_name(group.instance_type), config.region))
+        if price is None:
+            missing.append(f"no price for {_ml_name(group.instance_type)} in {config.region} (tools/prices.yaml); "
+                           "cost not estimated")
+        else:
+            total += group.instance_count * price
+    return (None if missing else total), missing
+
+
+# ---------------------------------------------------------------------------------- plan
+
+
+def _vocab_size(train: TrainConfig, notes: list[str]) -> int:
+    if train.model.vocab_size is not None:
+        return train.model.vocab_size
+    tokenizer = train.data.tokenizer
+    if tokenizer == "byte":
+        return BYTE_TOKENIZER_VOCAB
+    path = Path(tokenizer)
+    if not path.is_absolute():
+        path = project_root() / path
+    if path.is_file():
+        from moe_cdk.training.tokenizers import load_tokenizer
+
+        return load_tokenizer(str(path)).vocab_size
+    notes.append(f"tokenizer {tokenizer} is not on this machine: assumed a {ASSUMED_VOCAB}-token vocabulary")
+    return ASSUMED_VOCAB
+
+
+def _recommend(config: Config, run_hours: float, nodes: int) -> tuple[str, list[str]]:
+    length = f"estimated run {run_hours:,.1f} h on {nodes} node(s)"
+    if config.cluster.orchestrator is Orchestrator.EKS:
+        return "eks", ["the configuration's orchestrator is eks: Kubernetes pipelines run on HyperPod EKS",
+                       length, "HyperPod replaces faulty nodes and resumes the job"]
+    if run_hours < TRAINING_JOB_MAX_HOURS and nodes <= TRAINING_JOB_MAX_NODES:
+        return "training-job", [f"{length}: under {TRAINING_JOB_MAX_HOURS:.0f} h on at most {TRAINING_JOB_MAX_NODES} nodes",
+                                "a short run or prototype: Training Jobs bill only while the job runs, no standing cluster"]
+    reasons = [length]
+    if run_hours >= TRAINING_JOB_LIMIT_HOURS:
+        reasons.append(f"longer than the {TRAINING_JOB_LIMIT_HOURS // 24}-day Training Jobs limit")
+    if run_hours >= TRAINING_JOB_MAX_HOURS:
+        reasons.append(f"over {TRAINING_JOB_MAX_HOURS:.0f} h: needs automatic resume from checkpoints (HyperPod auto-resume)")
+    if nodes > TRAINING_JOB_MAX_NODES:
+        reasons.append(f"more than {TRAINING_JOB_MAX_NODES} nodes: a persistent cluster with health checks and node replacement")
+    return "slurm", reasons
+
+
+def plan(config: Config, *, train_config_path: str | None = None, mfu: float = DEFAULT_MFU,
+         train_overrides: Sequence[str] = (), prices_path: str | Path = PRICES_PATH,
+         reserve_fraction: float = DEFAULT_RESERVE) -> Plan:
+    """Size ``config``'s training profile (or ``train_config_path``) on its compute groups.
+
+    Raises ``ConfigError`` when the profile cannot be read or its layout does not fit the world
+    size. A plan that does not fit in device memory is returned, with ``problems`` saying so.
+    """
+    if not 0 < mfu <= 1:
+        raise ConfigError([problem("model FLOPs utilisation out of range", got=mfu, allowed="0 < mfu <= 1").at("--mfu")])
+    notes: list[str] = []
+    profile = train_config_path or config.training.profile
+    path = Path(train_config_path) if train_config_path else config.training.path
+    try:
+        train = load_train_config(path, train_overrides)
+    except ConfigError as error:
+        raise ConfigError(_in_profile(error.problems)) from None
+
+    groups = []
+    for group in config.cluster.instance_groups:
+        spec = catalog.lookup(group.instance_type)
+        if group.role is NodeRole.COMPUTE and spec is not None and spec.is_accelerated:
+            groups.append((group, spec))
+    if not groups:
+        raise ConfigError([problem("no compute group with accelerators", got="only CPU instance types",
+                                   allowed="at least one GPU or Trainium compute group").at("cluster.instance_groups")])
+    nodes = sum(g.instance_count for g, _ in groups)
+    world_size = sum(g.instance_count * s.accelerator_count for g, s in groups)
+    # Mixed groups: the smallest device bounds the memory, the slowest one the step time.
+    device_memory = min(s.accelerator_memory_gib for _, s in groups)
+    models = sorted({s.accelerator_model for _, s in groups})
+    # Dense BF16 peak per device, with its sources, in the catalog (the trainer's MFU reads the same table).
+    peak = min(catalog.peak_bf16_tflops(mdl) or 0.0 for mdl in models)
+    if len(groups) > 1:
+        notes.append(f"{len(groups)} compute groups pooled into one world of {world_size} devices")
+    if any(s.accelerator_kind is AcceleratorKind.TRAINIUM for _, s in groups):
+        notes.append("moe-train runs on NVIDIA GPUs (CUDA); Trainium figures are indicative only")
+
+    vocab = _vocab_size(train, notes)
+    memory = memory_per_device(train, world_size=world_size, vocab_size=vocab,
+                               device_memory_gib=device_memory, reserve_fraction=reserve_fraction)
+    model = _model()
+    counts = model.parameter_counts(train, vocab)
+    flops = model.flops_per_token(train, vocab)
+    tokens_per_second = mfu * peak * 1e12 * world_size / flops
+    run_tokens = train.max_steps * train.optim.global_batch_size * train.model.seq_length
+    run_hours = run_tokens / tokens_per_second / 3600 if tokens_per_second else float("inf")
+
+    lustre = config.storage.lustre
+    storage_mb_s = lustre.storage_capacity_gib / 1024 * lustre.per_unit_storage_throughput_mb_s_tib
+    cost, missing = cluster_cost_per_hour(config, load_prices(prices_path))
+    notes.extend(missing)
+    per_billion = cost / (tokens_per_second * 3600) * 1e9 if cost is not None and tokens_per_second else None
+    recommendation, reasons = _recommend(config, run_hours, nodes)
+
+    result = Plan(
+        config_name=config.name, region=config.region, profile=str(profile), instance_type=groups[0][0].instance_type,
+        nodes=nodes, world_size=world_size, accelerator="/".join(models), vocab_size=vocab,
+        total_parameters=counts.total, active_parameters=counts.active, memory=memory,
+        cost_per_hour_usd=cost, mfu=mfu, tokens_per_second=tokens_per_second,
+        cost_per_billion_tokens_usd=per_billion, run_tokens=run_tokens, estimated_run_hours=run_hours,
+        storage_throughput_mb_s=storage_mb_s, checkpoint_save_s=memory.checkpoint_gb * 1e3 / storage_mb_s,
+        recommendation=recommendation, reasons=tuple(reasons), notes=tuple(notes),
+    )
+    if not memory.fits:
+        result = dataclasses.replace(result, problems=(problem(
+            f"{profile} does not fit in device memory", got=f"{memory.total:.1f} GiB per device",
+            allowed=f"at most {memory.capacity:.1f} GiB per device: {device_memory:.1f} GiB {'/'.join(models)} "
+                    f"less {reserve_fraction:.0%} reserve").at("training.profile"),))
+    return result
+
+
+# ---------------------------------------------------------------------------------- output
+
+
+def _money(value: float | None) -> str:
+    return "n/a" if value is None else f"${value:,.2f}"
+
+
+def render_table(plan: Plan) -> str:
+    """The plan as a fixed-width text table."""
+    m = plan.memory
+    rows: list[tuple[str, str]] = [
+        ("configuration", f"{plan.config_name} ({plan.region})"),
+        ("profile", plan.profile),
+        ("compute", f"{plan.nodes} x {plan.instance_type} = {plan.world_size} x {plan.accelerator}"),
+        ("parameters", f"{plan.total_parameters / 1e9:.2f}B total, {plan.active_parameters / 1e9:.2f}B active, "
+                       f"vocabulary {plan.vocab_size}"),
+        ("layout", m.layout.describe()),
+        ("", ""),
+        ("memory per device", "GiB"),
+        ("  parameters", f"{m.parameters:8.1f}   ({m.parameters_per_device / 1e9:.2f}B {m.precision})"),
+        ("  gradients", f"{m.gradients:8.1f}   (fp32 buffers)"),
+        ("  optimizer", f"{m.optimizer:8.1f}   ({'fp32 main weights, ' if m.precision == 'bf16' else ''}Adam m and v"
+                        f"{', sharded by the distributed optimizer' if m.distributed_optimizer else ''})"),
+        ("  activations", f"{m.activations:8.1f}   ({m.attention} attention, recompute "
+                          f"{', '.join(m.recompute) or 'none'}, incl. logits)"),
+        ("  total", f"{m.total:8.1f}"),
+        ("  capacity", f"{m.capacity:8.1f}   ({m.device_memory_gib:.1f} GiB less {m.reserve_fraction:.0%} reserve)"),
+        ("  fits", "yes" if m.fits else "NO"),
+        ("checkpoint", f"{m.checkpoint_gb:,.0f} GB, about {plan.checkpoint_save_s / 60:,.1f} min a save at "
+                       f"{plan.storage_throughput_mb_s:,.0f} MB/s (FSx)"),
+        ("", ""),
+        ("cluster cost", f"{_money(plan.cost_per_hour_usd)} per hour (all groups, on-demand)"),
+        ("throughput", f"{plan.tokens_per_second:,.0f} tokens/s at {plan.mfu:.0%} MFU"),
+        ("cost per 1B tokens", _money(plan.cost_per_billion_tokens_usd)),
+        ("run", f"{plan.run_tokens / 1e9:,.2f}B tokens, about {plan.estimated_run_hours:,.1f} h"),
+        ("", ""),
+        ("recommendation", plan.recommendation),
+        *(("  -", reason) for reason in plan.reasons),
+        *((("notes", ""),) if plan.notes else ()),
+        *(("  -", note) for note in plan.notes),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows) + "\n"
+
+
+def to_json(plan: Plan) -> dict:
+    """The plan as JSON-ready data."""
+    m = plan.memory
+    return {
+        "config": plan.config_name,
+        "region": plan.region,
+        "profile": plan.profile,
+        "instance_type": plan.instance_type,
+        "nodes": plan.nodes,
+        "world_size": plan.world_size,
+        "accelerator": plan.accelerator,
+        "vocab_size": plan.vocab_size,
+        "parameters": {"total": plan.total_parameters, "active": plan.active_parameters,
+                       "per_device": m.parameters_per_device},
+        "layout": {"tensor": m.layout.tensor, "pipeline": m.layout.pipeline,
+                   "virtual_pipeline": m.layout.virtual_pipeline, "expert": m.layout.expert,
+                   "expert_tensor": m.layout.expert_tensor, "data": m.layout.data,
+                   "expert_data": m.layout.expert_data},
+        "memory_gib": {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
+                       "activations": m.activations, "total": m.total, "capacity": m.capacity, "fits": m.fits,
+                       "precision": m.precision, "distributed_optimizer": m.distributed_optimizer,
+                       "attention": m.attention, "recompute": list(m.recompute)},
+        "checkpoint": {"size_gb": m.checkpoint_gb, "save_s": plan.checkpoint_save_s,
+                       "storage_throughput_mb_s": plan.storage_throughput_mb_s},
+        "cost_per_hour_usd": plan.cost_per_hour_usd,
+        "mfu": plan.mfu,
+        "tokens_per_second": plan.tokens_per_second,
+        "cost_per_billion_tokens_usd": plan.cost_per_billion_tokens_usd,
+        "run_tokens": plan.run_tokens,
+        "estimated_run_hours": plan.estimated_run_hours,
+        "recommendation": {"orchestrator": plan.recommendation, "reasons": list(plan.reasons)},
+        "notes": list(plan.notes),
+    }

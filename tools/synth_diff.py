@@ -1,0 +1,519 @@
+"""``moe-cdk diff``: what a change does to the synthesized CloudFormation, as Markdown for a review.
+
+Both sides are synthesized from their own code: the base revision in a temporary ``git
+worktree`` (always removed), the head from the checkout's working tree. Each synth runs
+``python app.py`` of that checkout in a subprocess with this interpreter, under a small
+bootstrap that maps each ``moe_cdk.<name>`` package onto that checkout's folder, as that
+checkout's own ``pyproject.toml`` (``[tool.setuptools.package-dir]``) lays them out. Without it,
+``import moe_cdk`` would go through the venv's editable install and load whichever checkout was
+installed, so both sides would run the same code.
+
+No AWS credentials are needed: synth never calls AWS.
+
+Replacement rule: a resource is *replaced* when its logical id keeps a different ``Type``, or
+when the value at one of its type's ``createOnlyProperties`` changes. Those are the properties
+that the type's CloudFormation registry schema says can only be set when the resource is
+created, read from the schemas cfn-lint ships (see ``create_only_paths``). A create-only path
+may be nested (``/properties/VpcConfig/SubnetIds``); a change at, under or above it counts, and
+the reason names it dotted (``VpcConfig.SubnetIds``). A type the registry does not know has no
+create-only properties. Any other change is reported as *modified*: it may still interrupt the
+resource, and some schemas list fewer create-only properties than the resource reference (the
+AWS::FSx::FileSystem schema lists none under ``LustreConfiguration``), so CloudFormation's
+change set has the final word.
+
+Security rule: a change is a security change (``ResourceChange.security``) when it can change
+access. It is flagged 🔒 IAM (who may do what) when it touches an AWS::IAM::* resource or one of
+``ACCESS_RESOURCE_TYPES`` (EKS access entries, bucket policies), or any type's policy property
+(``IAM_PROPERTY_NAMES``: a role's ``Policies``, a key's ``KeyPolicy``, ...); and 🔒 security group
+(what may connect to what) when it touches an AWS::EC2::SecurityGroup* resource, or any type's
+rule or attachment property (``SECURITY_GROUP_PROPERTY_NAMES``). An added or removed resource is
+flagged by its type and the properties it has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moe_cdk.core.problems import EXIT_INVALID, ConfigError, Problem, problem
+
+if TYPE_CHECKING:
+    from cfnlint.schema.manager import ProviderSchemaManager
+
+VALUE_WIDTH = 80
+_ABSENT = object()
+
+# The region whose registry schemas are read: a type's create-only properties are the type's, not the
+# region's; us-east-1 has the most types and is cfn-lint's own fallback for a region it lacks.
+SCHEMA_REGION = "us-east-1"
+
+# A change under one of these property names is an IAM change whatever the resource type
+# (role, key and resource policies: an AWS::KMS::Key's KeyPolicy is one).
+IAM_PROPERTY_NAMES = frozenset({"PolicyDocument", "ManagedPolicyArns", "AssumeRolePolicyDocument",
+                                "Policies", "KeyPolicy"})
+# Besides every AWS::IAM::* type, the types whose every change is an IAM change: who may use the
+# EKS cluster, and who may use the bucket.
+ACCESS_RESOURCE_TYPES = frozenset({"AWS::EKS::AccessEntry", "AWS::S3::BucketPolicy"})
+# Likewise for security groups: rules and attachments; every AWS::EC2::SecurityGroup* resource.
+SECURITY_GROUP_PROPERTY_NAMES = frozenset({"SecurityGroupIngress", "SecurityGroupEgress",
+                                          "SecurityGroupIds", "SecurityGroups"})
+# Template sections besides Resources that are listed, briefly, in their own section.
+OTHER_SECTIONS = ("Parameters", "Outputs", "Conditions")
+IGNORED_RESOURCE_TYPES = frozenset({"AWS::CDK::Metadata"})
+IGNORED_RESOURCE_KEYS = frozenset({"Metadata"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthesis
+
+
+# Runs argv[1]/app.py with each moe_cdk.<name> mapped onto the folder argv[1]/pyproject.toml gives it,
+# never the editable install.
+_BOOTSTRAP = r"""
+import importlib.machinery, runpy, sys, tomllib, types
+root = sys.argv[1]
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if not getattr(h, "__module__", "").startswith("__editable__")]
+sys.path_importer_cache.clear()
+for name in [n for n in sys.modules if n == "moe_cdk" or n.startswith("moe_cdk.")]:
+    del sys.modules[name]
+def package(name, path):
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = list(path)
+    module = types.ModuleType(name)
+    module.__spec__, module.__path__, module.__package__ = spec, spec.submodule_search_locations, name
+    sys.modules[name] = module
+    return module
+with open(root + "/pyproject.toml", "rb") as file:
+    folders = tomllib.load(file)["tool"]["setuptools"]["package-dir"]
+top = package("moe_cdk", [])
+for name, folder in folders.items():
+    if name.count(".") == 1 and name.startswith("moe_cdk."):
+        setattr(top, name.split(".")[1], package(name, [root + "/" + folder]))
+sys.argv = [root + "/app.py"]
+sys.path[0] = root
+runpy.run_path(root + "/app.py", run_name="__main__")
+"""
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+def repo_root(start: Path) -> Path | None:
+    """The git working tree ``start`` is in, or None."""
+    result = _git(start, "rev-parse", "--show-toplevel")
+    return Path(result.stdout.strip()) if result.returncode == 0 else None
+
+
+def resolve_revision(repo: Path, ref: str) -> str | None:
+    """The commit ``ref`` names in ``repo``, or None when it names none."""
+    if not ref or ref.startswith("-"):
+        return None
+    result = _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def _synth_checkout(root: Path, config: str, outdir: Path) -> dict[str, dict]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps({"config": config}),
+           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+    result = subprocess.run([sys.executable, "-c", _BOOTSTRAP, str(root)], cwd=root, env=env,
+                            capture_output=True, text=True)
+    if result.returncode == EXIT_INVALID:  # the configuration, as that revision reads it, is invalid
+        raise ConfigError([Problem("", line.strip()) for line in result.stderr.splitlines()
+                           if line.startswith("  ")] or [Problem("", f"synth exited {result.returncode}")])
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()] or [f"synth exited {result.returncode}"]
+        raise RuntimeError("\n".join(lines))
+    return read_templates(outdir)
+
+
+def read_templates(outdir: Path) -> dict[str, dict]:
+    """{stack name: template} of a cloud assembly folder (its manifest.json, else every *.template.json)."""
+    manifest = outdir / "manifest.json"
+    templates: dict[str, dict] = {}
+    if manifest.is_file():
+        artifacts = json.loads(manifest.read_text()).get("artifacts", {})
+        for artifact_id, artifact in artifacts.items():
+            if artifact.get("type") != "aws:cloudformation:stack":
+                continue
+            properties = artifact.get("properties", {})
+            name = properties.get("stackName") or artifact.get("displayName") or artifact_id
+            templates[name] = json.loads((outdir / properties["templateFile"]).read_text())
+        if templates:
+            return templates
+    for path in sorted(outdir.glob("*.template.json")):
+        templates[path.name[: -len(".template.json")]] = json.loads(path.read_text())
+    return templates
+
+
+def synth_revision(ref: str | None, config: str, outdir: Path, repo: Path) -> dict[str, dict]:
+    """Synthesize ``config`` at ``ref`` of ``repo`` (None: its working tree) into ``outdir``.
+
+    ``config`` is a path relative to the checkout (as ``python app.py`` takes it), or absolute.
+    A revision is checked out in a temporary worktree that is removed afterwards, even on failure.
+    Raises ``ConfigError`` for a ref that is not a revision or a configuration that revision refuses,
+    and ``RuntimeError`` with synth's error lines when it fails otherwise.
+    """
+    repo = Path(repo).resolve()
+    outdir = Path(outdir).resolve()
+    if ref is None:
+        return _synth_checkout(repo, config, outdir)
+    commit = resolve_revision(repo, ref)
+    if commit is None:
+        raise ConfigError([bad_ref_problem(ref)])
+    scratch = Path(tempfile.mkdtemp(prefix="moe-cdk-diff-"))
+    worktree = scratch / "checkout"
+    try:
+        added = _git(repo, "worktree", "add", "--detach", "--quiet", str(worktree), commit)
+        if added.returncode != 0:
+            raise RuntimeError(f"{ref}: git worktree add failed: {added.stderr.strip()}")
+        return _synth_checkout(worktree, config, outdir)
+    finally:
+        if worktree.exists():
+            _git(repo, "worktree", "remove", "--force", str(worktree))
+        shutil.rmtree(scratch, ignore_errors=True)
+        _git(repo, "worktree", "prune")
+
+
+def bad_ref_problem(ref: str) -> Problem:
+    return problem("not a revision", got=ref, allowed="a commit, branch or tag").at("BASE_REF")
+
+
+# ---------------------------------------------------------------------------------------------
+# Diff
+
+
+@dataclass
+class PropertyChange:
+    path: str
+    old: Any = _ABSENT
+    new: Any = _ABSENT
+
+
+@dataclass
+class ResourceChange:
+    logical_id: str
+    type: str
+    kind: str  # "added", "removed", "replaced" or "modified"
+    changes: list[PropertyChange] = field(default_factory=list)
+    replacement_reasons: list[str] = field(default_factory=list)
+    iam: bool = False  # may change who may do what (module docstring: security rule)
+    security_group: bool = False  # may change what may connect to what
+
+    @property
+    def security(self) -> bool:
+        """A security change: an IAM or a security-group one."""
+        return self.iam or self.security_group
+
+
+@dataclass
+class SectionChange:
+    section: str  # "Parameters", "Outputs", ...
+    name: str
+    kind: str  # "added", "removed" or "modified"
+    old: Any = _ABSENT
+    new: Any = _ABSENT
+
+
+@dataclass
+class StackDiff:
+    name: str
+    status: str  # "added", "removed" or "changed"
+    resources: list[ResourceChange] = field(default_factory=list)
+    sections: list[SectionChange] = field(default_factory=list)
+
+
+@dataclass
+class Diff:
+    stacks: list[StackDiff] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for stack in self.stacks for r in stack.resources if r.kind == kind)
+
+    @property
+    def iam(self) -> bool:
+        return any(r.iam for stack in self.stacks for r in stack.resources)
+
+    @property
+    def security_group(self) -> bool:
+        return any(r.security_group for stack in self.stacks for r in stack.resources)
+
+    @property
+    def security(self) -> bool:
+        return self.iam or self.security_group
+
+    @property
+    def empty(self) -> bool:
+        return not self.stacks
+
+
+def _value_changes(old: Any, new: Any, path: str) -> list[PropertyChange]:
+    """The leaf paths where ``old`` and ``new`` differ (dicts by key, equal-length lists by index)."""
+    if old == new:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        changes = []
+        for key in sorted(set(old) | set(new), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            changes += _value_changes(old.get(key, _ABSENT), new.get(key, _ABSENT), sub)
+        return changes
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        changes = []
+        for index, (a, b) in enumerate(zip(old, new)):
+            changes += _value_changes(a, b, f"{path}[{index}]")
+        return changes
+    return [PropertyChange(path, old, new)]
+
+
+def schema_manager() -> ProviderSchemaManager:
+    """cfn-lint's registry of resource schemas; imported on first use, as it takes most of a second."""
+    from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
+
+    return PROVIDER_SCHEMA_MANAGER
+
+
+@cache
+def create_only_paths(resource_type: str) -> tuple[tuple[str, ...], ...]:
+    """The ``createOnlyProperties`` of ``resource_type``'s registry schema, each as its keys under
+    ``Properties`` (``"*"``: every item of a list); empty for a type the registry does not know.
+
+    Uses cfn-lint's schema API, ``cfnlint.schema.PROVIDER_SCHEMA_MANAGER.get_resource_schema(region, type)``
+    (exported by ``cfnlint.schema``; cfn-lint 1.x, ``cfnlint/schema/manager.py``), which reads the registry
+    schema cfn-lint ships under ``cfnlint/data/schemas`` and reads a ``Custom::`` type as
+    AWS::CloudFormation::CustomResource (create-only ``ServiceToken``). Cached: one read per type per run.
+    """
+    from cfnlint.schema import ResourceNotFoundError
+
+    try:
+        schema = schema_manager().get_resource_schema(SCHEMA_REGION, resource_type).schema
+    except ResourceNotFoundError:
+        return ()
+    prefix = "/properties/"
+    return tuple(tuple(part.replace("~1", "/").replace("~0", "~") for part in pointer[len(prefix):].split("/"))
+                 for pointer in schema.get("createOnlyProperties", ()) if pointer.startswith(prefix))
+
+
+def _at(value: Any, keys: tuple[str, ...]) -> Any:
+    """The value at ``keys`` in ``value`` (``"*"``: the list of every item's value), or _ABSENT."""
+    if not keys:
+        return value
+    key, rest = keys[0], keys[1:]
+    if key == "*":
+        return [_at(item, rest) for item in value] if isinstance(value, list) else _ABSENT
+    return _at(value[key], rest) if isinstance(value, dict) and key in value else _ABSENT
+
+
+def _path_text(keys: tuple[str, ...]) -> str:
+    """A create-only path the way changed paths are written: ``VpcConfig.SubnetIds``, ``Rules[*].Name``."""
+    return ".".join(keys).replace(".*", "[*]")
+
+
+def _path_names(path: str) -> set[str]:
+    return {part.split("[", 1)[0] for part in path.split(".")}
+
+
+def _is_iam_type(type_: str) -> bool:
+    """Whether every change to a resource of ``type_`` is an IAM change (see ACCESS_RESOURCE_TYPES)."""
+    return type_.startswith("AWS::IAM::") or type_ in ACCESS_RESOURCE_TYPES
+
+
+def _is_security_group_type(type_: str) -> bool:
+    return type_.startswith("AWS::EC2::SecurityGroup")
+
+
+def _set_flags(change: ResourceChange, types: list[str], names: set[str]) -> ResourceChange:
+    """Flag ``change`` as IAM / security group when one of ``types`` is, or ``names`` holds such a property."""
+    change.iam = any(_is_iam_type(t) for t in types) or bool(names & IAM_PROPERTY_NAMES)
+    change.security_group = (any(_is_security_group_type(t) for t in types)
+                             or bool(names & SECURITY_GROUP_PROPERTY_NAMES))
+    return change
+
+
+def _flag(change: ResourceChange) -> ResourceChange:
+    """Set the IAM and security-group flags of a modified or replaced resource from its changed paths."""
+    names = set().union(*(_path_names(c.path) for c in change.changes)) if change.changes else set()
+    return _set_flags(change, [change.type], names)
+
+
+def _resources(template: dict) -> dict[str, dict]:
+    return {logical_id: {k: v for k, v in resource.items() if k not in IGNORED_RESOURCE_KEYS}
+            for logical_id, resource in (template.get("Resources") or {}).items()
+            if resource.get("Type") not in IGNORED_RESOURCE_TYPES}
+
+
+def _whole(resource: dict, logical_id: str, kind: str) -> ResourceChange:
+    """An added or removed resource; flagged when it is IAM / security group or carries a policy or rules."""
+    properties = resource.get("Properties") or {}
+    change = ResourceChange(logical_id, resource.get("Type", "?"), kind)
+    return _set_flags(change, [change.type], set(properties))
+
+
+def _diff_resource(logical_id: str, old: dict, new: dict) -> ResourceChange | None:
+    if old == new:
+        return None
+    old_type, new_type = old.get("Type", "?"), new.get("Type", "?")
+    if old_type != new_type:
+        change = ResourceChange(logical_id, new_type, "replaced",
+                                changes=[PropertyChange("Type", old_type, new_type)],
+                                replacement_reasons=[f"Type {old_type} -> {new_type}"])
+        return _set_flags(change, [old_type, new_type], set())
+    changes: list[PropertyChange] = []
+    for key in sorted(set(old) | set(new)):
+        if key == "Type":
+            continue
+        if key == "Properties":
+            changes += _value_changes(old.get(key) or {}, new.get(key) or {}, "")
+        else:  # DependsOn, DeletionPolicy, UpdateReplacePolicy, Condition, ...
+            changes += _value_changes(old.get(key, _ABSENT), new.get(key, _ABSENT), f"({key})")
+    old_props, new_props = old.get("Properties") or {}, new.get("Properties") or {}
+    reasons = [_path_text(keys) for keys in create_only_paths(new_type)
+               if _at(old_props, keys) != _at(new_props, keys)]
+    change = ResourceChange(logical_id, new_type, "replaced" if reasons else "modified",
+                            changes=changes, replacement_reasons=reasons)
+    return _flag(change)
+
+
+def _diff_sections(old: dict, new: dict) -> list[SectionChange]:
+    changes = []
+    for section in OTHER_SECTIONS:
+        a, b = old.get(section) or {}, new.get(section) or {}
+        for name in sorted(set(a) | set(b)):
+            if section == "Conditions" and name == "CDKMetadataAvailable":
+                continue
+            if name not in b:
+                changes.append(SectionChange(section, name, "removed", old=a[name]))
+            elif name not in a:
+                changes.append(SectionChange(section, name, "added", new=b[name]))
+            elif a[name] != b[name]:
+                changes.append(SectionChange(section, name, "modified", a[name], b[name]))
+    return changes
+
+
+_ORDER = {"replaced": 0, "removed": 1, "added": 2, "modified": 3}
+
+
+def diff_templates(old: dict[str, dict], new: dict[str, dict]) -> Diff:
+    """Compare two {stack name: template} maps resource by resource (see the module docstring)."""
+    diff = Diff()
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        status = "added" if a is None else "removed" if b is None else "changed"
+        a, b = a or {}, b or {}
+        ra, rb = _resources(a), _resources(b)
+        resources: list[ResourceChange] = []
+        for logical_id in sorted(set(ra) | set(rb)):
+            if logical_id not in rb:
+                resources.append(_whole(ra[logical_id], logical_id, "removed"))
+            elif logical_id not in ra:
+                resources.append(_whole(rb[logical_id], logical_id, "added"))
+            else:
+                change = _diff_resource(logical_id, ra[logical_id], rb[logical_id])
+                if change is not None:
+                    resources.append(change)
+        resources.sort(key=lambda r: (_ORDER[r.kind], r.logical_id))
+        sections = _diff_sections(a, b)
+        if resources or sections or status != "changed":
+            diff.stacks.append(StackDiff(name, status, resources, sections))
+    return diff
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def short(value: Any, width: int = VALUE_WIDTH) -> str:
+    """A value as compact JSON, cut to ``width`` characters."""
+    if value is _ABSENT:
+        return "(absent)"
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def short_pair(old: Any, new: Any, width: int = VALUE_WIDTH) -> tuple[str, str]:
+    """Both values shortened; when they share a long prefix, each starts shortly before the first difference."""
+    a, b = short(old, 10**9), short(new, 10**9)
+    if len(a) <= width and len(b) <= width:
+        return a, b
+    common = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        common += 1
+    start = max(0, common - 20)
+    cut = [("…" + t[start:]) if start else t for t in (a, b)]
+    return tuple(t if len(t) <= width else t[: width - 1] + "…" for t in cut)
+
+
+def _change_text(old: Any, new: Any) -> str:
+    a, b = short_pair(old, new)
+    return f"{_code(a)} → {_code(b)}"
+
+
+def _code(text: str) -> str:
+    text = text.replace("|", "\\|").replace("`", "'")
+    return f"`{text}`"
+
+
+def _labels(change: ResourceChange) -> str:
+    labels = {"replaced": "⚠ replacement", "added": "added", "removed": "removed", "modified": "modified"}
+    parts = [labels[change.kind]]
+    if change.iam:
+        parts.append("🔒 IAM")
+    if change.security_group:
+        parts.append("🔒 security group")
+    return " ".join(parts)
+
+
+def _details(change: ResourceChange) -> str:
+    lines = []
+    if change.kind == "replaced":
+        lines.append("replaced because " + ", ".join(_code(r) for r in change.replacement_reasons) + " changed")
+    for c in change.changes:
+        lines.append(f"{_code(c.path)}: {_change_text(c.old, c.new)}")
+    return "<br>".join(lines) if lines else ("new resource" if change.kind == "added" else
+                                             "deleted" if change.kind == "removed" else "")
+
+
+def render_markdown(diff: Diff, base_label: str, head_label: str) -> str:
+    """The diff as Markdown: heading, summary line, then one table per stack."""
+    out = [f"## Infrastructure diff: {base_label} → {head_label}", ""]
+    if diff.empty:
+        out += ["No infrastructure changes.", ""]
+        return "\n".join(out)
+    counts = [f"{diff.count(kind)} {kind}" for kind in ("added", "removed", "replaced", "modified")]
+    flags = []
+    if diff.count("replaced"):
+        flags.append("⚠ replacement")
+    if diff.iam:
+        flags.append("🔒 IAM")
+    if diff.security_group:
+        flags.append("🔒 security group")
+    out += [f"**Summary:** {', '.join(counts)}" + (f"; flags: {', '.join(flags)}" if flags else "; no flags"), ""]
+    for stack in diff.stacks:
+        title = f"### {stack.name}"
+        if stack.status != "changed":
+            title += f" (stack {stack.status})"
+        out += [title, ""]
+        if stack.resources:
+            out += ["| Change | Resource | Type | Details |", "|---|---|---|---|"]
+            for change in stack.resources:
+                out.append(f"| {_labels(change)} | {_code(change.logical_id)} | {change.type} | {_details(change)} |")
+            out.append("")
+        if stack.sections:
+            out += ["Parameters and outputs:", ""]
+            for s in stack.sections:
+                detail = {"added": f"added {_code(short(s.new))}", "removed": "removed",
+                          "modified": _change_text(s.old, s.new)}[s.kind]
+                out.append(f"- {s.section} {_code(s.name)}: {detail}")
+            out.append("")
+    return "\n".join(out)
