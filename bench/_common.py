@@ -93,8 +93,12 @@ def report(name: str, rows: list[dict], extra: dict) -> Path:
             print(f"{key}: {_fmt(value)}")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    machine = {"python": sys.version.split()[0], "torch": torch.__version__, "cpu_count": os.cpu_count(),
-               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"}
+    machine = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+    }
     path.write_text(json.dumps({"benchmark": name, "machine": machine, "rows": rows, **extra}, indent=2) + "\n")
     print(f"wrote {path}")
     return path

@@ -67,8 +67,12 @@ def _timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=9,
-                        help="rounds (default 9: the disk here has slow spells, see docs/benchmarks.md)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=9,
+        help="rounds (default 9: the disk here has slow spells, see docs/benchmarks.md)",
+    )
     parser.add_argument("--dir", default="/tmp/moe-bench-checkpoint")
     args = parser.parse_args()
     from megatron.core import dist_checkpointing
@@ -116,8 +120,12 @@ def main() -> None:
     times: dict[str, list[float]] = {"save": [], "write": [], "load": [], "read": []}
     for i in range(args.repeats):
         folder, file = root / f"step-{i}", root / f"plain-{i}.bin"
-        operations = {"save": lambda folder=folder: save(folder), "write": lambda file=file: write(file),
-                      "load": lambda folder=folder: load(folder), "read": lambda file=file: read(file)}
+        operations = {
+            "save": lambda folder=folder: save(folder),
+            "write": lambda file=file: write(file),
+            "load": lambda folder=folder: load(folder),
+            "read": lambda file=file: read(file),
+        }
         for key in in_turn(["save", "write"], i):
             times[key].append(_timed(operations[key]))
         eviction = evict(folder, file)
@@ -128,19 +136,38 @@ def main() -> None:
         os.sync()
     shutil.rmtree(root, ignore_errors=True)
 
-    names = {"save": "dist_checkpointing save", "write": "plain sequential write",
-             "load": "dist_checkpointing load", "read": "plain sequential read"}
+    names = {
+        "save": "dist_checkpointing save",
+        "write": "plain sequential write",
+        "load": "dist_checkpointing load",
+        "read": "plain sequential read",
+    }
     rows = []
     for key, values in times.items():
         s = spread(values)
-        rows.append({"operation": names[key], "median_s": s["median"], "min_s": s["min"], "max_s": s["max"],
-                     "GB_per_s": gb / s["median"]})
-    report("checkpoint_io", rows, {
-        "bytes": nbytes, "repeats": args.repeats, "directory": args.dir, "cache_eviction": eviction,
-        "save_over_plain_write": ratios(times["write"], times["save"]),
-        "load_over_plain_read": ratios(times["read"], times["load"]),
-        "target": 0.8, "runs": times,
-    })
+        rows.append(
+            {
+                "operation": names[key],
+                "median_s": s["median"],
+                "min_s": s["min"],
+                "max_s": s["max"],
+                "GB_per_s": gb / s["median"],
+            }
+        )
+    report(
+        "checkpoint_io",
+        rows,
+        {
+            "bytes": nbytes,
+            "repeats": args.repeats,
+            "directory": args.dir,
+            "cache_eviction": eviction,
+            "save_over_plain_write": ratios(times["write"], times["save"]),
+            "load_over_plain_read": ratios(times["read"], times["load"]),
+            "target": 0.8,
+            "runs": times,
+        },
+    )
 
 
 if __name__ == "__main__":

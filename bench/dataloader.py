@@ -56,12 +56,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prefix = Path(tmp) / "bench_text_document"
         prepare([ROOT / "training/configs/tiny-corpus.txt"], prefix, tokenizer)
-        dataset = data.build_gpt_dataset(data_prefixes=[str(prefix)], weights=None, seq_length=seq,
-                                         num_samples=args.batches * micro, seed=1, tokenizer=tokenizer, cache_dir=tmp)
+        dataset = data.build_gpt_dataset(
+            data_prefixes=[str(prefix)],
+            weights=None,
+            seq_length=seq,
+            num_samples=args.batches * micro,
+            seed=1,
+            tokenizer=tokenizer,
+            cache_dir=tmp,
+        )
 
         def loader_seconds(workers: int) -> float:
-            sampler = data.ResumableSampler(len(dataset), micro_batch_size=micro, data_parallel_rank=0, data_parallel_size=1)
-            loader = iter(data.make_dataloader(dataset, sampler, num_workers=workers, prefetch_factor=4, pin_memory=False))
+            sampler = data.ResumableSampler(
+                len(dataset), micro_batch_size=micro, data_parallel_rank=0, data_parallel_size=1
+            )
+            loader = iter(
+                data.make_dataloader(dataset, sampler, num_workers=workers, prefetch_factor=4, pin_memory=False)
+            )
             next(loader)  # start the workers
             started = time.perf_counter()
             for _ in range(args.batches - 1):
@@ -72,13 +83,27 @@ def main() -> None:
         sides["trainer consumption (tiny model)"] = lambda: timed(train_step, warmup=0, iters=20)
         runs = paired(sides, repeats=args.repeats)
     tokens_per_batch = micro * seq
-    rows = [{"side": name, **{f"{k}_ms_per_batch": v * 1000 for k, v in spread(seconds).items()},
-             "tokens_per_s": tokens_per_batch / spread(seconds)["median"]} for name, seconds in runs.items()]
+    rows = [
+        {
+            "side": name,
+            **{f"{k}_ms_per_batch": v * 1000 for k, v in spread(seconds).items()},
+            "tokens_per_s": tokens_per_batch / spread(seconds)["median"],
+        }
+        for name, seconds in runs.items()
+    ]
     consumer = runs.pop("trainer consumption (tiny model)")
     best_loader = [min(per_round) for per_round in zip(*runs.values())]  # the fastest loader of each round
-    report("dataloader", rows, {"micro_batch_size": micro, "seq_length": seq, "repeats": args.repeats,
-                                "loader_over_consumer": ratios(consumer, best_loader),
-                                "runs": {**runs, "trainer consumption (tiny model)": consumer}})
+    report(
+        "dataloader",
+        rows,
+        {
+            "micro_batch_size": micro,
+            "seq_length": seq,
+            "repeats": args.repeats,
+            "loader_over_consumer": ratios(consumer, best_loader),
+            "runs": {**runs, "trainer consumption (tiny model)": consumer},
+        },
+    )
 
 
 if __name__ == "__main__":

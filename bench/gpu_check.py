@@ -33,9 +33,17 @@ VARIANTS = ("local", "grouped_gemm")
 
 
 def overrides(*, layers: int, seq_length: int, micro_batches: int, variant: str) -> list[str]:
-    return [f"model.num_layers={layers}", f"model.seq_length={seq_length}", "parallel.tensor=1", "parallel.expert=1",
-            "parallel.expert_tensor=1", "optim.micro_batch_size=1", f"optim.global_batch_size={micro_batches}",
-            "model.spec=local", f"moe.grouped_gemm={'true' if variant == 'grouped_gemm' else 'false'}"]
+    return [
+        f"model.num_layers={layers}",
+        f"model.seq_length={seq_length}",
+        "parallel.tensor=1",
+        "parallel.expert=1",
+        "parallel.expert_tensor=1",
+        "optim.micro_batch_size=1",
+        f"optim.global_batch_size={micro_batches}",
+        "model.spec=local",
+        f"moe.grouped_gemm={'true' if variant == 'grouped_gemm' else 'false'}",
+    ]
 
 
 def write_plan(path: Path, args) -> None:
@@ -45,14 +53,33 @@ def write_plan(path: Path, args) -> None:
 
     figures = {}
     for variant in VARIANTS:
-        train = load_train_config(MIXTRAL, overrides(layers=args.layers, seq_length=args.seq_length,
-                                                     micro_batches=args.micro_batches, variant=variant))
+        train = load_train_config(
+            MIXTRAL,
+            overrides(
+                layers=args.layers, seq_length=args.seq_length, micro_batches=args.micro_batches, variant=variant
+            ),
+        )
         est = memory_per_device(train, world_size=1, vocab_size=VOCAB, device_memory_gib=141e9 / 2**30)
-        figures[variant] = {"total_gib": est.total, "parameters_gib": est.parameters, "gradients_gib": est.gradients,
-                            "optimizer_gib": est.optimizer, "activations_gib": est.activations}
+        figures[variant] = {
+            "total_gib": est.total,
+            "parameters_gib": est.parameters,
+            "gradients_gib": est.gradients,
+            "optimizer_gib": est.optimizer,
+            "activations_gib": est.activations,
+        }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"layers": args.layers, "seq_length": args.seq_length,
-                                "micro_batches": args.micro_batches, "variants": figures}, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "layers": args.layers,
+                "seq_length": args.seq_length,
+                "micro_batches": args.micro_batches,
+                "variants": figures,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {path}")
 
 
@@ -87,12 +114,24 @@ def run(args) -> dict:
         config = load_train_config(TINY, ["optim.global_batch_size=8"])
     else:
         config_path, vocab = MIXTRAL, VOCAB
-        config = load_train_config(MIXTRAL, overrides(layers=args.layers, seq_length=args.seq_length,
-                                                      micro_batches=args.micro_batches, variant=args.variant))
-    result = {"variant": args.variant, "config": str(config_path.relative_to(ROOT)), "layers": config.model.num_layers,
-              "seq_length": config.model.seq_length, "micro_batches": config.optim.global_batch_size}
+        config = load_train_config(
+            MIXTRAL,
+            overrides(
+                layers=args.layers, seq_length=args.seq_length, micro_batches=args.micro_batches, variant=args.variant
+            ),
+        )
+    result = {
+        "variant": args.variant,
+        "config": str(config_path.relative_to(ROOT)),
+        "layers": config.model.num_layers,
+        "seq_length": config.model.seq_length,
+        "micro_batches": config.optim.global_batch_size,
+    }
     if args.variant == "grouped_gemm" and not importlib.util.find_spec("grouped_gemm"):
-        return {**result, "skipped": "megatron's grouped GEMM without Transformer Engine needs the grouped_gemm package"}
+        return {
+            **result,
+            "skipped": "megatron's grouped GEMM without Transformer Engine needs the grouped_gemm package",
+        }
     runtime = trainer.setup(config, detect())
     try:
         try:
@@ -105,9 +144,12 @@ def run(args) -> dict:
         def batches():
             while True:
                 tokens = torch.randint(0, vocab, (o.micro_batch_size, s + 1), generator=generator)
-                yield {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-                       "position_ids": torch.arange(s).expand(o.micro_batch_size, s),
-                       "loss_mask": torch.ones(o.micro_batch_size, s)}
+                yield {
+                    "tokens": tokens[:, :-1],
+                    "labels": tokens[:, 1:],
+                    "position_ids": torch.arange(s).expand(o.micro_batch_size, s),
+                    "loss_mask": torch.ones(o.micro_batch_size, s),
+                }
 
         stream, mask = batches(), trainer.causal_mask(s, runtime.device)
         on_gpu = runtime.device.type == "cuda"
@@ -122,18 +164,34 @@ def run(args) -> dict:
         step_s = (time.perf_counter() - started) / args.steps
         tokens_per_s = o.global_batch_size * s / step_s
         achieved = tokens_per_s * flops_per_token(config, vocab) / 1e12
-        result.update({"device": torch.cuda.get_device_name() if on_gpu else "cpu", "step_s": step_s,
-                       "tokens_per_s": tokens_per_s, "achieved_tflops": achieved,
-                       "last_loss": float(losses[-1]) if losses else None,
-                       "peak_memory_gib": peak_memory_gib()})
+        result.update(
+            {
+                "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+                "step_s": step_s,
+                "tokens_per_s": tokens_per_s,
+                "achieved_tflops": achieved,
+                "last_loss": float(losses[-1]) if losses else None,
+                "peak_memory_gib": peak_memory_gib(),
+            }
+        )
         if on_gpu:
             datasheet, measured = default_peak_tflops(), matmul_peak_tflops(runtime.device)
-            result.update({"datasheet_peak_tflops": datasheet, "measured_matmul_tflops": measured,
-                           "mfu_datasheet": achieved / datasheet if datasheet else None, "mfu_measured": achieved / measured})
+            result.update(
+                {
+                    "datasheet_peak_tflops": datasheet,
+                    "measured_matmul_tflops": measured,
+                    "mfu_datasheet": achieved / datasheet if datasheet else None,
+                    "mfu_measured": achieved / measured,
+                }
+            )
         if args.plan_json:
             planned = json.loads(Path(args.plan_json).read_text())["variants"][args.variant]
-            result.update({"plan_total_gib": planned["total_gib"],
-                           "peak_over_plan": result["peak_memory_gib"] / planned["total_gib"]})
+            result.update(
+                {
+                    "plan_total_gib": planned["total_gib"],
+                    "peak_over_plan": result["peak_memory_gib"] / planned["total_gib"],
+                }
+            )
         return result
     finally:
         trainer.teardown()

@@ -23,12 +23,24 @@ def megatron_moe_layer(args):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=1, hidden_size=args.hidden, num_attention_heads=4, ffn_hidden_size=args.ffn,
-        moe_ffn_hidden_size=args.ffn, num_moe_experts=args.experts, moe_router_topk=args.top_k,
-        moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none", add_bias_linear=False,
-        gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm", bias_dropout_fusion=False,
-        use_cpu_initialization=not torch.cuda.is_available(), gradient_accumulation_fusion=False,
-        moe_grouped_gemm=False, params_dtype=torch.float32,
+        num_layers=1,
+        hidden_size=args.hidden,
+        num_attention_heads=4,
+        ffn_hidden_size=args.ffn,
+        moe_ffn_hidden_size=args.ffn,
+        num_moe_experts=args.experts,
+        moe_router_topk=args.top_k,
+        moe_token_dispatcher_type="alltoall",
+        moe_router_load_balancing_type="none",
+        add_bias_linear=False,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        normalization="RMSNorm",
+        bias_dropout_fusion=False,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        gradient_accumulation_fusion=False,
+        moe_grouped_gemm=False,
+        params_dtype=torch.float32,
     )
     spec = get_gpt_layer_local_spec(num_experts=args.experts, moe_grouped_gemm=False, normalization="RMSNorm")
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=128, max_sequence_length=16)
@@ -84,16 +96,35 @@ def main() -> None:
     def naive_step():
         naive(x).sum().backward()
 
-    runs = paired({"megatron alltoall": lambda: timed(megatron_step, warmup=0, iters=args.iters),
-                   "naive expert loop": lambda: timed(naive_step, warmup=0, iters=args.iters)}, repeats=args.repeats)
+    runs = paired(
+        {
+            "megatron alltoall": lambda: timed(megatron_step, warmup=0, iters=args.iters),
+            "naive expert loop": lambda: timed(naive_step, warmup=0, iters=args.iters),
+        },
+        repeats=args.repeats,
+    )
     rows = []
     for name, seconds in runs.items():
         s = spread(seconds)
-        rows.append({"implementation": name, "median_ms": s["median"] * 1000, "min_ms": s["min"] * 1000,
-                     "max_ms": s["max"] * 1000, "tokens_per_s": args.tokens / s["median"]})
-    report("moe_layer", rows, {"shape": vars(args), "repeats": args.repeats,
-                               "megatron_over_naive": ratios(runs["naive expert loop"], runs["megatron alltoall"]),
-                               "runs": runs})
+        rows.append(
+            {
+                "implementation": name,
+                "median_ms": s["median"] * 1000,
+                "min_ms": s["min"] * 1000,
+                "max_ms": s["max"] * 1000,
+                "tokens_per_s": args.tokens / s["median"],
+            }
+        )
+    report(
+        "moe_layer",
+        rows,
+        {
+            "shape": vars(args),
+            "repeats": args.repeats,
+            "megatron_over_naive": ratios(runs["naive expert loop"], runs["megatron alltoall"]),
+            "runs": runs,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -33,15 +33,29 @@ from _common import in_turn, ratios, report, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "training/configs/tiny.yaml"
-SHAPE = ("model.num_layers=4", "model.hidden_size=128", "model.ffn_hidden_size=256", "model.num_attention_heads=8",
-         "model.seq_length=128", "moe.num_experts=8", "optim.micro_batch_size=4", "optim.global_batch_size=8")
+SHAPE = (
+    "model.num_layers=4",
+    "model.hidden_size=128",
+    "model.ffn_hidden_size=256",
+    "model.num_attention_heads=8",
+    "model.seq_length=128",
+    "moe.num_experts=8",
+    "optim.micro_batch_size=4",
+    "optim.global_batch_size=8",
+)
 
 
 def _overrides(data: Path, run: Path, steps: int, log_interval: int) -> list[str]:
-    return [*SHAPE, f"metrics.log_interval={log_interval}", f"data.prefixes=[{data / 'tiny_text_document'}]",
-            f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]",
-            f"checkpoint.dir={run / 'ckpt'}", f"checkpoint.save_interval={steps + 1}",
-            f"metrics.file={run / 'metrics.jsonl'}", f"max_steps={steps}"]
+    return [
+        *SHAPE,
+        f"metrics.log_interval={log_interval}",
+        f"data.prefixes=[{data / 'tiny_text_document'}]",
+        f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]",
+        f"checkpoint.dir={run / 'ckpt'}",
+        f"checkpoint.save_interval={steps + 1}",
+        f"metrics.file={run / 'metrics.jsonl'}",
+        f"max_steps={steps}",
+    ]
 
 
 def bare(overrides: list[str]) -> None:
@@ -100,8 +114,12 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=10)
     parser.add_argument("--long", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--log-interval", type=int, default=10,
-                        help="steps per metrics record (default 10, as in the shipped profiles; 1 is the worst case)")
+    parser.add_argument(
+        "--log-interval",
+        type=int,
+        default=10,
+        help="steps per metrics record (default 10, as in the shipped profiles; 1 is the worst case)",
+    )
     parser.add_argument("--bare", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare is not None:
@@ -123,18 +141,37 @@ def main() -> None:
     tokens_per_step = config.optim.global_batch_size * config.model.seq_length
     steps = args.long - args.short
     # Each round's per-step time, from that round's short and long run.
-    per_round = {kind: [(long - short) / steps for short, long in zip(walls[(kind, args.short)], walls[(kind, args.long)])]
-                 for kind in ("bare", "trainer")}
+    per_round = {
+        kind: [(long - short) / steps for short, long in zip(walls[(kind, args.short)], walls[(kind, args.long)])]
+        for kind in ("bare", "trainer")
+    }
     rows = []
     for kind in ("bare", "trainer"):
         s = spread(per_round[kind])
-        rows.append({"run": kind, "median_step_s": s["median"], "min_step_s": s["min"], "max_step_s": s["max"],
-                     "tokens_per_s": tokens_per_step / s["median"]})
-    report("trainer_overhead", rows, {
-        "shape": list(SHAPE), "log_interval": args.log_interval, "scratch": SCRATCH or tempfile.gettempdir(),
-        "short_steps": args.short, "long_steps": args.long,
-        "repeats": args.repeats, "trainer_over_bare": ratios(per_round["bare"], per_round["trainer"]), "target": 0.95,
-        "runs": {f"{kind} {n} steps": walls[(kind, n)] for kind, n in walls}})
+        rows.append(
+            {
+                "run": kind,
+                "median_step_s": s["median"],
+                "min_step_s": s["min"],
+                "max_step_s": s["max"],
+                "tokens_per_s": tokens_per_step / s["median"],
+            }
+        )
+    report(
+        "trainer_overhead",
+        rows,
+        {
+            "shape": list(SHAPE),
+            "log_interval": args.log_interval,
+            "scratch": SCRATCH or tempfile.gettempdir(),
+            "short_steps": args.short,
+            "long_steps": args.long,
+            "repeats": args.repeats,
+            "trainer_over_bare": ratios(per_round["bare"], per_round["trainer"]),
+            "target": 0.95,
+            "runs": {f"{kind} {n} steps": walls[(kind, n)] for kind, n in walls},
+        },
+    )
 
 
 if __name__ == "__main__":

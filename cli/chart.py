@@ -25,7 +25,9 @@ def log(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hyperpod-chart", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="configuration; nothing is staged unless its orchestrator is eks")
+    parser.add_argument(
+        "--config", required=True, help="configuration; nothing is staged unless its orchestrator is eks"
+    )
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)

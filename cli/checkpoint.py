@@ -22,25 +22,60 @@ from moe_cdk.training.exit_codes import EXIT_CONFIG
 def _parser() -> argparse.ArgumentParser:
     from moe_cdk.training.hf_checkpoint import DTYPES, FAMILIES
 
-    parser = argparse.ArgumentParser(prog="moe-checkpoint", description="Convert between Hugging Face and moe-train checkpoints.")
+    parser = argparse.ArgumentParser(
+        prog="moe-checkpoint", description="Convert between Hugging Face and moe-train checkpoints."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    imp = commands.add_parser("import-hf", help="a Hugging Face MoE model folder into a step-0 checkpoint and a moe-train profile",
-                              description=f"Families: {', '.join(FAMILIES)}. Runs as one process; "
-                                          "the checkpoint loads under any layout the profile's parallel section sets.")
+    imp = commands.add_parser(
+        "import-hf",
+        help="a Hugging Face MoE model folder into a step-0 checkpoint and a moe-train profile",
+        description=f"Families: {', '.join(FAMILIES)}. Runs as one process; "
+        "the checkpoint loads under any layout the profile's parallel section sets.",
+    )
     imp.add_argument("hf_dir", metavar="HF_DIR", type=Path, help="folder with config.json and the safetensors")
-    imp.add_argument("--output", required=True, type=Path, metavar="CKPT_DIR", help="the run's checkpoint folder (step-0 is written there)")
-    imp.add_argument("--write-config", required=True, type=Path, metavar="PROFILE.yaml", help="the moe-train profile to write (must not exist)")
-    imp.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                     help="set a profile value, e.g. data.prefixes=[/fsx/data/web_document] or parallel.expert=8 (repeatable)")
-    exp = commands.add_parser("export-hf", help="a moe-train checkpoint, saved under any layout, into safetensors and config.json")
-    exp.add_argument("checkpoint", metavar="CKPT_DIR", type=Path, help="a run's checkpoint folder (its newest complete step) or one step-N folder")
-    exp.add_argument("--config", required=True, type=Path, metavar="PROFILE.yaml", help="the profile the run trained with")
+    imp.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        metavar="CKPT_DIR",
+        help="the run's checkpoint folder (step-0 is written there)",
+    )
+    imp.add_argument(
+        "--write-config",
+        required=True,
+        type=Path,
+        metavar="PROFILE.yaml",
+        help="the moe-train profile to write (must not exist)",
+    )
+    imp.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="set a profile value, e.g. data.prefixes=[/fsx/data/web_document] or parallel.expert=8 (repeatable)",
+    )
+    exp = commands.add_parser(
+        "export-hf", help="a moe-train checkpoint, saved under any layout, into safetensors and config.json"
+    )
+    exp.add_argument(
+        "checkpoint",
+        metavar="CKPT_DIR",
+        type=Path,
+        help="a run's checkpoint folder (its newest complete step) or one step-N folder",
+    )
+    exp.add_argument(
+        "--config", required=True, type=Path, metavar="PROFILE.yaml", help="the profile the run trained with"
+    )
     exp.add_argument("--output", required=True, type=Path, metavar="HF_DIR", help="the folder to write (new or empty)")
     exp.add_argument("--step", type=int, help="export step-N rather than the newest complete step")
-    exp.add_argument("--dtype", choices=list(DTYPES),
-                     help="default: the imported model's torch_dtype, else the checkpoint's")
-    exp.add_argument("--family", choices=list(FAMILIES),
-                     help="the format to write; default: the imported model's (CKPT_DIR/hf/config.json)")
+    exp.add_argument(
+        "--dtype", choices=list(DTYPES), help="default: the imported model's torch_dtype, else the checkpoint's"
+    )
+    exp.add_argument(
+        "--family",
+        choices=list(FAMILIES),
+        help="the format to write; default: the imported model's (CKPT_DIR/hf/config.json)",
+    )
     return parser
 
 
@@ -62,8 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             step = hf_convert.import_hf(args.hf_dir, args.output, args.write_config, args.set)
             print(f"wrote {step} and {args.write_config}")
         else:
-            out = hf_convert.export_hf(args.checkpoint, args.config, args.output, family_name=args.family,
-                                       step=args.step, dtype_name=args.dtype)
+            out = hf_convert.export_hf(
+                args.checkpoint,
+                args.config,
+                args.output,
+                family_name=args.family,
+                step=args.step,
+                dtype_name=args.dtype,
+            )
             print(f"wrote {out}")
     except ConfigError as error:
         return report(source, error, EXIT_CONFIG)

@@ -21,6 +21,7 @@ from moe_cdk.training.tokenizers import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
+
 def _prepare(args: argparse.Namespace) -> int:
     try:
         tokenizer = load_tokenizer(args.tokenizer)

@@ -19,8 +19,9 @@ from moe_cdk.tools.diagram import architecture_graph, render_png
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moe_cdk.cli.diagram", description=__doc__.splitlines()[0])
     parser.add_argument("--cdk-out", default="cdk.out", help="the synthesized app (default: cdk.out)")
-    parser.add_argument("--output", default="docs/architecture.png",
-                        help="the PNG to write (default: docs/architecture.png)")
+    parser.add_argument(
+        "--output", default="docs/architecture.png", help="the PNG to write (default: docs/architecture.png)"
+    )
     parser.add_argument("--dot", default=None, help="also write the DOT source here (e.g. docs/architecture.dot)")
     args = parser.parse_args(argv)
     try:

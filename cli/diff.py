@@ -22,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
     """``moe-cdk diff``: Markdown of BASE_REF's templates against the working tree's."""
     repo = synth_diff.repo_root(Path.cwd())
     if repo is None:
-        return report("moe-cdk diff", ConfigError([problem("not inside a git checkout", got=str(Path.cwd()),
-                                                           allowed="a git working tree")]))
+        return report(
+            "moe-cdk diff",
+            ConfigError([problem("not inside a git checkout", got=str(Path.cwd()), allowed="a git working tree")]),
+        )
     commit = synth_diff.resolve_revision(repo, args.base_ref)
     if commit is None:
         return report("moe-cdk diff", ConfigError([synth_diff.bad_ref_problem(args.base_ref)]))
@@ -62,11 +64,20 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subcommands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``diff`` on the ``moe-cdk`` subcommands."""
     parser = subcommands.add_parser(
-        "diff", help="Markdown of what the working tree changes in the synthesized templates against BASE_REF")
-    parser.add_argument("base_ref", metavar="BASE_REF", nargs="?", default="HEAD",
-                        help="commit, branch or tag to compare against (default: HEAD)")
-    parser.add_argument("--config", default="config/default.yaml",
-                        help="configuration, relative to the checkout (default: config/default.yaml)")
+        "diff", help="Markdown of what the working tree changes in the synthesized templates against BASE_REF"
+    )
+    parser.add_argument(
+        "base_ref",
+        metavar="BASE_REF",
+        nargs="?",
+        default="HEAD",
+        help="commit, branch or tag to compare against (default: HEAD)",
+    )
+    parser.add_argument(
+        "--config",
+        default="config/default.yaml",
+        help="configuration, relative to the checkout (default: config/default.yaml)",
+    )
     parser.add_argument("--output", metavar="FILE", help="write the Markdown here instead of stdout")
     parser.set_defaults(run=run)
     return parser

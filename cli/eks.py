@@ -17,15 +17,27 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         if config.cluster.orchestrator is not Orchestrator.EKS:
-            raise ConfigError([problem("eks render needs an EKS configuration",
-                                                                  got=config.cluster.orchestrator.value, allowed="eks").at("cluster.orchestrator")])
+            raise ConfigError(
+                [
+                    problem(
+                        "eks render needs an EKS configuration", got=config.cluster.orchestrator.value, allowed="eks"
+                    ).at("cluster.orchestrator")
+                ]
+            )
         spec = job_spec_from_config(
-            config, image=args.image, group=args.group, name=args.name, nodes=args.nodes,
-            train_args=tuple(args.train_arg), backoff_limit=args.backoff_limit, stall_timeout_s=args.stall_timeout,
-            startup_timeout_s=args.startup_timeout)
+            config,
+            image=args.image,
+            group=args.group,
+            name=args.name,
+            nodes=args.nodes,
+            train_args=tuple(args.train_arg),
+            backoff_limit=args.backoff_limit,
+            stall_timeout_s=args.stall_timeout,
+            startup_timeout_s=args.startup_timeout,
+        )
     except ConfigError as error:
         return report(args.config, error)
-    if (problems := spec.problems()):
+    if problems := spec.problems():
         return report(args.config, ConfigError(problems))
     if args.helm_values:
         document = helm_values(spec, hyperpod=args.hyperpod)
@@ -34,8 +46,10 @@ def _run(args: argparse.Namespace) -> int:
     text = to_yaml(document)
     if args.output:
         Path(args.output).write_text(text)
-        print(f"wrote {args.output}: {document.get('kind', 'Helm values')} {spec.name}, {spec.nodes} pod(s) x "
-              f"{spec.devices_per_node} {spec.device_resource}, {spec.efa_per_node} EFA")
+        print(
+            f"wrote {args.output}: {document.get('kind', 'Helm values')} {spec.name}, {spec.nodes} pod(s) x "
+            f"{spec.devices_per_node} {spec.device_resource}, {spec.efa_per_node} EFA"
+        )
     else:
         sys.stdout.write(text)
     return 0
@@ -46,20 +60,33 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
     eks = subcommands.add_parser("eks", help="HyperPod EKS helpers")
     commands = eks.add_subparsers(dest="eks_command", required=True, metavar="COMMAND")
     parser = commands.add_parser("render", help="write the Kubernetes training job for the compute group")
-    parser.add_argument("--config", required=True, help="infrastructure YAML with orchestrator eks, e.g. config/eks-p5en.yaml")
+    parser.add_argument(
+        "--config", required=True, help="infrastructure YAML with orchestrator eks, e.g. config/eks-p5en.yaml"
+    )
     parser.add_argument("--image", required=True, help="training image URI (the storage stack's TrainingImageUri)")
-    parser.add_argument("--hyperpod", action="store_true",
-                        help="render a HyperPodPyTorchJob (HyperPod training operator, log-based hang detection) "
-                             "instead of a Kubeflow PyTorchJob")
+    parser.add_argument(
+        "--hyperpod",
+        action="store_true",
+        help="render a HyperPodPyTorchJob (HyperPod training operator, log-based hang detection) "
+        "instead of a Kubeflow PyTorchJob",
+    )
     parser.add_argument("--helm-values", action="store_true", help="print values for charts/moe-training instead")
     parser.add_argument("--group", help="compute group to run on (default: the first)")
     parser.add_argument("--nodes", type=int, help="pods, one per node (default: the group's instance_count)")
     parser.add_argument("--name", help="job name (default: the training profile's file name)")
     parser.add_argument("--backoff-limit", type=int, default=10, help="restarts after permanent failures (default: 10)")
-    parser.add_argument("--startup-timeout", type=int, default=1800,
-                        help="seconds allowed until the first metrics record (default: 1800)")
-    parser.add_argument("--stall-timeout", type=int, default=900,
-                        help="restart a pod whose trainer wrote no metrics record for this many seconds (default: 900)")
+    parser.add_argument(
+        "--startup-timeout",
+        type=int,
+        default=1800,
+        help="seconds allowed until the first metrics record (default: 1800)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=int,
+        default=900,
+        help="restart a pod whose trainer wrote no metrics record for this many seconds (default: 900)",
+    )
     parser.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
     parser.add_argument("--output", help="write the YAML here instead of stdout")
     parser.set_defaults(run=_run)

@@ -35,10 +35,21 @@ def _slurm_render(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         spec = job_spec_from_config(
-            config, train_config=args.train_config, image=args.image, local=args.local, python=args.python,
-            group=args.group, nodes=args.nodes, time_limit=args.time, signal_lead_seconds=args.signal_lead,
-            qos=args.qos, nice=args.nice, max_requeues=args.max_requeues, job_name=args.job_name,
-            train_args=tuple(args.train_arg))
+            config,
+            train_config=args.train_config,
+            image=args.image,
+            local=args.local,
+            python=args.python,
+            group=args.group,
+            nodes=args.nodes,
+            time_limit=args.time,
+            signal_lead_seconds=args.signal_lead,
+            qos=args.qos,
+            nice=args.nice,
+            max_requeues=args.max_requeues,
+            job_name=args.job_name,
+            train_args=tuple(args.train_arg),
+        )
     except ConfigError as error:
         return report(args.config, error)
     problems = spec.problems()
@@ -101,17 +112,25 @@ def main(argv: list[str] | None = None) -> int:
     slurm_commands = slurm.add_subparsers(dest="slurm_command", required=True, metavar="COMMAND")
     render = slurm_commands.add_parser("render", help="write an sbatch script that runs moe-train on the compute group")
     render.add_argument("--config", required=True, help="infrastructure YAML, e.g. config/default.yaml")
-    render.add_argument("--train-config", required=True, help="trainer YAML as the nodes see it, e.g. /fsx/configs/moe-8x1b.yaml")
+    render.add_argument(
+        "--train-config", required=True, help="trainer YAML as the nodes see it, e.g. /fsx/configs/moe-8x1b.yaml"
+    )
     render.add_argument("--image", help="training image URI (the storage stack's TrainingImageUri); not with --local")
-    render.add_argument("--local", action="store_true", help="CPU-only cluster: no container, no GPUs, one task per node")
+    render.add_argument(
+        "--local", action="store_true", help="CPU-only cluster: no container, no GPUs, one task per node"
+    )
     render.add_argument("--python", default="python3", help="interpreter for --local (default: python3)")
     render.add_argument("--group", help="compute group to run on (default: the first)")
     render.add_argument("--nodes", type=int, help="nodes to use (default: the group's instance_count)")
     render.add_argument("--time", default="48:00:00", help="Slurm time limit (default: 48:00:00)")
-    render.add_argument("--signal-lead", type=int, default=300, help="seconds before the limit to signal a checkpoint (default: 300)")
+    render.add_argument(
+        "--signal-lead", type=int, default=300, help="seconds before the limit to signal a checkpoint (default: 300)"
+    )
     render.add_argument("--qos", help="Slurm QoS")
     render.add_argument("--nice", type=int, help="Slurm priority adjustment (--nice)")
-    render.add_argument("--max-requeues", type=int, default=10, help="self-requeues after retryable exits (default: 10)")
+    render.add_argument(
+        "--max-requeues", type=int, default=10, help="self-requeues after retryable exits (default: 10)"
+    )
     render.add_argument("--job-name", help="job name (default: the train config's file name)")
     render.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
     render.add_argument("--output", help="write the script here instead of stdout")

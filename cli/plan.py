@@ -15,8 +15,12 @@ from moe_cdk.tools.plan import DEFAULT_MFU, plan, render_table, to_json
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 when it fits, 2 (problems on stderr) when the configuration is invalid or does not fit."""
     try:
-        result = plan(load_config(args.config), train_config_path=args.train_config, mfu=args.mfu,
-                      train_overrides=tuple(args.set or ()))
+        result = plan(
+            load_config(args.config),
+            train_config_path=args.train_config,
+            mfu=args.mfu,
+            train_overrides=tuple(args.set or ()),
+        )
     except ConfigError as error:
         return report(args.config, error)
     if result.problems:
@@ -31,14 +35,24 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subcommands) -> argparse.ArgumentParser:
     """Register ``plan`` on an argparse subparsers object."""
     parser = subcommands.add_parser(
-        "plan", help="size the training profile on the cluster: memory, cost, throughput, orchestrator; "
-                     "exit 2 if it does not fit")
+        "plan",
+        help="size the training profile on the cluster: memory, cost, throughput, orchestrator; "
+        "exit 2 if it does not fit",
+    )
     parser.add_argument("--config", required=True, help="infrastructure YAML, e.g. config/default.yaml")
     parser.add_argument("--train-config", help="trainer YAML (default: the configuration's training.profile)")
-    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                        help=f"model FLOPs utilisation assumed for throughput (default: {DEFAULT_MFU})")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a trainer key, e.g. parallel.tensor=4 (repeatable)")
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        default=DEFAULT_MFU,
+        help=f"model FLOPs utilisation assumed for throughput (default: {DEFAULT_MFU})",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a trainer key, e.g. parallel.tensor=4 (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
     return parser

@@ -27,17 +27,27 @@ from moe_cdk.schema.config import Orchestrator, load_config
 def add_parser(subcommands) -> None:
     sagemaker = subcommands.add_parser("sagemaker", help="SageMaker Training Jobs")
     commands = sagemaker.add_subparsers(dest="sagemaker_command", required=True, metavar="COMMAND")
-    submit = commands.add_parser("submit", help="start a training job (or a chain of them) for a training-job configuration")
+    submit = commands.add_parser(
+        "submit", help="start a training job (or a chain of them) for a training-job configuration"
+    )
     submit.add_argument("--config", required=True, help="infrastructure YAML with cluster.orchestrator: training-job")
-    submit.add_argument("--outputs-file", help="`cdk deploy --outputs-file` JSON; default: read the stack's outputs from CloudFormation")
-    submit.add_argument("--run-name", help="job name prefix and checkpoint folder (default: <name>-<profile>-<UTC time>)")
+    submit.add_argument(
+        "--outputs-file", help="`cdk deploy --outputs-file` JSON; default: read the stack's outputs from CloudFormation"
+    )
+    submit.add_argument(
+        "--run-name", help="job name prefix and checkpoint folder (default: <name>-<profile>-<UTC time>)"
+    )
     submit.add_argument("--input", dest="input_mode", default="fsx", help="fsx (default) or s3")
-    submit.add_argument("--max-runtime-hours", type=float, default=24.0, help="each job's limit, at most 672 (default 24)")
+    submit.add_argument(
+        "--max-runtime-hours", type=float, default=24.0, help="each job's limit, at most 672 (default 24)"
+    )
     submit.add_argument("--spot", action="store_true", help="managed Spot training")
     submit.add_argument("--max-wait-hours", type=float, help="Spot: capacity wait plus runtime")
     submit.add_argument("--retries", type=int, default=2, help="SageMaker retries after internal errors (default 2)")
     submit.add_argument("--dry-run", action="store_true", help="print the request as JSON and submit nothing")
-    submit.add_argument("--chain", action="store_true", help="keep the run going past each job's limit with successor jobs")
+    submit.add_argument(
+        "--chain", action="store_true", help="keep the run going past each job's limit with successor jobs"
+    )
     submit.add_argument("--max-jobs", type=int, default=10, help="with --chain: at most this many jobs (default 10)")
     submit.add_argument("--poll-seconds", type=float, default=60.0, help="with --chain: status poll interval")
     submit.set_defaults(run=_run)
@@ -47,13 +57,24 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         if config.cluster.orchestrator is not Orchestrator.TRAINING_JOB:
-            raise ConfigError([problem("submit needs a training-job configuration",
-                                                                  got=config.cluster.orchestrator.value, allowed="training-job").at("cluster.orchestrator")])
+            raise ConfigError(
+                [
+                    problem(
+                        "submit needs a training-job configuration",
+                        got=config.cluster.orchestrator.value,
+                        allowed="training-job",
+                    ).at("cluster.orchestrator")
+                ]
+            )
         stack_name = f"{config.name}-training-job"
         options = SubmitOptions(
-            run_name=args.run_name or f"{config.name}-{Path(config.training.profile).stem}-{time.strftime('%Y%m%d%H%M', time.gmtime())}",
-            input_mode=args.input_mode, max_runtime_hours=args.max_runtime_hours, spot=args.spot,
-            max_wait_hours=args.max_wait_hours, retries=args.retries,
+            run_name=args.run_name
+            or f"{config.name}-{Path(config.training.profile).stem}-{time.strftime('%Y%m%d%H%M', time.gmtime())}",
+            input_mode=args.input_mode,
+            max_runtime_hours=args.max_runtime_hours,
+            spot=args.spot,
+            max_wait_hours=args.max_wait_hours,
+            retries=args.retries,
         )
         if args.outputs_file:
             outputs = outputs_from_file(args.outputs_file, stack_name)
@@ -78,8 +99,9 @@ def _run(args: argparse.Namespace) -> int:
             client.create_training_job(**request)
             print(f"started {request['TrainingJobName']}")
             return 0
-        outcomes = run_chain(client, config, outputs, options, max_jobs=args.max_jobs,
-                             poll_seconds=args.poll_seconds, log=print)
+        outcomes = run_chain(
+            client, config, outputs, options, max_jobs=args.max_jobs, poll_seconds=args.poll_seconds, log=print
+        )
     except (BotoCoreError, ClientError) as error:  # credentials, throttling, a refused request, a failed wait
         print(f"{args.config}: SageMaker: {error}", file=sys.stderr)
         return 1

@@ -13,8 +13,13 @@ from moe_cdk.core.problems import ConfigError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moe-train", description="Train a Megatron-core MoE model.")
     parser.add_argument("--config", required=True, help="YAML file, e.g. training/configs/tiny.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one configuration value (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one configuration value (repeatable)",
+    )
     parser.add_argument("--max-steps", type=int, help="same as --set max_steps=N")
     parser.add_argument("--checkpoint-dir", help="same as --set checkpoint.dir=DIR")
     parser.add_argument("--save-interval", type=int, help="same as --set checkpoint.save_interval=N")
@@ -24,8 +29,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def overrides_from(args: argparse.Namespace) -> list[str]:
     """The --set assignments, with the shortcut flags appended (they win)."""
-    shortcuts = {"max_steps": args.max_steps, "checkpoint.dir": args.checkpoint_dir,
-                 "checkpoint.save_interval": args.save_interval, "metrics.file": args.metrics_file}
+    shortcuts = {
+        "max_steps": args.max_steps,
+        "checkpoint.dir": args.checkpoint_dir,
+        "checkpoint.save_interval": args.save_interval,
+        "metrics.file": args.metrics_file,
+    }
     return [*args.set, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
 
 
@@ -74,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_CONFIG
         return report(args.config, error, EXIT_CONFIG)
     except Exception:
-        logging.getLogger(__name__).exception("training failed; the run is retryable and resumes from its last checkpoint")
+        logging.getLogger(__name__).exception(
+            "training failed; the run is retryable and resumes from its last checkpoint"
+        )
         return EXIT_FAILED_RETRYABLE
     finally:
         stop.ignore_from_now()

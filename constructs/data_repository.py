@@ -73,7 +73,8 @@ class DataRepository(Construct):
             # Server access logs must go to a bucket with SSE-S3 encryption
             # (Amazon S3 User Guide, "Enabling Amazon S3 server access logging").
             access_logs = s3.Bucket(
-                self, "AccessLogs",
+                self,
+                "AccessLogs",
                 encryption=s3.BucketEncryption.S3_MANAGED,
                 block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
                 enforce_ssl=True,
@@ -85,7 +86,8 @@ class DataRepository(Construct):
             # write the bucket through the FSx service-linked role, which has no grant on
             # a customer key unless the key policy is edited by hand.
             self.bucket = s3.Bucket(
-                self, "Bucket",
+                self,
+                "Bucket",
                 bucket_name=props.bucket_name,
                 encryption=s3.BucketEncryption.S3_MANAGED,
                 versioned=True,
@@ -101,11 +103,16 @@ class DataRepository(Construct):
         self.associations: list[fsx.CfnDataRepositoryAssociation] = []
         for dra in props.associations:
             s3_config = fsx.CfnDataRepositoryAssociation.S3Property(
-                auto_import_policy=_policy(fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty, dra.auto_import_events),
-                auto_export_policy=_policy(fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty, dra.auto_export_events),
+                auto_import_policy=_policy(
+                    fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty, dra.auto_import_events
+                ),
+                auto_export_policy=_policy(
+                    fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty, dra.auto_export_events
+                ),
             )
             association = fsx.CfnDataRepositoryAssociation(
-                self, association_id(dra.file_system_path),
+                self,
+                association_id(dra.file_system_path),
                 file_system_id=props.file_system_id,
                 file_system_path=dra.file_system_path,
                 data_repository_path=self.s3_uri(dra.s3_prefix),

@@ -35,15 +35,27 @@ class EfaSecurityGroup(Construct):
 
     def __init__(self, scope: Construct, id: str, props: EfaSecurityGroupProps) -> None:
         super().__init__(scope, id)
-        raise_if_any("EfaSecurityGroup", [
-            problem("not a TCP port", got=port, allowed="1 to 65535").at("internet_egress_ports")
-            for port in props.internet_egress_ports if not 1 <= port <= 65535
-        ])
-        self.security_group = ec2.SecurityGroup(
-            self, "Resource", vpc=props.vpc, allow_all_outbound=False, description=props.description,
+        raise_if_any(
+            "EfaSecurityGroup",
+            [
+                problem("not a TCP port", got=port, allowed="1 to 65535").at("internet_egress_ports")
+                for port in props.internet_egress_ports
+                if not 1 <= port <= 65535
+            ],
         )
-        self.security_group.add_ingress_rule(self.security_group, ec2.Port.all_traffic(), "EFA and NCCL within the group")
-        self.security_group.add_egress_rule(self.security_group, ec2.Port.all_traffic(), "EFA and NCCL within the group")
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "Resource",
+            vpc=props.vpc,
+            allow_all_outbound=False,
+            description=props.description,
+        )
+        self.security_group.add_ingress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA and NCCL within the group"
+        )
+        self.security_group.add_egress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA and NCCL within the group"
+        )
         for port in props.internet_egress_ports:
             self.security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"TCP {port} out through NAT")
         self.connections = self.security_group.connections

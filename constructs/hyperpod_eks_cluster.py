@@ -49,8 +49,12 @@ __all__ = [
 TRAINING_OPERATOR_SERVICE_ACCOUNT = "hp-training-operator-controller-manager"
 TRAINING_OPERATOR_POLICY = "AmazonSageMakerHyperPodTrainingOperatorAccess"
 # The VPC CNI's describe calls and ECR's token call take no resource ARN.
-EKS_NODE_UNSCOPED_ACTIONS = ("ec2:DescribeInstances", "ec2:DescribeTags", "ec2:DescribeInstanceTypes",
-                             "ecr:GetAuthorizationToken")
+EKS_NODE_UNSCOPED_ACTIONS = (
+    "ec2:DescribeInstances",
+    "ec2:DescribeTags",
+    "ec2:DescribeInstanceTypes",
+    "ecr:GetAuthorizationToken",
+)
 
 
 def provisioning_parameters(*, instance_groups: Sequence[EksInstanceGroup], region: str) -> dict:
@@ -63,8 +67,10 @@ def provisioning_parameters(*, instance_groups: Sequence[EksInstanceGroup], regi
         "login_group": None,
         "worker_groups": [g.worker_parameters() for g in instance_groups],
         "fsx_lustre": None,
-        "container_runtime": {"containerd_data_dir": "/opt/dlami/nvme/containerd",
-                              "fallback_data_dir": "/opt/sagemaker/containerd"},
+        "container_runtime": {
+            "containerd_data_dir": "/opt/dlami/nvme/containerd",
+            "fallback_data_dir": "/opt/sagemaker/containerd",
+        },
     }
 
 
@@ -100,30 +106,55 @@ class HyperPodEksCluster(Construct):
         raise_if_any("HyperPodEksCluster", self._problems(props))
         self.props = props
         stack = cdk.Stack.of(self)
-        self.role = execution_role(self, cluster_name=props.cluster_name, subnet=props.subnet,
-                                   security_group=props.security_group, unscoped_actions=EKS_NODE_UNSCOPED_ACTIONS)
+        self.role = execution_role(
+            self,
+            cluster_name=props.cluster_name,
+            subnet=props.subnet,
+            security_group=props.security_group,
+            unscoped_actions=EKS_NODE_UNSCOPED_ACTIONS,
+        )
         self._grant_eks_node_permissions(stack)
 
-        self.provisioning_parameters = provisioning_parameters(instance_groups=props.instance_groups, region=props.region)
-        lifecycle = publish_lifecycle(self, construct_name="HyperPodEksCluster",
-                                      directory=props.lifecycle_scripts_directory, parameters=self.provisioning_parameters,
-                                      after_hyperpod_setup=False)
+        self.provisioning_parameters = provisioning_parameters(
+            instance_groups=props.instance_groups, region=props.region
+        )
+        lifecycle = publish_lifecycle(
+            self,
+            construct_name="HyperPodEksCluster",
+            directory=props.lifecycle_scripts_directory,
+            parameters=self.provisioning_parameters,
+            after_hyperpod_setup=False,
+        )
         self.lifecycle_bundle, self.lifecycle_entry = lifecycle.bundle, lifecycle.entry
         self._resource = sagemaker.CfnCluster(
-            self, "Resource",
+            self,
+            "Resource",
             cluster_name=props.cluster_name,
             node_recovery="Automatic",
             orchestrator=sagemaker.CfnCluster.OrchestratorProperty(
-                eks=sagemaker.CfnCluster.ClusterOrchestratorEksConfigProperty(cluster_arn=props.eks_cluster.cluster_arn)),
+                eks=sagemaker.CfnCluster.ClusterOrchestratorEksConfigProperty(cluster_arn=props.eks_cluster.cluster_arn)
+            ),
             vpc_config=sagemaker.CfnCluster.VpcConfigProperty(
-                security_group_ids=[props.security_group.security_group_id], subnets=[props.subnet.subnet_id]),
-            instance_groups=[instance_group_property(
-                g, role=self.role, life_cycle=lifecycle.config,
-                kubernetes_config=sagemaker.CfnCluster.ClusterKubernetesConfigProperty(
-                    labels=dict(g.labels) or None,
-                    taints=[sagemaker.CfnCluster.ClusterKubernetesTaintProperty(key=t.key, value=t.value, effect=t.effect.value)
-                            for t in g.taints] or None),
-            ) for g in props.instance_groups],
+                security_group_ids=[props.security_group.security_group_id], subnets=[props.subnet.subnet_id]
+            ),
+            instance_groups=[
+                instance_group_property(
+                    g,
+                    role=self.role,
+                    life_cycle=lifecycle.config,
+                    kubernetes_config=sagemaker.CfnCluster.ClusterKubernetesConfigProperty(
+                        labels=dict(g.labels) or None,
+                        taints=[
+                            sagemaker.CfnCluster.ClusterKubernetesTaintProperty(
+                                key=t.key, value=t.value, effect=t.effect.value
+                            )
+                            for t in g.taints
+                        ]
+                        or None,
+                    ),
+                )
+                for g in props.instance_groups
+            ],
         )
         self._resource.node.add_dependency(self.role)
         self.cluster_arn: str = self._resource.attr_cluster_arn
@@ -137,37 +168,66 @@ class HyperPodEksCluster(Construct):
         # interfaces, kubelet pulls images from ECR, and pods assume roles through Pod Identity.
         instance_arn = stack.format_arn(service="ec2", resource="instance", resource_name="*")
         eni_arn = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses", "ec2:AttachNetworkInterface"],
-            resources=[instance_arn, eni_arn]))
-        repositories = stack.format_arn(service="ecr", region="*", account="*", resource="repository", resource_name="*")
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
-            resources=[repositories]))
-        self.role.add_to_policy(iam.PolicyStatement(actions=["eks-auth:AssumeRoleForPodIdentity"],
-                                                    resources=[self.props.eks_cluster.cluster_arn]))
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "ec2:AssignPrivateIpAddresses",
+                    "ec2:UnassignPrivateIpAddresses",
+                    "ec2:AttachNetworkInterface",
+                ],
+                resources=[instance_arn, eni_arn],
+            )
+        )
+        repositories = stack.format_arn(
+            service="ecr", region="*", account="*", resource="repository", resource_name="*"
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+                resources=[repositories],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["eks-auth:AssumeRoleForPodIdentity"], resources=[self.props.eks_cluster.cluster_arn]
+            )
+        )
         cdk.Validations.of(self.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
             cdk.Acknowledgment(
                 id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, instance_arn)}]",
                 reason="The VPC CNI on each node assigns pod addresses on whichever HyperPod instance it runs on; the "
-                       "instances are created by HyperPod and have no ARN at synth time."),
+                "instances are created by HyperPod and have no ARN at synth time.",
+            ),
             cdk.Acknowledgment(
                 id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, repositories)}]",
                 reason="kubelet pulls images (read-only) from the ECR repositories of AWS's add-ons, which live in "
-                       "AWS-owned accounts and, for some add-ons, other regions."))
+                "AWS-owned accounts and, for some add-ons, other regions.",
+            ),
+        )
 
     def _training_operator(self) -> eks.CfnAddon:
         # [HP-TO] in rules/eks.py: the add-on needs a HyperPod cluster, cert-manager and
         # the Pod Identity agent; its controller gets the managed policy through Pod Identity.
-        role = pod_identity_role(self, "TrainingOperatorRole", TRAINING_OPERATOR_POLICY,
-                                 reason="The policy AWS documents for the HyperPod training operator's service account; "
-                                        "it reads the HyperPod cluster's node and job state.")
+        role = pod_identity_role(
+            self,
+            "TrainingOperatorRole",
+            TRAINING_OPERATOR_POLICY,
+            reason="The policy AWS documents for the HyperPod training operator's service account; "
+            "it reads the HyperPod cluster's node and job state.",
+        )
         addon = eks.CfnAddon(
-            self, "TrainingOperator", cluster_name=self.props.eks_cluster.cluster_name,
-            addon_name=eks_rules.TRAINING_OPERATOR.name, addon_version=self.props.training_operator_version,
+            self,
+            "TrainingOperator",
+            cluster_name=self.props.eks_cluster.cluster_name,
+            addon_name=eks_rules.TRAINING_OPERATOR.name,
+            addon_version=self.props.training_operator_version,
             resolve_conflicts="OVERWRITE",
-            pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
-                role_arn=role.role_arn, service_account=TRAINING_OPERATOR_SERVICE_ACCOUNT)])
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=role.role_arn, service_account=TRAINING_OPERATOR_SERVICE_ACCOUNT
+                )
+            ],
+        )
         addon.node.add_dependency(self._resource)
         return addon
 

@@ -37,9 +37,13 @@ MANAGED_INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 ENTRY_SCRIPT = "on_create.sh"
 
 
-def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
-                            life_cycle: sagemaker.CfnCluster.ClusterLifeCycleConfigProperty,
-                            **orchestrator_fields) -> sagemaker.CfnCluster.ClusterInstanceGroupProperty:
+def instance_group_property(
+    g: HyperPodInstanceGroup,
+    *,
+    role: iam.IRole,
+    life_cycle: sagemaker.CfnCluster.ClusterLifeCycleConfigProperty,
+    **orchestrator_fields,
+) -> sagemaker.CfnCluster.ClusterInstanceGroupProperty:
     """One ``InstanceGroups`` entry: deep health checks on accelerator groups (unless turned off), one
     thread per core on GPU groups, the EBS volume; ``orchestrator_fields`` add
     ``slurm_config`` or ``kubernetes_config``."""
@@ -54,9 +58,13 @@ def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
         # hyper-threads add noise to its data loading (HyperPod ThreadsPerCore).
         threads_per_core=1 if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else None,
         on_start_deep_health_checks=["InstanceStress", "InstanceConnectivity"] if g.runs_deep_health_checks else None,
-        instance_storage_configs=[sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
-            ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(volume_size_in_gb=g.ebs_volume_size_gib),
-        )],
+        instance_storage_configs=[
+            sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
+                ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(
+                    volume_size_in_gb=g.ebs_volume_size_gib
+                ),
+            )
+        ],
         training_plan_arn=g.training_plan_arn,
         **orchestrator_fields,
     )
@@ -65,14 +73,21 @@ def instance_group_property(g: HyperPodInstanceGroup, *, role: iam.IRole,
 DETACH_NETWORK_INTERFACE = "ec2:DetachNetworkInterface"
 
 
-def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup,
-                   unscoped_actions: Sequence[str] = ()) -> iam.Role:
+def execution_role(
+    scope: Construct,
+    *,
+    cluster_name: str,
+    subnet: ec2.ISubnet,
+    security_group: ec2.ISecurityGroup,
+    unscoped_actions: Sequence[str] = (),
+) -> iam.Role:
     """The nodes' role: the managed instance policy, plus the network-interface permissions a
     cluster in a custom VPC needs, plus ``unscoped_actions`` (actions without resource-level
     permissions) on ``*``. Its three cdk-nag findings are acknowledged here."""
     stack = cdk.Stack.of(scope)
     role = iam.Role(
-        scope, "ExecutionRole",
+        scope,
+        "ExecutionRole",
         assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
         managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(MANAGED_INSTANCE_POLICY)],
         description=f"HyperPod nodes of {cluster_name}",
@@ -86,36 +101,54 @@ def execution_role(scope: Construct, *, cluster_name: str, subnet: ec2.ISubnet, 
     # (aws-samples/awsome-distributed-training, 1.architectures/7.sagemaker-hyperpod-eks/
     # cfn-templates/nested-stacks/sagemaker-iam-role-stack.yaml at 98c1057), and so does this.
     eni_arn = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
-    role.add_to_policy(iam.PolicyStatement(
-        actions=["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface",
-                 "ec2:DeleteNetworkInterfacePermission", "ec2:ModifyNetworkInterfaceAttribute", "ec2:CreateTags"],
-        resources=[
-            stack.format_arn(service="ec2", resource="subnet", resource_name=subnet.subnet_id),
-            stack.format_arn(service="ec2", resource="security-group", resource_name=security_group.security_group_id),
-            eni_arn,
-        ],
-    ))
-    unscoped = ["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
-                "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", *unscoped_actions]
+    role.add_to_policy(
+        iam.PolicyStatement(
+            actions=[
+                "ec2:CreateNetworkInterface",
+                "ec2:CreateNetworkInterfacePermission",
+                "ec2:DeleteNetworkInterface",
+                "ec2:DeleteNetworkInterfacePermission",
+                "ec2:ModifyNetworkInterfaceAttribute",
+                "ec2:CreateTags",
+            ],
+            resources=[
+                stack.format_arn(service="ec2", resource="subnet", resource_name=subnet.subnet_id),
+                stack.format_arn(
+                    service="ec2", resource="security-group", resource_name=security_group.security_group_id
+                ),
+                eni_arn,
+            ],
+        )
+    )
+    unscoped = [
+        "ec2:DescribeNetworkInterfaces",
+        "ec2:DescribeVpcs",
+        "ec2:DescribeDhcpOptions",
+        "ec2:DescribeSubnets",
+        "ec2:DescribeSecurityGroups",
+        *unscoped_actions,
+    ]
     role.add_to_policy(iam.PolicyStatement(actions=[*unscoped, DETACH_NETWORK_INTERFACE], resources=["*"]))
-    cdk.Validations.of(role.node.default_child).acknowledge(cdk.Acknowledgment(
-        id=managed_policy_finding(MANAGED_INSTANCE_POLICY),
-        reason="AWS requires this managed policy on HyperPod execution roles: it lets the HyperPod agents on "
-               "each node report health and read the sagemaker-* lifecycle bucket (SageMaker Developer Guide, "
-               "'IAM role for SageMaker HyperPod').",
-    ))
+    cdk.Validations.of(role.node.default_child).acknowledge(
+        cdk.Acknowledgment(
+            id=managed_policy_finding(MANAGED_INSTANCE_POLICY),
+            reason="AWS requires this managed policy on HyperPod execution roles: it lets the HyperPod agents on "
+            "each node report health and read the sagemaker-* lifecycle bucket (SageMaker Developer Guide, "
+            "'IAM role for SageMaker HyperPod').",
+        )
+    )
     cdk.Validations.of(role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
         cdk.Acknowledgment(
             id="AwsSolutions-IAM5[Resource::*]",
             reason=f"Only {', '.join(sorted(unscoped))} and {DETACH_NETWORK_INTERFACE} use '*'. The former do "
-                   "not support resource-level permissions; the latter is also authorized against the node's "
-                   "instance, which has no ARN before HyperPod launches it (Service Authorization Reference; "
-                   "AWS's HyperPod execution-role template grants it on '*' too).",
+            "not support resource-level permissions; the latter is also authorized against the node's "
+            "instance, which has no ARN before HyperPod launches it (Service Authorization Reference; "
+            "AWS's HyperPod execution-role template grants it on '*' too).",
         ),
         cdk.Acknowledgment(
             id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, eni_arn)}]",
             reason="Network interfaces HyperPod creates for the nodes have no ARN before they exist; creation is "
-                   "also scoped to the cluster's one subnet and security group in the same statement.",
+            "also scoped to the cluster's one subnet and security group in the same statement.",
         ),
     )
     return role
@@ -126,7 +159,8 @@ def lifecycle_synthesizer(lifecycle_bucket_name: str, bundle_id: str) -> cdk.ISt
     lifecycle bundle) go to ``s3://<lifecycle bucket>/lifecycle/<bundle_id>/`` with the
     deploying credentials, so that folder holds exactly one bundle."""
     return cdk.CliCredentialsStackSynthesizer(
-        file_assets_bucket_name=lifecycle_bucket_name, bucket_prefix=f"lifecycle/{bundle_id}/",
+        file_assets_bucket_name=lifecycle_bucket_name,
+        bucket_prefix=f"lifecycle/{bundle_id}/",
     )
 
 
@@ -143,8 +177,11 @@ def lifecycle_bundle_id(lifecycle_scripts_directory: str, parameters: dict) -> s
 def lifecycle_directory_problems(directory: str) -> list[Problem]:
     if (Path(directory) / ENTRY_SCRIPT).is_file():
         return []
-    return [problem(f"has no {ENTRY_SCRIPT}", got=directory,
-                                                      allowed="the lifecycle_scripts folder").at("lifecycle_scripts_directory")]
+    return [
+        problem(f"has no {ENTRY_SCRIPT}", got=directory, allowed="the lifecycle_scripts folder").at(
+            "lifecycle_scripts_directory"
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -156,8 +193,9 @@ class PublishedLifecycle:
     config: sagemaker.CfnCluster.ClusterLifeCycleConfigProperty
 
 
-def publish_lifecycle(scope: Construct, *, construct_name: str, directory: str, parameters: dict,
-                      after_hyperpod_setup: bool) -> PublishedLifecycle:
+def publish_lifecycle(
+    scope: Construct, *, construct_name: str, directory: str, parameters: dict, after_hyperpod_setup: bool
+) -> PublishedLifecycle:
     """Stage ``directory`` plus ``provisioning_parameters.json`` as one asset, with a generated
     entry script beside it. ``after_hyperpod_setup`` runs it as ``OnInitComplete``, after HyperPod's
     AMI-based configuration (Slurm only); otherwise as ``OnCreate``, which EKS requires."""
@@ -168,17 +206,29 @@ def publish_lifecycle(scope: Construct, *, construct_name: str, directory: str, 
     resolved = cdk.Stack.of(scope).resolve(bundle.s3_bucket_name)
     name = resolved.get("Fn::Sub") if isinstance(resolved, dict) else resolved
     if isinstance(name, str) and not name.startswith(LIFECYCLE_BUCKET_PREFIX):
-        raise_if_any(construct_name, [problem(
-            "is published to the stack's file-asset bucket, which HyperPod nodes can only read if its name starts "
-            "with 'sagemaker-'; give the stack lifecycle_synthesizer(...)",
-            got=name, allowed="a stack synthesizer whose file-asset bucket starts with sagemaker-").at("lifecycle_scripts_directory")])
+        raise_if_any(
+            construct_name,
+            [
+                problem(
+                    "is published to the stack's file-asset bucket, which HyperPod nodes can only read if its name "
+                    "starts "
+                    "with 'sagemaker-'; give the stack lifecycle_synthesizer(...)",
+                    got=name,
+                    allowed="a stack synthesizer whose file-asset bucket starts with sagemaker-",
+                ).at("lifecycle_scripts_directory")
+            ],
+        )
     prefix = entry.s3_object_key[: -len(entry.asset_hash) - 3]
     script = f"{entry.asset_hash}.sh"
-    return PublishedLifecycle(bundle, entry, sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(
-        source_s3_uri=f"s3://{entry.s3_bucket_name}/{prefix}",
-        on_init_complete=script if after_hyperpod_setup else None,
-        on_create=None if after_hyperpod_setup else script,
-    ))
+    return PublishedLifecycle(
+        bundle,
+        entry,
+        sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(
+            source_s3_uri=f"s3://{entry.s3_bucket_name}/{prefix}",
+            on_init_complete=script if after_hyperpod_setup else None,
+            on_create=None if after_hyperpod_setup else script,
+        ),
+    )
 
 
 def _stage_bundle(directory: str, parameters: dict) -> Path:
@@ -201,5 +251,5 @@ rm -rf "$target"
 mkdir -p "$target"
 python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$here/{bundle_hash}.zip" "$target"
 exec bash "$target/{ENTRY_SCRIPT}"
-""")
+""")  # noqa: E501 (the script's own lines)
     return path

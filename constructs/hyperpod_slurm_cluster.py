@@ -75,7 +75,8 @@ class HyperPodSlurmClusterProps:
     security_group: ec2.ISecurityGroup
     """The EFA security group of the nodes. Required."""
     lifecycle_scripts_directory: str
-    """Folder with ``on_create.sh`` and what it runs; shipped with the generated provisioning_parameters.json. Required."""
+    """Folder with ``on_create.sh`` and what it runs; shipped with the generated provisioning_parameters.json.
+    Required."""
     region: str
     """Region, written into provisioning_parameters.json for the node's AWS calls. Required."""
     fsx: FsxMount | None = None
@@ -96,7 +97,9 @@ class HyperPodSlurmClusterProps:
     secret. Default: none (slurmdbd on the controller, as HyperPod sets it up)."""
 
 
-def provisioning_parameters(*, instance_groups: Sequence[SlurmInstanceGroup], region: str, fsx: FsxMount | None) -> dict:
+def provisioning_parameters(
+    *, instance_groups: Sequence[SlurmInstanceGroup], region: str, fsx: FsxMount | None
+) -> dict:
     """What the lifecycle scripts read, built from the cluster's own props: no value is typed twice."""
     groups = list(instance_groups)
     by_type = {t: [g for g in groups if g.node_type is t] for t in NodeType}
@@ -107,12 +110,18 @@ def provisioning_parameters(*, instance_groups: Sequence[SlurmInstanceGroup], re
         "controller_group": by_type[NodeType.CONTROLLER][0].name if by_type[NodeType.CONTROLLER] else None,
         "login_group": by_type[NodeType.LOGIN][0].name if by_type[NodeType.LOGIN] else None,
         "worker_groups": [g.worker_parameters() for g in by_type[NodeType.COMPUTE]],
-        "fsx_lustre": None if fsx is None else {
-            "dns_name_parameter": fsx.dns_name_parameter, "mount_name_parameter": fsx.mount_name_parameter,
+        "fsx_lustre": None
+        if fsx is None
+        else {
+            "dns_name_parameter": fsx.dns_name_parameter,
+            "mount_name_parameter": fsx.mount_name_parameter,
             "mount_point": fsx.mount_point,
             # Worker groups that reach an EFA-enabled file system over EFA, with their interface count.
-            "efa_interfaces": {g.name: n for g in by_type[NodeType.COMPUTE]
-                               if fsx.efa_enabled and (n := efa_client_interfaces(g.instance_type))},
+            "efa_interfaces": {
+                g.name: n
+                for g in by_type[NodeType.COMPUTE]
+                if fsx.efa_enabled and (n := efa_client_interfaces(g.instance_type))
+            },
         },
         "container_runtime": {"enroot_data_dir": "/opt/dlami/nvme/enroot", "pyxis": True},
     }
@@ -130,35 +139,54 @@ class HyperPodSlurmCluster(Construct):
         stack = cdk.Stack.of(self)
 
         # ecr:GetAuthorizationToken has no resource-level permissions (Service Authorization Reference).
-        self.role = execution_role(self, cluster_name=props.cluster_name, subnet=props.subnet,
-                                   security_group=props.security_group,
-                                   unscoped_actions=["ecr:GetAuthorizationToken"] if props.image_repository else [])
+        self.role = execution_role(
+            self,
+            cluster_name=props.cluster_name,
+            subnet=props.subnet,
+            security_group=props.security_group,
+            unscoped_actions=["ecr:GetAuthorizationToken"] if props.image_repository else [],
+        )
         if props.image_repository is not None:
             # SageMaker Developer Guide, "IAM role for SageMaker HyperPod": the managed instance policy
             # has no ECR actions; the pull actions are the ones the guide lists for EKS nodes.
-            self.role.add_to_policy(iam.PolicyStatement(
-                actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
-                resources=[props.image_repository.repository_arn]))
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+                    resources=[props.image_repository.repository_arn],
+                )
+            )
         if props.fsx is not None:
             for name in (props.fsx.dns_name_parameter, props.fsx.mount_name_parameter):
-                self.role.add_to_policy(iam.PolicyStatement(
-                    actions=["ssm:GetParameter"],
-                    resources=[stack.format_arn(service="ssm", resource="parameter", resource_name=name.lstrip("/"))],
-                ))
+                self.role.add_to_policy(
+                    iam.PolicyStatement(
+                        actions=["ssm:GetParameter"],
+                        resources=[
+                            stack.format_arn(service="ssm", resource="parameter", resource_name=name.lstrip("/"))
+                        ],
+                    )
+                )
         if props.data_bucket is not None:
             # Explicit actions rather than grant_read_write's wildcards. The object-level
             # resource is the caller's to acknowledge in cdk-nag.
             props.data_bucket.grant(self.role, "s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload")
-            self.role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"],
-                                                        resources=[props.data_bucket.bucket_arn]))
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[props.data_bucket.bucket_arn]
+                )
+            )
 
         self.provisioning_parameters = provisioning_parameters(
-            instance_groups=props.instance_groups, region=props.region, fsx=props.fsx)
-        lifecycle = publish_lifecycle(self, construct_name="HyperPodSlurmCluster",
-                                      directory=props.lifecycle_scripts_directory, parameters=self.provisioning_parameters,
-                                      # HyperPod then starts Slurm and installs enroot and pyxis itself
-                                      # (lifecycle_scripts/on_create.sh says what is left to do).
-                                      after_hyperpod_setup=True)
+            instance_groups=props.instance_groups, region=props.region, fsx=props.fsx
+        )
+        lifecycle = publish_lifecycle(
+            self,
+            construct_name="HyperPodSlurmCluster",
+            directory=props.lifecycle_scripts_directory,
+            parameters=self.provisioning_parameters,
+            # HyperPod then starts Slurm and installs enroot and pyxis itself
+            # (lifecycle_scripts/on_create.sh says what is left to do).
+            after_hyperpod_setup=True,
+        )
         self.lifecycle_bundle, self.lifecycle_entry = lifecycle.bundle, lifecycle.entry
 
         continuous = props.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS
@@ -167,30 +195,45 @@ class HyperPodSlurmCluster(Construct):
             # exactly this (aws-samples/awsome-distributed-training, 1.architectures/5.sagemaker-hyperpod/
             # sagemaker-hyperpod-slurm-multi-headnode.yaml at 7217859); the managed instance policy has no
             # Secrets Manager action. A secret under a customer managed key also needs kms:Decrypt on it.
-            self.role.add_to_policy(iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"],
-                                                        resources=[props.accounting_database.secret_arn]))
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["secretsmanager:GetSecretValue"], resources=[props.accounting_database.secret_arn]
+                )
+            )
         strategy = props.slurm_config_strategy or (None if continuous else SlurmConfigStrategy.MANAGED)
         orchestrator_slurm = sagemaker.CfnCluster.ClusterOrchestratorSlurmConfigProperty(
             slurm_config_strategy=strategy.value if strategy else None,
-            accounting_database=None if props.accounting_database is None else {
-                "endpoint": props.accounting_database.endpoint, "secretArn": props.accounting_database.secret_arn,
-                "name": props.accounting_database.name, "port": props.accounting_database.port,
+            accounting_database=None
+            if props.accounting_database is None
+            else {
+                "endpoint": props.accounting_database.endpoint,
+                "secretArn": props.accounting_database.secret_arn,
+                "name": props.accounting_database.name,
+                "port": props.accounting_database.port,
             },
         )
         self._resource = sagemaker.CfnCluster(
-            self, "Resource",
+            self,
+            "Resource",
             cluster_name=props.cluster_name,
             node_recovery="Automatic",
             node_provisioning_mode="Continuous" if continuous else None,
             orchestrator=sagemaker.CfnCluster.OrchestratorProperty(slurm=orchestrator_slurm),
             vpc_config=sagemaker.CfnCluster.VpcConfigProperty(
-                security_group_ids=[props.security_group.security_group_id], subnets=[props.subnet.subnet_id],
+                security_group_ids=[props.security_group.security_group_id],
+                subnets=[props.subnet.subnet_id],
             ),
-            instance_groups=[instance_group_property(
-                g, role=self.role, life_cycle=lifecycle.config,
-                slurm_config=sagemaker.CfnCluster.ClusterSlurmConfigProperty(
-                    node_type=g.node_type.value, partition_names=[g.partition_name] if g.partition_name else None),
-            ) for g in props.instance_groups],
+            instance_groups=[
+                instance_group_property(
+                    g,
+                    role=self.role,
+                    life_cycle=lifecycle.config,
+                    slurm_config=sagemaker.CfnCluster.ClusterSlurmConfigProperty(
+                        node_type=g.node_type.value, partition_names=[g.partition_name] if g.partition_name else None
+                    ),
+                )
+                for g in props.instance_groups
+            ],
         )
         self._resource.node.add_dependency(self.role)
         self.cluster_arn: str = self._resource.attr_cluster_arn
@@ -201,10 +244,15 @@ class HyperPodSlurmCluster(Construct):
         found = group_problems(props.instance_groups, require_efa=props.require_efa)
         found += lifecycle_directory_problems(props.lifecycle_scripts_directory)
         found += slurm_provisioning_problems(
-            mode=props.node_provisioning_mode, slurm_config_strategy=props.slurm_config_strategy,
-            accounting_database=props.accounting_database)
+            mode=props.node_provisioning_mode,
+            slurm_config_strategy=props.slurm_config_strategy,
+            accounting_database=props.accounting_database,
+        )
         fsx, zone = props.fsx, props.subnet.availability_zone
         if fsx is not None and fsx.efa_enabled and not is_unresolved(zone) and fsx.availability_zone != zone:
-            found.append(problem("an EFA-enabled file system must be in the cluster's zone",
-                                                             got=fsx.availability_zone, allowed=zone).at("fsx.availability_zone"))
+            found.append(
+                problem(
+                    "an EFA-enabled file system must be in the cluster's zone", got=fsx.availability_zone, allowed=zone
+                ).at("fsx.availability_zone")
+            )
         return found

@@ -32,7 +32,8 @@ class LustreStorageProps:
     kms_key: kms.IKey | None = None
     """Key for encryption at rest. Default: a new customer-managed key with rotation."""
     removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
-    """What happens to the file system, its KMS key and its security group when they leave the stack. Default: RETAIN."""
+    """What happens to the file system, its KMS key and its security group when they leave the stack. Default:
+    RETAIN."""
 
 
 class LustreStorage(Construct):
@@ -53,16 +54,22 @@ class LustreStorage(Construct):
             subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, availability_zones=[props.availability_zone]
         ).subnets
         if not subnets:
-            raise_if_any("LustreStorage", [
-                problem(
-                    "the VPC has no private subnet in this zone",
-                    got=props.availability_zone,
-                    allowed=", ".join(sorted({s.availability_zone for s in props.vpc.private_subnets})) or "none",
-                ).at("availability_zone")
-            ])
+            raise_if_any(
+                "LustreStorage",
+                [
+                    problem(
+                        "the VPC has no private subnet in this zone",
+                        got=props.availability_zone,
+                        allowed=", ".join(sorted({s.availability_zone for s in props.vpc.private_subnets})) or "none",
+                    ).at("availability_zone")
+                ],
+            )
 
         self.security_group = ec2.SecurityGroup(
-            self, "SecurityGroup", vpc=props.vpc, allow_all_outbound=True,
+            self,
+            "SecurityGroup",
+            vpc=props.vpc,
+            allow_all_outbound=True,
             description="FSx for Lustre servers: Lustre traffic from the cluster nodes only",
         )
         # Retained with the file system, whose network interfaces keep using it: a security group
@@ -83,7 +90,10 @@ class LustreStorage(Construct):
                 self.connections.allow_from(clients, port, "Lustre from cluster nodes")
 
         self.kms_key = props.kms_key or kms.Key(
-            self, "Key", enable_key_rotation=True, removal_policy=props.removal_policy,
+            self,
+            "Key",
+            enable_key_rotation=True,
+            removal_policy=props.removal_policy,
             description="Encrypts the MoE training FSx for Lustre file system",
         )
 
@@ -97,7 +107,8 @@ class LustreStorage(Construct):
             metadata_configuration=fsx.CfnFileSystem.MetadataConfigurationProperty(mode="AUTOMATIC"),
         )
         self._resource = fsx.CfnFileSystem(
-            self, "Resource",
+            self,
+            "Resource",
             file_system_type="LUSTRE",
             file_system_type_version="2.15",
             storage_type="SSD",
@@ -118,13 +129,13 @@ class LustreStorage(Construct):
     def _problems(props: LustreStorageProps) -> list[Problem]:
         problems = []
         if not is_unresolved(props.per_unit_storage_throughput_mb_s_tib):
-            if (p := throughput_problem(props.per_unit_storage_throughput_mb_s_tib)):
+            if p := throughput_problem(props.per_unit_storage_throughput_mb_s_tib):
                 problems.append(p.at("per_unit_storage_throughput_mb_s_tib"))
         if not is_unresolved(props.storage_capacity_gib):
-            if (p := capacity_problem(
+            if p := capacity_problem(
                 props.storage_capacity_gib,
                 per_unit_storage_throughput_mb_s_tib=props.per_unit_storage_throughput_mb_s_tib,
                 efa_enabled=props.efa_enabled,
-            )):
+            ):
                 problems.append(p.at("storage_capacity_gib"))
         return problems

@@ -44,7 +44,8 @@ def volume_manifests(props: LustreVolumeProps, volume_name: str) -> list[dict]:
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": props.namespace}},
         {
-            "apiVersion": "v1", "kind": "PersistentVolume",
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
             "metadata": {"name": volume_name},
             "spec": {
                 "capacity": {"storage": capacity},
@@ -63,7 +64,8 @@ def volume_manifests(props: LustreVolumeProps, volume_name: str) -> list[dict]:
             },
         },
         {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
             "metadata": {"name": props.claim_name, "namespace": props.namespace},
             "spec": {
                 "accessModes": ["ReadWriteMany"],
@@ -94,9 +96,17 @@ class LustreVolume(Construct):
         for key in ("namespace", "claim_name"):
             value = getattr(props, key)
             if not KUBERNETES_NAME.match(value):
-                found.append(problem("not a Kubernetes name", got=value,
-                                                  allowed="lowercase letters, digits and inner hyphens, at most 63").at(f"{key}"))
+                found.append(
+                    problem(
+                        "not a Kubernetes name",
+                        got=value,
+                        allowed="lowercase letters, digits and inner hyphens, at most 63",
+                    ).at(f"{key}")
+                )
         if props.storage_capacity_gib < 1:
-            found.append(problem("must be positive", got=props.storage_capacity_gib,
-                                                            allowed="the file system's capacity in GiB").at("storage_capacity_gib"))
+            found.append(
+                problem(
+                    "must be positive", got=props.storage_capacity_gib, allowed="the file system's capacity in GiB"
+                ).at("storage_capacity_gib")
+            )
         return found

@@ -53,7 +53,8 @@ class TrainingEksClusterProps:
     instance_types: Sequence[str]
     """Every instance type the HyperPod groups use; the device plugins follow them. Required."""
     node_tolerations: Sequence[Mapping[str, str]] = ()
-    """Tolerations for the taints the HyperPod groups carry, added to every device plugin and exporter. Default: none."""
+    """Tolerations for the taints the HyperPod groups carry, added to every device plugin and exporter. Default:
+    none."""
     kubernetes_version: str = eks_rules.DEFAULT_KUBERNETES_VERSION
     """A Kubernetes version HyperPod supports. Default: ``eks_rules.DEFAULT_KUBERNETES_VERSION``."""
     endpoint_access: EndpointAccess = EndpointAccess.PRIVATE
@@ -80,17 +81,29 @@ class TrainingEksCluster(Construct):
         self.props = props
         self.specs = [catalog.lookup(t) for t in props.instance_types]
 
-        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
-                                   description=f"Encrypts the Kubernetes secrets of {props.cluster_name}")
+        self.secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            enable_key_rotation=True,
+            description=f"Encrypts the Kubernetes secrets of {props.cluster_name}",
+        )
         self.control_plane_security_group = ec2.SecurityGroup(
-            self, "ControlPlaneSecurityGroup", vpc=props.vpc, allow_all_outbound=False,
-            description=f"EKS control plane of {props.cluster_name}: HTTPS from the HyperPod nodes")
+            self,
+            "ControlPlaneSecurityGroup",
+            vpc=props.vpc,
+            allow_all_outbound=False,
+            description=f"EKS control plane of {props.cluster_name}: HTTPS from the HyperPod nodes",
+        )
         self._connect_nodes(props.node_security_group)
-        endpoint = (eks.EndpointAccess.PRIVATE if props.endpoint_access is EndpointAccess.PRIVATE
-                    else eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*props.public_access_cidrs))
+        endpoint = (
+            eks.EndpointAccess.PRIVATE
+            if props.endpoint_access is EndpointAccess.PRIVATE
+            else eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*props.public_access_cidrs)
+        )
         subnets = ec2.SubnetSelection(subnets=list(props.subnets))
         self.cluster = eks.Cluster(
-            self, "Cluster",
+            self,
+            "Cluster",
             cluster_name=props.cluster_name,
             version=eks.KubernetesVersion.of(props.kubernetes_version),
             vpc=props.vpc,
@@ -102,16 +115,28 @@ class TrainingEksCluster(Construct):
             default_capacity=0,
             # vpc-cni, kube-proxy and CoreDNS come as managed add-ons below instead.
             bootstrap_self_managed_addons=False,
-            cluster_logging=[eks.ClusterLoggingTypes.API, eks.ClusterLoggingTypes.AUDIT,
-                             eks.ClusterLoggingTypes.AUTHENTICATOR, eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
-                             eks.ClusterLoggingTypes.SCHEDULER],
+            cluster_logging=[
+                eks.ClusterLoggingTypes.API,
+                eks.ClusterLoggingTypes.AUDIT,
+                eks.ClusterLoggingTypes.AUTHENTICATOR,
+                eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+                eks.ClusterLoggingTypes.SCHEDULER,
+            ],
             secrets_encryption_key=self.secrets_key,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV33Layer(self, "KubectlLayer"), private_subnets=list(props.subnets)),
+                kubectl_layer=KubectlV33Layer(self, "KubectlLayer"), private_subnets=list(props.subnets)
+            ),
         )
         for i, arn in enumerate(props.admin_role_arns):
-            self.cluster.grant_access(f"Admin{i}", arn, [eks.AccessPolicy.from_access_policy_name(
-                "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER)])
+            self.cluster.grant_access(
+                f"Admin{i}",
+                arn,
+                [
+                    eks.AccessPolicy.from_access_policy_name(
+                        "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
+                    )
+                ],
+            )
 
         self._acknowledge_findings()
         self.addons = {a.name: self._addon(a) for a in eks_rules.ADDONS}
@@ -122,64 +147,114 @@ class TrainingEksCluster(Construct):
     def _acknowledge_findings(self) -> None:
         """cdk-nag findings on the roles and functions aws_eks_v2 creates, each with its reason."""
         stack = cdk.Stack.of(self)
-        cdk.Validations.of(self.cluster.role.node.default_child).acknowledge(cdk.Acknowledgment(
-            id=managed_policy_finding("AmazonEKSClusterPolicy"),
-            reason="The EKS service role policy AWS requires on every cluster role (Amazon EKS User Guide, 'Amazon EKS "
-                   "cluster IAM role')."))
+        cdk.Validations.of(self.cluster.role.node.default_child).acknowledge(
+            cdk.Acknowledgment(
+                id=managed_policy_finding("AmazonEKSClusterPolicy"),
+                reason="The EKS service role policy AWS requires on every cluster role (Amazon EKS User Guide, "
+                "'Amazon EKS cluster IAM role').",
+            )
+        )
         provider = self.cluster.node.find_child("KubectlProvider")
         handler = provider.node.find_child("Handler")
         framework = provider.node.find_child("Provider").node.find_child("framework-onEvent")
-        lambda_reason = ("The AWS managed Lambda execution policy for CloudWatch Logs (and VPC network interfaces): the "
-                         "kubectl handler and its provider framework are aws-cdk-lib's own functions and run in the "
-                         "VPC to reach the private API endpoint.")
+        lambda_reason = (
+            "The AWS managed Lambda execution policy for CloudWatch Logs (and VPC network interfaces): the "
+            "kubectl handler and its provider framework are aws-cdk-lib's own functions and run in the "
+            "VPC to reach the private API endpoint."
+        )
         for function in (handler, framework):
             cdk.Validations.of(function.role.node.default_child).acknowledge(
-                cdk.Acknowledgment(id=managed_policy_finding("service-role/AWSLambdaBasicExecutionRole"), reason=lambda_reason),
-                cdk.Acknowledgment(id=managed_policy_finding("service-role/AWSLambdaVPCAccessExecutionRole"), reason=lambda_reason))
+                cdk.Acknowledgment(
+                    id=managed_policy_finding("service-role/AWSLambdaBasicExecutionRole"), reason=lambda_reason
+                ),
+                cdk.Acknowledgment(
+                    id=managed_policy_finding("service-role/AWSLambdaVPCAccessExecutionRole"), reason=lambda_reason
+                ),
+            )
         has_ecr_public = stack.get_logical_id(handler.node.find_child("HasEcrPublic"))
-        ecr_public = ('{"Fn::If":["%s",{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},'
-                      '":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}') % has_ecr_public
+        ecr_public = (
+            '{"Fn::If":["%s",{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},'
+            '":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}'
+        ) % has_ecr_public
         pull_reason = "Read-only image pulls that aws_eks_v2 gives its kubectl handler for Helm charts stored in ECR."
         cdk.Validations.of(handler.role.node.default_child).acknowledge(
             cdk.Acknowledgment(id=managed_policy_finding("AmazonEC2ContainerRegistryReadOnly"), reason=pull_reason),
-            cdk.Acknowledgment(id=f"AwsSolutions-IAM4[Policy::{ecr_public}]", reason=pull_reason))
-        cdk.Validations.of(handler.node.default_child).acknowledge(cdk.Acknowledgment(
-            id="AwsSolutions-L1",
-            reason="aws-cdk-lib pins the kubectl handler's runtime to the version its bundled code is tested with; "
-                   "it follows aws-cdk-lib upgrades."))
+            cdk.Acknowledgment(id=f"AwsSolutions-IAM4[Policy::{ecr_public}]", reason=pull_reason),
+        )
+        cdk.Validations.of(handler.node.default_child).acknowledge(
+            cdk.Acknowledgment(
+                id="AwsSolutions-L1",
+                reason="aws-cdk-lib pins the kubectl handler's runtime to the version its bundled code is tested with; "
+                "it follows aws-cdk-lib upgrades.",
+            )
+        )
         handler_arn = stack.get_logical_id(handler.node.default_child)
-        cdk.Validations.of(framework.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(cdk.Acknowledgment(
-            id=f"AwsSolutions-IAM5[Resource::<{handler_arn}.Arn>:*]",
-            reason="The provider framework may invoke every version of the one kubectl handler function (its ARN "
-                   "followed by :*), nothing else."))
+        cdk.Validations.of(framework.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
+            cdk.Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::<{handler_arn}.Arn>:*]",
+                reason="The provider framework may invoke every version of the one kubectl handler function (its ARN "
+                "followed by :*), nothing else.",
+            )
+        )
 
     def _connect_nodes(self, nodes: ec2.ISecurityGroup) -> None:
         # Nodes call the API server on 443; the control plane calls kubelets (10250) and
         # webhooks on the nodes, so it may reach them on any port.
-        ec2.CfnSecurityGroupIngress(self, "NodesToControlPlane", group_id=self.control_plane_security_group.security_group_id,
-                                    ip_protocol="tcp", from_port=443, to_port=443, source_security_group_id=nodes.security_group_id,
-                                    description="Kubernetes API from the HyperPod nodes")
-        ec2.CfnSecurityGroupIngress(self, "ControlPlaneToNodes", group_id=nodes.security_group_id, ip_protocol="-1",
-                                    source_security_group_id=self.control_plane_security_group.security_group_id,
-                                    description="kubelet and webhooks from the EKS control plane")
-        ec2.CfnSecurityGroupEgress(self, "ControlPlaneEgress", group_id=self.control_plane_security_group.security_group_id,
-                                   ip_protocol="-1", destination_security_group_id=nodes.security_group_id,
-                                   description="kubelet and webhooks on the HyperPod nodes")
+        ec2.CfnSecurityGroupIngress(
+            self,
+            "NodesToControlPlane",
+            group_id=self.control_plane_security_group.security_group_id,
+            ip_protocol="tcp",
+            from_port=443,
+            to_port=443,
+            source_security_group_id=nodes.security_group_id,
+            description="Kubernetes API from the HyperPod nodes",
+        )
+        ec2.CfnSecurityGroupIngress(
+            self,
+            "ControlPlaneToNodes",
+            group_id=nodes.security_group_id,
+            ip_protocol="-1",
+            source_security_group_id=self.control_plane_security_group.security_group_id,
+            description="kubelet and webhooks from the EKS control plane",
+        )
+        ec2.CfnSecurityGroupEgress(
+            self,
+            "ControlPlaneEgress",
+            group_id=self.control_plane_security_group.security_group_id,
+            ip_protocol="-1",
+            destination_security_group_id=nodes.security_group_id,
+            description="kubelet and webhooks on the HyperPod nodes",
+        )
 
     def _addon(self, addon: eks_rules.Addon, **extra) -> eks.CfnAddon:
         resource = eks.CfnAddon(
-            self, f"Addon-{addon.name}", cluster_name=self.cluster.cluster_name, addon_name=addon.name,
-            addon_version=self.props.addon_versions.get(addon.name, addon.version), resolve_conflicts="OVERWRITE", **extra)
+            self,
+            f"Addon-{addon.name}",
+            cluster_name=self.cluster.cluster_name,
+            addon_name=addon.name,
+            addon_version=self.props.addon_versions.get(addon.name, addon.version),
+            resolve_conflicts="OVERWRITE",
+            **extra,
+        )
         resource.node.add_dependency(self.cluster)
         return resource
 
     def _container_insights(self) -> eks.CfnAddon:
         # [CW]: the agent's service account gets CloudWatchAgentServerPolicy through Pod Identity.
-        role = pod_identity_role(self, "ContainerInsightsRole", "CloudWatchAgentServerPolicy",
-                                 reason="The policy AWS documents for the CloudWatch Observability add-on's agent; it "
-                                        "writes metrics and logs only.")
-        addon = self._addon(eks_rules.CONTAINER_INSIGHTS, pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
-            role_arn=role.role_arn, service_account="cloudwatch-agent")])
+        role = pod_identity_role(
+            self,
+            "ContainerInsightsRole",
+            "CloudWatchAgentServerPolicy",
+            reason="The policy AWS documents for the CloudWatch Observability add-on's agent; it "
+            "writes metrics and logs only.",
+        )
+        addon = self._addon(
+            eks_rules.CONTAINER_INSIGHTS,
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(role_arn=role.role_arn, service_account="cloudwatch-agent")
+            ],
+        )
         addon.node.add_dependency(self.addons["eks-pod-identity-agent"])
         return addon
 
@@ -197,24 +272,46 @@ class TrainingEksCluster(Construct):
             if not types:  # no node of this kind: nothing to advertise
                 continue
             charts[chart.name] = eks.HelmChart(
-                self, f"Chart-{chart.name}", cluster=self.cluster, chart=chart.chart, repository=chart.repository,
-                version=chart.version, namespace=chart.namespace, release=chart.name,
+                self,
+                f"Chart-{chart.name}",
+                cluster=self.cluster,
+                chart=chart.chart,
+                repository=chart.repository,
+                version=chart.version,
+                namespace=chart.namespace,
+                release=chart.name,
                 values=values(specs, self.props.node_tolerations),
-                create_namespace=False)
+                create_namespace=False,
+            )
         chart_asset = s3_assets.Asset(self, "HyperPodChart", path=self.props.hyperpod_chart_directory)
         charts["hyperpod-dependencies"] = eks.HelmChart(
-            self, "Chart-hyperpod-dependencies", cluster=self.cluster, release="hyperpod-dependencies",
-            chart_asset=chart_asset, namespace="kube-system", values=eks_rules.HYPERPOD_CHART_VALUES,
-            create_namespace=False)
+            self,
+            "Chart-hyperpod-dependencies",
+            cluster=self.cluster,
+            release="hyperpod-dependencies",
+            chart_asset=chart_asset,
+            namespace="kube-system",
+            values=eks_rules.HYPERPOD_CHART_VALUES,
+            create_namespace=False,
+        )
         # HelmChart grants the kubectl handler Asset.grant_read on the chart: s3:GetObject*,
         # s3:GetBucket* and s3:List* on the file-asset bucket and its objects.
         handler = self.cluster.node.find_child("KubectlProvider").node.find_child("Handler")
-        reason = ("The kubectl handler downloads the HyperPod chart asset; aws-cdk-lib's Asset.grant_read gives it "
-                  "read-only access to the CDK file-asset bucket, which holds only deployment assets.")
-        cdk.Validations.of(handler.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(*(
-            cdk.Acknowledgment(id=f"AwsSolutions-IAM5[{finding}]", reason=reason) for finding in (
-                "Action::s3:GetObject*", "Action::s3:GetBucket*", "Action::s3:List*",
-                f"Resource::{nag_text(cdk.Stack.of(self), chart_asset.bucket.bucket_arn)}/*")))
+        reason = (
+            "The kubectl handler downloads the HyperPod chart asset; aws-cdk-lib's Asset.grant_read gives it "
+            "read-only access to the CDK file-asset bucket, which holds only deployment assets."
+        )
+        cdk.Validations.of(handler.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
+            *(
+                cdk.Acknowledgment(id=f"AwsSolutions-IAM5[{finding}]", reason=reason)
+                for finding in (
+                    "Action::s3:GetObject*",
+                    "Action::s3:GetBucket*",
+                    "Action::s3:List*",
+                    f"Resource::{nag_text(cdk.Stack.of(self), chart_asset.bucket.bucket_arn)}/*",
+                )
+            )
+        )
         for chart in charts.values():
             # The plugins' pods need the CNI and DNS to start.
             chart.node.add_dependency(*self.addons.values())
@@ -224,12 +321,17 @@ class TrainingEksCluster(Construct):
     def _problems(props: TrainingEksClusterProps) -> list[Problem]:
         found = endpoint_problems(props.endpoint_access, props.public_access_cidrs)
         found += addon_version_problems(props.addon_versions)
-        if (p := kubernetes_version_problem(props.kubernetes_version)):
+        if p := kubernetes_version_problem(props.kubernetes_version):
             found.append(p.at("kubernetes_version"))
         zones = {s.availability_zone for s in props.subnets}
         if len(props.subnets) < 2 or len(zones) < 2:
-            found.append(problem("EKS needs subnets in at least two availability zones",
-                                               got=sorted(zones), allowed="private subnets in two or more zones").at("subnets"))
+            found.append(
+                problem(
+                    "EKS needs subnets in at least two availability zones",
+                    got=sorted(zones),
+                    allowed="private subnets in two or more zones",
+                ).at("subnets")
+            )
         for i, name in enumerate(props.instance_types):
             if catalog.lookup(name) is None:
                 found.append(catalog.unknown_instance_type(name).at(f"instance_types[{i}]"))
@@ -238,10 +340,14 @@ class TrainingEksCluster(Construct):
         # its health-monitoring agent is what node recovery needs.
         directory = props.hyperpod_chart_directory
         if not (Path(directory) / "Chart.yaml").is_file():
-            found.append(problem(
-                "has no Chart.yaml: AWS's HyperPod dependencies chart is not staged, and without it (the "
-                "health-monitoring agent) cluster creation can fail; run `make hyperpod-chart CONFIG=...`",
-                got=directory, allowed="the folder `make hyperpod-chart` writes").at("hyperpod_chart_directory"))
+            found.append(
+                problem(
+                    "has no Chart.yaml: AWS's HyperPod dependencies chart is not staged, and without it (the "
+                    "health-monitoring agent) cluster creation can fail; run `make hyperpod-chart CONFIG=...`",
+                    got=directory,
+                    allowed="the folder `make hyperpod-chart` writes",
+                ).at("hyperpod_chart_directory")
+            )
         return found
 
 
@@ -249,8 +355,13 @@ def pod_identity_role(scope: Construct, id: str, managed_policy: str, *, reason:
     """A role for one service account through EKS Pod Identity (whose principal tags its
     sessions), holding the AWS managed policy its add-on documents; ``reason`` acknowledges
     that policy in cdk-nag."""
-    role = iam.Role(scope, id, assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
-                    managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(managed_policy)])
+    role = iam.Role(
+        scope,
+        id,
+        assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(managed_policy)],
+    )
     cdk.Validations.of(role.node.default_child).acknowledge(
-        cdk.Acknowledgment(id=managed_policy_finding(managed_policy), reason=reason))
+        cdk.Acknowledgment(id=managed_policy_finding(managed_policy), reason=reason)
+    )
     return role

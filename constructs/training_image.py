@@ -36,13 +36,20 @@ class TrainingImage(Construct):
 
     def __init__(self, scope: Construct, id: str, props: TrainingImageProps) -> None:
         super().__init__(scope, id)
-        raise_if_any("TrainingImage", [
-            problem("must be relative paths inside the checkout", got=path, allowed="e.g. config").at("extra_context")
-            for path in props.extra_context if path.startswith("/") or ".." in path.split("/")
-        ])
+        raise_if_any(
+            "TrainingImage",
+            [
+                problem("must be relative paths inside the checkout", got=path, allowed="e.g. config").at(
+                    "extra_context"
+                )
+                for path in props.extra_context
+                if path.startswith("/") or ".." in path.split("/")
+            ],
+        )
         keep = [*BUILD_CONTEXT_FILES, *props.extra_context]
         self.asset = ecr_assets.DockerImageAsset(
-            self, "Resource",
+            self,
+            "Resource",
             directory=props.context_directory,
             file=props.dockerfile,
             build_args=props.build_args,

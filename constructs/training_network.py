@@ -30,10 +30,27 @@ INTERFACE_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
 _R = logs.RetentionDays
 # rules.logs.RETENTION_DAYS as the CDK's enum (a test checks that the two hold the same days).
 RETENTION_BY_DAYS: dict[int, logs.RetentionDays] = {
-    1: _R.ONE_DAY, 3: _R.THREE_DAYS, 5: _R.FIVE_DAYS, 7: _R.ONE_WEEK, 14: _R.TWO_WEEKS, 30: _R.ONE_MONTH,
-    60: _R.TWO_MONTHS, 90: _R.THREE_MONTHS, 120: _R.FOUR_MONTHS, 150: _R.FIVE_MONTHS, 180: _R.SIX_MONTHS,
-    365: _R.ONE_YEAR, 400: _R.THIRTEEN_MONTHS, 545: _R.EIGHTEEN_MONTHS, 731: _R.TWO_YEARS, 1096: _R.THREE_YEARS,
-    1827: _R.FIVE_YEARS, 2192: _R.SIX_YEARS, 2557: _R.SEVEN_YEARS, 2922: _R.EIGHT_YEARS, 3288: _R.NINE_YEARS,
+    1: _R.ONE_DAY,
+    3: _R.THREE_DAYS,
+    5: _R.FIVE_DAYS,
+    7: _R.ONE_WEEK,
+    14: _R.TWO_WEEKS,
+    30: _R.ONE_MONTH,
+    60: _R.TWO_MONTHS,
+    90: _R.THREE_MONTHS,
+    120: _R.FOUR_MONTHS,
+    150: _R.FIVE_MONTHS,
+    180: _R.SIX_MONTHS,
+    365: _R.ONE_YEAR,
+    400: _R.THIRTEEN_MONTHS,
+    545: _R.EIGHTEEN_MONTHS,
+    731: _R.TWO_YEARS,
+    1096: _R.THREE_YEARS,
+    1827: _R.FIVE_YEARS,
+    2192: _R.SIX_YEARS,
+    2557: _R.SEVEN_YEARS,
+    2922: _R.EIGHT_YEARS,
+    3288: _R.NINE_YEARS,
     3653: _R.TEN_YEARS,
 }
 
@@ -51,7 +68,8 @@ class TrainingNetworkProps:
     existing_vpc: ec2.IVpc | None = None
     """Adopt this VPC and its private subnets instead of creating one. Default: create a VPC."""
     interface_endpoints: bool | None = None
-    """Create the ECR, STS, Logs, SageMaker API and SSM endpoints. Default: True for a new VPC, False for an adopted one."""
+    """Create the ECR, STS, Logs, SageMaker API and SSM endpoints. Default: True for a new VPC, False for an adopted
+    one."""
     flow_log_retention_days: int = 365
     """Days to keep VPC flow logs (new VPCs only), a CloudWatch Logs retention value. Default: 365."""
 
@@ -74,35 +92,49 @@ class TrainingNetwork(Construct):
             self.vpc = props.existing_vpc
         else:
             flow_log_group = logs.LogGroup(
-                self, "FlowLogs", retention=RETENTION_BY_DAYS[props.flow_log_retention_days], removal_policy=RemovalPolicy.RETAIN,
+                self,
+                "FlowLogs",
+                retention=RETENTION_BY_DAYS[props.flow_log_retention_days],
+                removal_policy=RemovalPolicy.RETAIN,
             )
             self.vpc = ec2.Vpc(
-                self, "Vpc",
+                self,
+                "Vpc",
                 ip_addresses=ec2.IpAddresses.cidr(props.vpc_cidr),
                 availability_zones=self.availability_zones,
                 nat_gateways=len(self.availability_zones),
                 subnet_configuration=[
-                    ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC,
-                                            cidr_mask=props.public_subnet_cidr_mask),
-                    ec2.SubnetConfiguration(name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
-                                            cidr_mask=props.private_subnet_cidr_mask),
+                    ec2.SubnetConfiguration(
+                        name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=props.public_subnet_cidr_mask
+                    ),
+                    ec2.SubnetConfiguration(
+                        name="Private",
+                        subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                        cidr_mask=props.private_subnet_cidr_mask,
+                    ),
                 ],
                 gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
-                flow_logs={"All": ec2.FlowLogOptions(
-                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
-                    traffic_type=ec2.FlowLogTrafficType.ALL,
-                )},
+                flow_logs={
+                    "All": ec2.FlowLogOptions(
+                        destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
+                        traffic_type=ec2.FlowLogTrafficType.ALL,
+                    )
+                },
                 restrict_default_security_group=True,
             )
 
         missing = [zone for zone in self.availability_zones if self._private_subnets_in(zone) == []]
         if missing:
-            raise_if_any("TrainingNetwork", [
-                problem(
-                    "has no private subnet in every zone of availability_zones", got=missing,
-                    allowed=", ".join(sorted({s.availability_zone for s in self.vpc.private_subnets})) or "none",
-                ).at("existing_vpc")
-            ])
+            raise_if_any(
+                "TrainingNetwork",
+                [
+                    problem(
+                        "has no private subnet in every zone of availability_zones",
+                        got=missing,
+                        allowed=", ".join(sorted({s.availability_zone for s in self.vpc.private_subnets})) or "none",
+                    ).at("existing_vpc")
+                ],
+            )
 
         endpoints = props.interface_endpoints if props.interface_endpoints is not None else props.existing_vpc is None
         self.interface_endpoints: dict[str, ec2.InterfaceVpcEndpoint] = {}
@@ -110,14 +142,21 @@ class TrainingNetwork(Construct):
             # One group for every endpoint, open on HTTPS to the VPC's own range.
             cidr = props.vpc_cidr if props.existing_vpc is None else self.vpc.vpc_cidr_block
             self.endpoint_security_group = ec2.SecurityGroup(
-                self, "EndpointSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
+                self,
+                "EndpointSecurityGroup",
+                vpc=self.vpc,
+                allow_all_outbound=False,
                 description="Interface endpoints: HTTPS from inside the VPC",
             )
             self.endpoint_security_group.add_ingress_rule(ec2.Peer.ipv4(cidr), ec2.Port.HTTPS, "HTTPS from the VPC")
             selection = ec2.SubnetSelection(subnets=self.private_subnets)
             for name, service in INTERFACE_ENDPOINT_SERVICES.items():
                 self.interface_endpoints[name] = self.vpc.add_interface_endpoint(
-                    name, service=service, subnets=selection, private_dns_enabled=True, open=False,
+                    name,
+                    service=service,
+                    subnets=selection,
+                    private_dns_enabled=True,
+                    open=False,
                     security_groups=[self.endpoint_security_group],
                 )
 
@@ -130,7 +169,11 @@ class TrainingNetwork(Construct):
         """The private subnet in ``availability_zone``."""
         subnets = self._private_subnets_in(availability_zone)
         if not subnets:
-            raise ValueError(problem('not a zone of this network', got=availability_zone, allowed=', '.join(self.availability_zones)).at("availability_zone"))
+            raise ValueError(
+                problem(
+                    "not a zone of this network", got=availability_zone, allowed=", ".join(self.availability_zones)
+                ).at("availability_zone")
+            )
         return subnets[0]
 
     def _private_subnets_in(self, zone: str) -> list[ec2.ISubnet]:
@@ -141,17 +184,25 @@ class TrainingNetwork(Construct):
         found = []
         zones = list(props.availability_zones)
         if not zones:
-            found.append(problem("needs at least one zone", got=zones, allowed="e.g. ['us-east-2a']").at("availability_zones"))
+            found.append(
+                problem("needs at least one zone", got=zones, allowed="e.g. ['us-east-2a']").at("availability_zones")
+            )
         for zone in zones:
             if not is_unresolved(zone) and not AVAILABILITY_ZONE.match(zone):
-                found.append(problem("not an availability-zone name", got=zone, allowed="e.g. us-east-2a").at("availability_zones"))
+                found.append(
+                    problem("not an availability-zone name", got=zone, allowed="e.g. us-east-2a").at(
+                        "availability_zones"
+                    )
+                )
         if len(set(zones)) != len(zones):
             found.append(problem("lists a zone twice", got=zones, allowed="distinct zones").at("availability_zones"))
-        if (p := retention_problem(props.flow_log_retention_days)):
+        if p := retention_problem(props.flow_log_retention_days):
             found.append(p.at("flow_log_retention_days"))
         if props.existing_vpc is None:
             found += cidr_problems(
-                props.vpc_cidr, public_mask=props.public_subnet_cidr_mask,
-                private_mask=props.private_subnet_cidr_mask, zones=max(len(zones), 1),
+                props.vpc_cidr,
+                public_mask=props.public_subnet_cidr_mask,
+                private_mask=props.private_subnet_cidr_mask,
+                zones=max(len(zones), 1),
             )
         return found

@@ -82,17 +82,29 @@ class InstanceSpec:
 
 def _gpu(name: str, model: str, count: int, mem: int, efa: int, vcpus: int, host: int, gbps: int) -> InstanceSpec:
     return InstanceSpec(
-        ec2_name=name, accelerator_kind=AcceleratorKind.NVIDIA_GPU, accelerator_model=model,
-        accelerator_count=count, accelerator_memory_gb=mem, efa_interfaces=efa,
-        vcpus=vcpus, memory_gib=host, network_gbps=gbps,
+        ec2_name=name,
+        accelerator_kind=AcceleratorKind.NVIDIA_GPU,
+        accelerator_model=model,
+        accelerator_count=count,
+        accelerator_memory_gb=mem,
+        efa_interfaces=efa,
+        vcpus=vcpus,
+        memory_gib=host,
+        network_gbps=gbps,
     )
 
 
 def _cpu(name: str, vcpus: int, host: int, gbps: int) -> InstanceSpec:
     return InstanceSpec(
-        ec2_name=name, accelerator_kind=AcceleratorKind.NONE, accelerator_model="",
-        accelerator_count=0, accelerator_memory_gb=0, efa_interfaces=0,
-        vcpus=vcpus, memory_gib=host, network_gbps=gbps,
+        ec2_name=name,
+        accelerator_kind=AcceleratorKind.NONE,
+        accelerator_model="",
+        accelerator_count=0,
+        accelerator_memory_gb=0,
+        efa_interfaces=0,
+        vcpus=vcpus,
+        memory_gib=host,
+        network_gbps=gbps,
     )
 
 
@@ -108,9 +120,15 @@ _SPECS: tuple[InstanceSpec, ...] = (
     # [NEURON]: 16 Trainium2 chips, 1,536 GiB device memory (96 GiB each), 192 vCPUs,
     # 2,048 GiB host memory; [EC2-ACC]: 3.2 Tbps EFAv3 over 16 EFA interfaces.
     InstanceSpec(
-        ec2_name="trn2.48xlarge", accelerator_kind=AcceleratorKind.TRAINIUM, accelerator_model="Trainium2",
-        accelerator_count=16, accelerator_memory_gb=96, efa_interfaces=16,
-        vcpus=192, memory_gib=2048, network_gbps=3200,
+        ec2_name="trn2.48xlarge",
+        accelerator_kind=AcceleratorKind.TRAINIUM,
+        accelerator_model="Trainium2",
+        accelerator_count=16,
+        accelerator_memory_gb=96,
+        efa_interfaces=16,
+        vcpus=192,
+        memory_gib=2048,
+        network_gbps=3200,
     ),
     # [EC2-GP]: head and login nodes. Bandwidth is the "up to" figure for the smaller sizes.
     _cpu("m5.xlarge", 4, 16, 10),
@@ -140,8 +158,11 @@ def known_instance_types() -> list[str]:
 
 def unknown_instance_type(instance_type: str) -> Problem:
     """The one wording used wherever an instance type is not in the catalog."""
-    return problem("unknown instance type", got=instance_type,
-                   allowed=f"{', '.join(spec.sagemaker_name for spec in _SPECS)} or their EC2 names")
+    return problem(
+        "unknown instance type",
+        got=instance_type,
+        allowed=f"{', '.join(spec.sagemaker_name for spec in _SPECS)} or their EC2 names",
+    )
 
 
 # Dense (no sparsity) BF16 tensor-core peak per accelerator, TFLOP/s, keyed by ``accelerator_model``:
@@ -153,8 +174,11 @@ def unknown_instance_type(instance_type: str) -> Problem:
 # - A100 SXM: 312 (NVIDIA A100 Tensor Core GPU datasheet, BF16 312 TFLOPS dense, 624 with sparsity).
 # - Trainium2: 667 (AWS Trainium2 / Amazon EC2 Trn2 product page: 667 TFLOPS dense BF16 per chip).
 PEAK_BF16_TFLOPS: dict[str, float] = {
-    "H200": 989.0, "H200 NVL": 835.0,
-    "H100": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0,
+    "H200": 989.0,
+    "H200 NVL": 835.0,
+    "H100": 989.0,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
     "A100": 312.0,
     "Trainium2": 667.0,
 }

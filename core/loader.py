@@ -147,14 +147,33 @@ def checks(instance: Any, prefix: str = "") -> list[Problem]:
 
 def field_docs(cls: type) -> dict[str, str]:
     """The description of each key of section ``cls``: the docstring under its attribute."""
-    return {name: info.description or "" for name, info in cls.__pydantic_fields__.items()}
+    return {name: " ".join((info.description or "").split()) for name, info in cls.__pydantic_fields__.items()}
+
+
+def _one_line_descriptions(node: Any) -> Any:
+    """``node`` with every ``description`` on one line: docstrings wrap at the code's line length."""
+    if isinstance(node, dict):
+        return {
+            k: " ".join(v.split()) if k == "description" and isinstance(v, str) else _one_line_descriptions(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_one_line_descriptions(v) for v in node]
+    return node
+
+
+def _schema(cls: type) -> dict:
+    return _one_line_descriptions(_adapter(cls).json_schema())
 
 
 def json_schema(cls: type, *, title: str) -> dict:
     """The JSON Schema of section ``cls`` (draft 2020-12), as editors' YAML language servers read it."""
-    schema = _adapter(cls).json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title, **{
-        k: v for k, v in schema.items() if k != "title"}}
+    schema = _schema(cls)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": title,
+        **{k: v for k, v in schema.items() if k != "title"},
+    }
 
 
 # -- reference documentation, from the JSON Schema -----------------------------------
@@ -174,8 +193,13 @@ def _schema_type(node: dict, defs: dict) -> str:
     if kind == "object":
         values = node.get("additionalProperties")
         return f"a mapping of a string to {_schema_type(values, defs)}" if isinstance(values, dict) else "a mapping"
-    return {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
-            "null": "null"}.get(kind, "any value")
+    return {
+        "string": "a string",
+        "integer": "an integer",
+        "number": "a number",
+        "boolean": "true or false",
+        "null": "null",
+    }.get(kind, "any value")
 
 
 def _default_text(name: str, node: dict, required: list[str], defs: dict) -> str:
@@ -184,8 +208,11 @@ def _default_text(name: str, node: dict, required: list[str], defs: dict) -> str
     if "default" not in node and node.get("type") == "object":
         return "`{}`"  # a mapping's default_factory, which the schema does not carry
     value = node.get("default")
-    if "default" not in node or (isinstance(value, dict) and value) or (
-            isinstance(value, list) and value and isinstance(value[0], dict)):
+    if (
+        "default" not in node
+        or (isinstance(value, dict) and value)
+        or (isinstance(value, list) and value and isinstance(value[0], dict))
+    ):
         return "see section"
     return f"`{json.dumps(value) if isinstance(value, bool | type(None)) else _plain(value)}`"
 
@@ -216,7 +243,7 @@ def _sections(node: dict, defs: dict, path: str) -> Iterator[tuple[str, dict]]:
 def render_docs(cls: type, title: str, intro: str) -> str:
     """A Markdown reference of every key under section ``cls``, one table per section, read from
     its JSON Schema: the keys, their types, defaults and descriptions."""
-    schema = _adapter(cls).json_schema()
+    schema = _schema(cls)
     defs = schema.get("$defs", {})
     lines = [f"# {title}", "", intro.strip(), ""]
     for path, node in _sections(schema, defs, ""):
@@ -227,7 +254,9 @@ def render_docs(cls: type, title: str, intro: str) -> str:
         required = node.get("required", [])
         for name, prop in node.get("properties", {}).items():
             description = " ".join(prop.get("description", "").split())
-            lines.append(f"| `{name}` | {_schema_type(prop, defs)} | {_default_text(name, prop, required, defs)} "
-                         f"| {description} |")
+            lines.append(
+                f"| `{name}` | {_schema_type(prop, defs)} | {_default_text(name, prop, required, defs)} "
+                f"| {description} |"
+            )
         lines.append("")
     return "\n".join(lines)

@@ -44,7 +44,9 @@ class Problem:
         """The problem without its key: ``what (got X; allowed Y)``."""
         if self.got is _NOTHING and not self.allowed:
             return self.message
-        parts = ([] if self.got is _NOTHING else [f"got {self.got!r}"]) + ([f"allowed {self.allowed}"] if self.allowed else [])
+        parts = ([] if self.got is _NOTHING else [f"got {self.got!r}"]) + (
+            [f"allowed {self.allowed}"] if self.allowed else []
+        )
         return f"{self.message} ({'; '.join(parts)})"
 
     def __str__(self) -> str:

@@ -101,12 +101,30 @@ class EksJobSpec:
 
         for key in ("name", "namespace", "claim_name"):
             if not KUBERNETES_NAME.match(getattr(self, key)):
-                add(key, "not a Kubernetes name", getattr(self, key), "lowercase letters, digits and inner hyphens, at most 63")
+                add(
+                    key,
+                    "not a Kubernetes name",
+                    getattr(self, key),
+                    "lowercase letters, digits and inner hyphens, at most 63",
+                )
         if not self.image or any(c.isspace() for c in self.image):
-            add("image", "not an image reference", self.image, "e.g. <account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>")
-        for key, minimum in (("nodes", 1), ("devices_per_node", 1), ("num_experts", 2), ("expert_parallel", 1),
-                             ("shm_size_gib", 1), ("backoff_limit", 0),
-                             ("startup_timeout_s", 60), ("stall_timeout_s", 60), ("termination_grace_s", 30)):
+            add(
+                "image",
+                "not an image reference",
+                self.image,
+                "e.g. <account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>",
+            )
+        for key, minimum in (
+            ("nodes", 1),
+            ("devices_per_node", 1),
+            ("num_experts", 2),
+            ("expert_parallel", 1),
+            ("shm_size_gib", 1),
+            ("backoff_limit", 0),
+            ("startup_timeout_s", 60),
+            ("stall_timeout_s", 60),
+            ("termination_grace_s", 30),
+        ):
             if getattr(self, key) < minimum:
                 add(key, "too small", getattr(self, key), f"{minimum} or more")
         if self.efa_per_node < 0:
@@ -132,12 +150,23 @@ def _pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_p
         "args": args,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "volumeMounts": [{"name": "fsx", "mountPath": FSX_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}],
-        "startupProbe": {"exec": {"command": ["test", "-f", LIVENESS_FILE]}, "periodSeconds": probe_period,
-                         "failureThreshold": -(-spec.startup_timeout_s // probe_period)},
+        "startupProbe": {
+            "exec": {"command": ["test", "-f", LIVENESS_FILE]},
+            "periodSeconds": probe_period,
+            "failureThreshold": -(-spec.startup_timeout_s // probe_period),
+        },
         "readinessProbe": {"exec": {"command": ["test", "-f", READINESS_FILE]}, "periodSeconds": probe_period},
-        "livenessProbe": {"exec": {"command": ["sh", "-c", f'test $(( $(date +%s) - $(stat -c %Y {LIVENESS_FILE}) )) '
-                                                          f'-lt {spec.stall_timeout_s}']},
-                          "periodSeconds": probe_period, "failureThreshold": 2},
+        "livenessProbe": {
+            "exec": {
+                "command": [
+                    "sh",
+                    "-c",
+                    f"test $(( $(date +%s) - $(stat -c %Y {LIVENESS_FILE}) )) -lt {spec.stall_timeout_s}",
+                ]
+            },
+            "periodSeconds": probe_period,
+            "failureThreshold": 2,
+        },
     }
     if ports:
         container["ports"] = ports
@@ -161,15 +190,28 @@ def _pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_p
 
 
 def _labels(spec: EksJobSpec) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "moe-training", "app.kubernetes.io/instance": spec.name,
-            "app.kubernetes.io/managed-by": "moe-cdk"}
+    return {
+        "app.kubernetes.io/name": "moe-training",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/managed-by": "moe-cdk",
+    }
 
 
 def _trainer_args(spec: EksJobSpec) -> list[str]:
     # The probe files are set here, so the probes and the trainer cannot disagree.
-    return ["--config", spec.train_config, "--set", f"moe.num_experts={spec.num_experts}",
-            "--set", f"parallel.expert={spec.expert_parallel}", "--set", f"metrics.readiness_file={READINESS_FILE}",
-            "--set", f"metrics.liveness_file={LIVENESS_FILE}", *spec.train_args]
+    return [
+        "--config",
+        spec.train_config,
+        "--set",
+        f"moe.num_experts={spec.num_experts}",
+        "--set",
+        f"parallel.expert={spec.expert_parallel}",
+        "--set",
+        f"metrics.readiness_file={READINESS_FILE}",
+        "--set",
+        f"metrics.liveness_file={LIVENESS_FILE}",
+        *spec.train_args,
+    ]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -210,9 +252,17 @@ def render_hyperpod_job(spec: EksJobSpec) -> dict:
     """
     # Flags as in the guide's sample entry point: the agent's server for the operator, and the
     # ranks' output teed to /tmp/hyperpod, where the log monitoring reads it.
-    command = ["hyperpodrun", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.devices_per_node}",
-               "--server-host=0.0.0.0", "--server-port=8080", "--tee=3", "--log_dir=/tmp/hyperpod",
-               "-m", "moe_cdk.cli.train"]
+    command = [
+        "hyperpodrun",
+        f"--nnodes={spec.nodes}",
+        f"--nproc-per-node={spec.devices_per_node}",
+        "--server-host=0.0.0.0",
+        "--server-port=8080",
+        "--tee=3",
+        "--log_dir=/tmp/hyperpod",
+        "-m",
+        "moe_cdk.cli.train",
+    ]
     template = _pod_template(spec, command, _trainer_args(spec), extra_ports=[{"name": "agent", "containerPort": 8080}])
     return {
         "apiVersion": "sagemaker.amazonaws.com/v1",
@@ -225,11 +275,17 @@ def render_hyperpod_job(spec: EksJobSpec) -> dict:
                 "jobMaxRetryCount": spec.backoff_limit,
                 "cleanPodPolicy": "None",
                 "logMonitoringConfiguration": [
-                    {"name": "JobStart", "logPattern": PROGRESS_LOG_PATTERN,
-                     "expectedStartCutOffInSeconds": spec.startup_timeout_s},
-                    {"name": "JobHangingDetection", "logPattern": PROGRESS_LOG_PATTERN,
-                     "expectedStartCutOffInSeconds": spec.startup_timeout_s,
-                     "expectedRecurringFrequencyInSeconds": spec.stall_timeout_s},
+                    {
+                        "name": "JobStart",
+                        "logPattern": PROGRESS_LOG_PATTERN,
+                        "expectedStartCutOffInSeconds": spec.startup_timeout_s,
+                    },
+                    {
+                        "name": "JobHangingDetection",
+                        "logPattern": PROGRESS_LOG_PATTERN,
+                        "expectedStartCutOffInSeconds": spec.startup_timeout_s,
+                        "expectedRecurringFrequencyInSeconds": spec.stall_timeout_s,
+                    },
                 ],
             },
         },
@@ -263,9 +319,18 @@ def helm_values(spec: EksJobSpec, *, hyperpod: bool = False) -> dict:
     }
 
 
-def job_spec_from_config(config: Config, *, image: str, group: str | None = None, name: str | None = None,
-                         nodes: int | None = None, train_args: tuple[str, ...] = (), backoff_limit: int = 10,
-                         stall_timeout_s: int = 900, startup_timeout_s: int = 1800) -> EksJobSpec:
+def job_spec_from_config(
+    config: Config,
+    *,
+    image: str,
+    group: str | None = None,
+    name: str | None = None,
+    nodes: int | None = None,
+    train_args: tuple[str, ...] = (),
+    backoff_limit: int = 10,
+    stall_timeout_s: int = 900,
+    startup_timeout_s: int = 1800,
+) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
     catalog, the experts and metrics port from the training profile as the trainer reads it;
@@ -273,12 +338,24 @@ def job_spec_from_config(config: Config, *, image: str, group: str | None = None
     exist or has no accelerators."""
     chosen = config.cluster.compute_group(group)
     if nodes is not None and not 1 <= nodes <= chosen.instance_count:
-        raise ConfigError([problem(f"more nodes than group {chosen.name} has", got=nodes,
-                                                 allowed=f"1 to {chosen.instance_count}").at("--nodes")])
+        raise ConfigError(
+            [
+                problem(
+                    f"more nodes than group {chosen.name} has", got=nodes, allowed=f"1 to {chosen.instance_count}"
+                ).at("--nodes")
+            ]
+        )
     spec = catalog.lookup(chosen.instance_type)
     if not spec.is_accelerated:
-        raise ConfigError([problem(f"group {chosen.name} has no accelerators to train on",
-                                                 got=spec.sagemaker_name, allowed="a GPU or Trainium compute group").at("--group")])
+        raise ConfigError(
+            [
+                problem(
+                    f"group {chosen.name} has no accelerators to train on",
+                    got=spec.sagemaker_name,
+                    allowed="a GPU or Trainium compute group",
+                ).at("--group")
+            ]
+        )
     gpu = spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU
     profile = load_train_config(config.training.path)
     return EksJobSpec(

@@ -36,8 +36,15 @@ FSX_DATASETS = "/fsx/datasets/"
 CHANNEL_DIR = "/opt/ml/input/data/train/"
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 TENSORBOARD_DIR = "/opt/ml/output/tensorboard"
-OUTPUT_KEYS = ("RoleArn", "SubnetIds", "SecurityGroupIds", "DataBucketName", "FileSystemId",
-               "FileSystemMountName", "TrainingImageUri")
+OUTPUT_KEYS = (
+    "RoleArn",
+    "SubnetIds",
+    "SecurityGroupIds",
+    "DataBucketName",
+    "FileSystemId",
+    "FileSystemMountName",
+    "TrainingImageUri",
+)
 
 # Regexes over the trainer's log lines, e.g.
 # "step 12/100 loss 4.0725 tokens/s 11197 imbalance 2.00 dispatch 0.3ms" (metrics.MetricsSink.write).
@@ -69,16 +76,29 @@ class SubmitOptions:
     def problems(self) -> list[Problem]:
         found = []
         if not re.match(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,55}$", self.run_name):
-            found.append(problem("not a usable job name", got=self.run_name,
-                                                  allowed="letters, digits and inner hyphens, at most 56 characters").at("--run-name"))
+            found.append(
+                problem(
+                    "not a usable job name",
+                    got=self.run_name,
+                    allowed="letters, digits and inner hyphens, at most 56 characters",
+                ).at("--run-name")
+            )
         if self.input_mode not in ("fsx", "s3"):
             found.append(problem("unknown input", got=self.input_mode, allowed="fsx, s3").at("--input"))
         if not 0 < self.max_runtime_hours * 3600 <= MAX_RUNTIME_S:
-            found.append(problem("out of range", got=self.max_runtime_hours,
-                                                           allowed="more than 0, at most 672 (28 days)").at("--max-runtime-hours"))
+            found.append(
+                problem("out of range", got=self.max_runtime_hours, allowed="more than 0, at most 672 (28 days)").at(
+                    "--max-runtime-hours"
+                )
+            )
         if self.spot and (self.max_wait_hours or 0) < self.max_runtime_hours:
-            found.append(problem("Spot needs a wait at least as long as the runtime",
-                                                        got=self.max_wait_hours, allowed=f">= {self.max_runtime_hours}").at("--max-wait-hours"))
+            found.append(
+                problem(
+                    "Spot needs a wait at least as long as the runtime",
+                    got=self.max_wait_hours,
+                    allowed=f">= {self.max_runtime_hours}",
+                ).at("--max-wait-hours")
+            )
         if not self.spot and self.max_wait_hours is not None:
             found.append(problem("only for Spot", got=self.max_wait_hours, allowed="--spot").at("--max-wait-hours"))
         low, high = RETRY_RANGE
@@ -91,8 +111,9 @@ def outputs_from_file(path: str, stack_name: str) -> dict[str, str]:
     """The stack's outputs from ``cdk deploy --outputs-file``."""
     data = json.loads(Path(path).read_text())
     if stack_name not in data:
-        raise ConfigError([problem("has no outputs for the stack", got=sorted(data),
-                                                         allowed=stack_name).at("--outputs-file")])
+        raise ConfigError(
+            [problem("has no outputs for the stack", got=sorted(data), allowed=stack_name).at("--outputs-file")]
+        )
     return _required_outputs(data[stack_name], f"--outputs-file {path}")
 
 
@@ -116,9 +137,16 @@ def placeholder_outputs(stack_name: str) -> dict[str, str]:
 
 def _in_channel(path: str, key: str) -> str:
     if not path.startswith(FSX_DATASETS):
-        raise ConfigError([problem("must be under the file system's datasets folder to reach a training job",
-                                                got=path, allowed=f"{FSX_DATASETS}...").at(f"{key}")])
-    return CHANNEL_DIR + path[len(FSX_DATASETS):]
+        raise ConfigError(
+            [
+                problem(
+                    "must be under the file system's datasets folder to reach a training job",
+                    got=path,
+                    allowed=f"{FSX_DATASETS}...",
+                ).at(f"{key}")
+            ]
+        )
+    return CHANNEL_DIR + path[len(FSX_DATASETS) :]
 
 
 def build_request(config: Config, outputs: dict[str, str], options: SubmitOptions, *, job_index: int = 1) -> dict:
@@ -131,20 +159,37 @@ def build_request(config: Config, outputs: dict[str, str], options: SubmitOption
     bucket = outputs["DataBucketName"]
     run = options.run_name
     prefixes = [_in_channel(p, f"training.profile data.prefixes[{i}]") for i, p in enumerate(train.data.prefixes)]
-    arguments = ["--config", config.training.image_path,
-                 "--checkpoint-dir", CHECKPOINT_DIR,
-                 "--set", f"data.prefixes=[{', '.join(prefixes)}]",
-                 "--set", f"data.cache_dir={CHECKPOINT_DIR}/index-cache",
-                 "--set", f"metrics.tensorboard_dir={TENSORBOARD_DIR}"]
+    arguments = [
+        "--config",
+        config.training.image_path,
+        "--checkpoint-dir",
+        CHECKPOINT_DIR,
+        "--set",
+        f"data.prefixes=[{', '.join(prefixes)}]",
+        "--set",
+        f"data.cache_dir={CHECKPOINT_DIR}/index-cache",
+        "--set",
+        f"metrics.tensorboard_dir={TENSORBOARD_DIR}",
+    ]
     if train.data.tokenizer != "byte":
         arguments += ["--set", f"data.tokenizer={_in_channel(train.data.tokenizer, 'training.profile data.tokenizer')}"]
     if options.input_mode == "fsx":
-        source = {"FileSystemDataSource": {
-            "FileSystemId": outputs["FileSystemId"], "FileSystemAccessMode": "ro", "FileSystemType": "FSxLustre",
-            "DirectoryPath": f"/{outputs['FileSystemMountName']}/datasets"}}
+        source = {
+            "FileSystemDataSource": {
+                "FileSystemId": outputs["FileSystemId"],
+                "FileSystemAccessMode": "ro",
+                "FileSystemType": "FSxLustre",
+                "DirectoryPath": f"/{outputs['FileSystemMountName']}/datasets",
+            }
+        }
     else:
-        source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{bucket}/datasets/",
-                                   "S3DataDistributionType": "FullyReplicated"}}
+        source = {
+            "S3DataSource": {
+                "S3DataType": "S3Prefix",
+                "S3Uri": f"s3://{bucket}/datasets/",
+                "S3DataDistributionType": "FullyReplicated",
+            }
+        }
     stopping = {"MaxRuntimeInSeconds": int(options.max_runtime_hours * 3600)}
     if options.spot:
         stopping["MaxWaitTimeInSeconds"] = int(options.max_wait_hours * 3600)
@@ -161,15 +206,23 @@ def build_request(config: Config, outputs: dict[str, str], options: SubmitOption
         "RoleArn": outputs["RoleArn"],
         "InputDataConfig": [{"ChannelName": "train", "DataSource": source, "InputMode": "File"}],
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/training-jobs/{run}/output"},
-        "ResourceConfig": {"InstanceType": group.to_props().spec.sagemaker_name, "InstanceCount": group.instance_count,
-                           "VolumeSizeInGB": group.ebs_volume_size_gib},
-        "VpcConfig": {"SecurityGroupIds": outputs["SecurityGroupIds"].split(","), "Subnets": outputs["SubnetIds"].split(",")},
+        "ResourceConfig": {
+            "InstanceType": group.to_props().spec.sagemaker_name,
+            "InstanceCount": group.instance_count,
+            "VolumeSizeInGB": group.ebs_volume_size_gib,
+        },
+        "VpcConfig": {
+            "SecurityGroupIds": outputs["SecurityGroupIds"].split(","),
+            "Subnets": outputs["SubnetIds"].split(","),
+        },
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": options.spot,
         # SageMaker copies /opt/ml/checkpoints to and from this prefix; every job of the run shares it.
         "CheckpointConfig": {"S3Uri": f"s3://{bucket}/checkpoints/{run}/", "LocalPath": CHECKPOINT_DIR},
-        "TensorBoardOutputConfig": {"S3OutputPath": f"s3://{bucket}/training-jobs/{run}/tensorboard",
-                                    "LocalPath": TENSORBOARD_DIR},
+        "TensorBoardOutputConfig": {
+            "S3OutputPath": f"s3://{bucket}/training-jobs/{run}/tensorboard",
+            "LocalPath": TENSORBOARD_DIR,
+        },
         "RetryStrategy": {"MaximumRetryAttempts": options.retries},
         # The trainer starts torchrun on each host from SageMaker's resource config (launch_env).
         "Environment": {"MOE_RUN_NAME": run, "FI_EFA_USE_HUGE_PAGE": "0"},
@@ -196,7 +249,9 @@ def classify(description: dict) -> Outcome | None:
     if status in ("InProgress", "Stopping"):
         return None
     if secondary in ("MaxRuntimeExceeded", "MaxWaitTimeExceeded"):
-        return Outcome(name, status, secondary, True, f"stopped on its limit ({secondary}): continuing from the checkpoint")
+        return Outcome(
+            name, status, secondary, True, f"stopped on its limit ({secondary}): continuing from the checkpoint"
+        )
     if status == "Completed":
         return Outcome(name, status, secondary, False, "completed")
     if status == "Failed":
@@ -204,7 +259,9 @@ def classify(description: dict) -> Outcome | None:
         code = int(found.group(1)) if found else None
         if code is not None and 1 <= code <= 127:
             return Outcome(name, status, secondary, False, f"permanent failure (exit code {code}): not continuing")
-        return Outcome(name, status, secondary, True, f"retryable failure ({description.get('FailureReason', 'no reason')})")
+        return Outcome(
+            name, status, secondary, True, f"retryable failure ({description.get('FailureReason', 'no reason')})"
+        )
     return Outcome(name, status, secondary, False, f"stopped ({secondary or status}): not continuing")
 
 
@@ -220,8 +277,9 @@ def wait_for_job(client, job_name: str, *, poll_seconds: float) -> dict:
     """
     attempts = math.ceil(MAX_JOB_LIFETIME_S / max(poll_seconds, 1.0)) + 1
     try:
-        client.get_waiter(JOB_WAITER).wait(TrainingJobName=job_name,
-                                           WaiterConfig={"Delay": poll_seconds, "MaxAttempts": attempts})
+        client.get_waiter(JOB_WAITER).wait(
+            TrainingJobName=job_name, WaiterConfig={"Delay": poll_seconds, "MaxAttempts": attempts}
+        )
     except WaiterError as error:
         if (error.last_response or {}).get("TrainingJobStatus") == "Failed":
             return error.last_response
@@ -229,8 +287,16 @@ def wait_for_job(client, job_name: str, *, poll_seconds: float) -> dict:
     return client.describe_training_job(TrainingJobName=job_name)
 
 
-def run_chain(client, config: Config, outputs: dict[str, str], options: SubmitOptions, *, max_jobs: int,
-              poll_seconds: float, log: Callable[[str], None] = lambda _: None) -> list[Outcome]:
+def run_chain(
+    client,
+    config: Config,
+    outputs: dict[str, str],
+    options: SubmitOptions,
+    *,
+    max_jobs: int,
+    poll_seconds: float,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[Outcome]:
     """Submit job 1, and a successor on the same checkpoint prefix after each job that stops on
     its limit or fails retryably, until one completes, fails permanently or ``max_jobs`` ran."""
     outcomes: list[Outcome] = []

@@ -35,8 +35,10 @@ from moe_cdk.schema.config import Config
 # Slurm's --time formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
 # days-hours, days-hours:minutes and days-hours:minutes:seconds; or UNLIMITED / INFINITE.
 _TIME_LIMIT = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
-_TIME_ALLOWED = ("minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, "
-                 "days-hours:minutes:seconds, UNLIMITED or INFINITE")
+_TIME_ALLOWED = (
+    "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, "
+    "days-hours:minutes:seconds, UNLIMITED or INFINITE"
+)
 _JOB_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 # A registry host in an image reference: it has a dot or a port, or is localhost (Docker's rule).
@@ -131,18 +133,30 @@ class SlurmJobSpec:
         else:
             limit = _time_limit_seconds(self.time_limit)
             if limit is not None and self.signal_lead_seconds >= limit:
-                add("signal_lead_seconds", "not shorter than time_limit", self.signal_lead_seconds,
-                    f"less than {limit} (time_limit {self.time_limit!r})")
+                add(
+                    "signal_lead_seconds",
+                    "not shorter than time_limit",
+                    self.signal_lead_seconds,
+                    f"less than {limit} (time_limit {self.time_limit!r})",
+                )
         if self.nice is not None and not -2147483645 <= self.nice <= 2147483645:
             add("nice", "out of range", self.nice, "-2147483645 to 2147483645")
         if (self.container_image is None) == (not self.local):
-            add("container_image", "set together with local" if self.local else "missing for a job that is not local",
-                self.container_image, "an image when local is false, null when local is true")
+            add(
+                "container_image",
+                "set together with local" if self.local else "missing for a job that is not local",
+                self.container_image,
+                "an image when local is false, null when local is true",
+            )
         if self.container_image is not None and not self.container_image.strip():
             add("container_image", "empty", self.container_image, "an image URI or a squashfs path")
         if self.container_mounts is not None and self.container_image is None:
-            add("container_mounts", "set without container_image", self.container_mounts,
-                "null unless container_image is set")
+            add(
+                "container_mounts",
+                "set without container_image",
+                self.container_mounts,
+                "null unless container_image is set",
+            )
         if not self.train_config:
             add("train_config", "empty", self.train_config, "a path to a YAML file on the nodes")
         if self.local and not self.python:
@@ -398,17 +412,36 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
 __all__ = ["HYPERPOD_MARKER", "SlurmJobSpec", "ecr_registry", "enroot_image", "render_sbatch"]
 
 
-def job_spec_from_config(config: Config, *, train_config: str, image: str | None = None, local: bool = False,
-                         python: str = "python3", group: str | None = None, nodes: int | None = None,
-                         time_limit: str = "48:00:00", signal_lead_seconds: int = 300, qos: str | None = None,
-                         nice: int | None = None, max_requeues: int = 10, job_name: str | None = None,
-                         train_args: tuple[str, ...] = ()) -> SlurmJobSpec:
+def job_spec_from_config(
+    config: Config,
+    *,
+    train_config: str,
+    image: str | None = None,
+    local: bool = False,
+    python: str = "python3",
+    group: str | None = None,
+    nodes: int | None = None,
+    time_limit: str = "48:00:00",
+    signal_lead_seconds: int = 300,
+    qos: str | None = None,
+    nice: int | None = None,
+    max_requeues: int = 10,
+    job_name: str | None = None,
+    train_args: tuple[str, ...] = (),
+) -> SlurmJobSpec:
     """The sbatch job for a compute group of ``config``: node count, GPUs, partition and
     constraint come from the configuration and the instance catalog, never typed again.
     Raises ``ConfigError`` naming the option for an image given with ``local`` (or neither)."""
     if local == bool(image):
-        raise ConfigError([problem("give an image, or --local for a CPU-only cluster, not both",
-                                   got=image, allowed="--image URI, or --local").at("--image")])
+        raise ConfigError(
+            [
+                problem(
+                    "give an image, or --local for a CPU-only cluster, not both",
+                    got=image,
+                    allowed="--image URI, or --local",
+                ).at("--image")
+            ]
+        )
     chosen = config.cluster.compute_group(group)
     spec = catalog.lookup(chosen.instance_type)
     gpus = spec.accelerator_count if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else None

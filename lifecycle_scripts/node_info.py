@@ -289,9 +289,9 @@ def load_json(path: str, label: str) -> object:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except OSError as error:
-        raise Invalid([problem(label, "cannot be read", f"{path!r}, {error.strerror}", "a readable JSON file")]) from None
+        raise Invalid([problem(label, "cannot be read", f"{path!r}, {error.strerror}", "a readable JSON file")])
     except ValueError as error:
-        raise Invalid([problem(label, "not valid JSON", f"{path!r}, {error}", "a JSON document")]) from None
+        raise Invalid([problem(label, "not valid JSON", f"{path!r}, {error}", "a JSON document")])
 
 
 def load_params(path: str) -> dict:

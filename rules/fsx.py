@@ -31,14 +31,25 @@ def efa_client_problems(clients: dict[str, int]) -> list[Problem]:
     """For an EFA-enabled file system and its clients (instance type -> node count): why it would
     not serve them over EFA, or exceed the file system's EFA connections."""
     if not any(efa_client_interfaces(t) for t in clients):
-        return [problem("no compute node can use EFA to the file system: FSx EFA clients are Nitro v4 "
-                        "EFA instances other than trn2 (FSx for Lustre User Guide)", got=sorted(clients),
-                        allowed="compute groups of " + ", ".join(f"ml.{f}.*" for f in EFA_CLIENT_INTERFACES)
-                        + ", or efa_enabled: false")]
+        return [
+            problem(
+                "no compute node can use EFA to the file system: FSx EFA clients are Nitro v4 "
+                "EFA instances other than trn2 (FSx for Lustre User Guide)",
+                got=sorted(clients),
+                allowed="compute groups of "
+                + ", ".join(f"ml.{f}.*" for f in EFA_CLIENT_INTERFACES)
+                + ", or efa_enabled: false",
+            )
+        ]
     connections = sum(efa_client_interfaces(t) * n for t, n in clients.items())
     if connections > MAX_EFA_CONNECTIONS:
-        return [problem("more EFA connections than one file system accepts", got=connections,
-                        allowed=f"at most {MAX_EFA_CONNECTIONS} (8 per P5-family node by default)")]
+        return [
+            problem(
+                "more EFA connections than one file system accepts",
+                got=connections,
+                allowed=f"at most {MAX_EFA_CONNECTIONS} (8 per P5-family node by default)",
+            )
+        ]
     return []
 
 
@@ -47,15 +58,12 @@ def efa_client_problems(clients: dict[str, int]) -> list[Problem]:
 MAX_ASSOCIATIONS = 8
 
 
-
 # FSx API reference, DataRepositoryAssociation.ImportedFileChunkSize: default 1,024 MiB,
 # at most 512,000 MiB.
 CHUNK_SIZE_RANGE_MIB = (1, 512_000)
 
 
-
 _FS_PATH = re.compile(r"^/([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$")
-
 
 
 class S3EventType(enum.Enum):
@@ -66,9 +74,7 @@ class S3EventType(enum.Enum):
     DELETED = "DELETED"
 
 
-
 ALL_EVENTS = (S3EventType.NEW, S3EventType.CHANGED, S3EventType.DELETED)
-
 
 
 @pydantic_dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -89,14 +95,12 @@ class DataRepositoryAssociation:
     """Stripe size for imported files, in MiB (1 to 512000). Default: 1024."""
 
 
-
 # Training data flows in from S3; checkpoints flow both ways, so S3 holds every
 # checkpoint the trainer writes with no copy step.
 DEFAULT_ASSOCIATIONS = (
     DataRepositoryAssociation(file_system_path="/datasets", s3_prefix="datasets"),
     DataRepositoryAssociation(file_system_path="/checkpoints", s3_prefix="checkpoints", auto_export_events=ALL_EVENTS),
 )
-
 
 
 def _overlaps(a: str, b: str, sep: str) -> bool:
@@ -107,52 +111,74 @@ def _overlaps(a: str, b: str, sep: str) -> bool:
     return a_parts[:shorter] == b_parts[:shorter]
 
 
-
 def association_problems(associations: Sequence[DataRepositoryAssociation]) -> list[Problem]:
     """Every reason FSx would reject this set of associations, keyed ``[i].field`` within the list
     (no key: the whole list)."""
     found: list[Problem] = []
     if len(associations) > MAX_ASSOCIATIONS:
-        found.append(problem(
-            f"too many data repository associations; a file system takes at most {MAX_ASSOCIATIONS}",
-            got=len(associations), allowed=f"0 to {MAX_ASSOCIATIONS}",
-        ))
+        found.append(
+            problem(
+                f"too many data repository associations; a file system takes at most {MAX_ASSOCIATIONS}",
+                got=len(associations),
+                allowed=f"0 to {MAX_ASSOCIATIONS}",
+            )
+        )
     for i, dra in enumerate(associations):
         if not _FS_PATH.match(dra.file_system_path):
-            found.append(problem(
-                "must be an absolute directory path", got=dra.file_system_path,
-                allowed="'/' followed by names of letters, digits, '_', '.', '-' joined by '/'",
-            ).at(f"[{i}].file_system_path"))
+            found.append(
+                problem(
+                    "must be an absolute directory path",
+                    got=dra.file_system_path,
+                    allowed="'/' followed by names of letters, digits, '_', '.', '-' joined by '/'",
+                ).at(f"[{i}].file_system_path")
+            )
         if not _S3_PREFIX.match(dra.s3_prefix):
-            found.append(problem(
-                "must be an S3 key prefix without leading or trailing '/'", got=dra.s3_prefix,
-                allowed="letters, digits and !_.*'()- joined by '/'",
-            ).at(f"[{i}].s3_prefix"))
+            found.append(
+                problem(
+                    "must be an S3 key prefix without leading or trailing '/'",
+                    got=dra.s3_prefix,
+                    allowed="letters, digits and !_.*'()- joined by '/'",
+                ).at(f"[{i}].s3_prefix")
+            )
         low, high = CHUNK_SIZE_RANGE_MIB
         if not low <= dra.imported_file_chunk_size_mib <= high:
-            found.append(problem(
-                "out of range", got=dra.imported_file_chunk_size_mib, allowed=f"{low} to {high} MiB",
-            ).at(f"[{i}].imported_file_chunk_size_mib"))
+            found.append(
+                problem(
+                    "out of range",
+                    got=dra.imported_file_chunk_size_mib,
+                    allowed=f"{low} to {high} MiB",
+                ).at(f"[{i}].imported_file_chunk_size_mib")
+            )
         for key in ("auto_import_events", "auto_export_events"):
             events = getattr(dra, key)
             if len(set(events)) != len(events):
-                found.append(problem(
-                    "lists an event twice", got=[e.value for e in events], allowed="each of NEW, CHANGED, DELETED at most once",
-                ).at(f"[{i}].{key}"))
+                found.append(
+                    problem(
+                        "lists an event twice",
+                        got=[e.value for e in events],
+                        allowed="each of NEW, CHANGED, DELETED at most once",
+                    ).at(f"[{i}].{key}")
+                )
         # FSx API reference, DataRepositoryAssociation.FileSystemPath: "Two data repository
         # associations cannot have overlapping file system paths"; each association needs
         # "a unique S3 bucket or prefix". Nested prefixes would import the same objects twice.
         for j, other in enumerate(associations[:i]):
             if _overlaps(dra.file_system_path, other.file_system_path, "/"):
-                found.append(problem(
-                    f"overlaps associations[{j}].file_system_path {other.file_system_path!r}",
-                    got=dra.file_system_path, allowed="directories that are neither equal nor nested",
-                ).at(f"[{i}].file_system_path"))
+                found.append(
+                    problem(
+                        f"overlaps associations[{j}].file_system_path {other.file_system_path!r}",
+                        got=dra.file_system_path,
+                        allowed="directories that are neither equal nor nested",
+                    ).at(f"[{i}].file_system_path")
+                )
             if _overlaps(dra.s3_prefix, other.s3_prefix, "/"):
-                found.append(problem(
-                    f"overlaps associations[{j}].s3_prefix {other.s3_prefix!r}",
-                    got=dra.s3_prefix, allowed="prefixes that are neither equal nor nested",
-                ).at(f"[{i}].s3_prefix"))
+                found.append(
+                    problem(
+                        f"overlaps associations[{j}].s3_prefix {other.s3_prefix!r}",
+                        got=dra.s3_prefix,
+                        allowed="prefixes that are neither equal nor nested",
+                    ).at(f"[{i}].s3_prefix")
+                )
     return found
 
 
@@ -161,22 +187,18 @@ def association_problems(associations: Sequence[DataRepositoryAssociation]) -> l
 THROUGHPUT_TIERS_MB_S_TIB = (125, 250, 500, 1000)
 
 
-
 # FSx API reference, CreateFileSystem.StorageCapacity: "For SCRATCH_2, PERSISTENT_2, and
 # PERSISTENT_1 deployment types using SSD storage type, the valid values are 1200 GiB,
 # 2400 GiB, and increments of 2400 GiB."
 SSD_FIRST_STEP_GIB = 1200
 
 
-
 SSD_INCREMENT_GIB = 2400
-
 
 
 # FSx for Lustre User Guide, "Increasing storage capacity": EFA-enabled file systems grow
 # in multiples of 38400 / 19200 / 9600 / 4800 GiB at 125 / 250 / 500 / 1000 MB/s/TiB.
 EFA_INCREMENT_GIB_BY_TIER = {125: 38400, 250: 19200, 500: 9600, 1000: 4800}
-
 
 
 def throughput_problem(per_unit_storage_throughput_mb_s_tib: int) -> Problem | None:
@@ -189,8 +211,9 @@ def throughput_problem(per_unit_storage_throughput_mb_s_tib: int) -> Problem | N
     )
 
 
-
-def capacity_problem(storage_capacity_gib: int, *, per_unit_storage_throughput_mb_s_tib: int, efa_enabled: bool) -> Problem | None:
+def capacity_problem(
+    storage_capacity_gib: int, *, per_unit_storage_throughput_mb_s_tib: int, efa_enabled: bool
+) -> Problem | None:
     """Why FSx would reject this capacity, or None. Returns None for an unknown tier (reported separately)."""
     if efa_enabled:
         step = EFA_INCREMENT_GIB_BY_TIER.get(per_unit_storage_throughput_mb_s_tib)
@@ -202,7 +225,9 @@ def capacity_problem(storage_capacity_gib: int, *, per_unit_storage_throughput_m
             got=storage_capacity_gib,
             allowed=f"{step}, {2 * step}, {3 * step}, ...",
         )
-    if storage_capacity_gib == SSD_FIRST_STEP_GIB or (storage_capacity_gib > 0 and storage_capacity_gib % SSD_INCREMENT_GIB == 0):
+    if storage_capacity_gib == SSD_FIRST_STEP_GIB or (
+        storage_capacity_gib > 0 and storage_capacity_gib % SSD_INCREMENT_GIB == 0
+    ):
         return None
     return problem(
         "not a PERSISTENT_2 SSD capacity",

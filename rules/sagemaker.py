@@ -16,8 +16,14 @@ from moe_cdk.core.problems import Problem, problem
 
 # SageMaker Developer Guide, "Configuring custom Kubernetes labels and taints": prefixes
 # reserved for system use, which custom labels and taints may not carry.
-RESERVED_PREFIXES = ("kubernetes.io/", "k8s.io/", "sagemaker.amazonaws.com/", "eks.amazonaws.com/", "k8s.aws/",
-                     "karpenter.sh/")
+RESERVED_PREFIXES = (
+    "kubernetes.io/",
+    "k8s.io/",
+    "sagemaker.amazonaws.com/",
+    "eks.amazonaws.com/",
+    "k8s.aws/",
+    "karpenter.sh/",
+)
 # SageMaker API reference, ClusterKubernetesConfig: Labels and Taints hold at most 50 entries each.
 MAX_LABELS = MAX_TAINTS = 50
 
@@ -42,41 +48,59 @@ def taints_with_deep_health_checks_problem(taint_keys: Sequence[str], instance_t
     add custom taints to nodes in instance groups with DeepHealthChecks turned on." """
     if not taint_keys:
         return None
-    return problem(f"custom taints cannot be combined with deep health checks, which HyperPod runs on this "
-                   f"group's {instance_type} nodes", got=list(taint_keys),
-                   allowed="no taints, or deep_health_checks: false (select the nodes with labels instead)")
+    return problem(
+        f"custom taints cannot be combined with deep health checks, which HyperPod runs on this "
+        f"group's {instance_type} nodes",
+        got=list(taint_keys),
+        allowed="no taints, or deep_health_checks: false (select the nodes with labels instead)",
+    )
 
 
 def label_and_taint_key_problems(labels: Sequence[str], taints: Sequence[str]) -> list[Problem]:
-    """Problems under ``labels`` or ``taints`` for label and taint keys HyperPod reserves, and for too many of either."""
+    """Problems under ``labels`` or ``taints`` for label and taint keys HyperPod reserves, and for too many of
+    either."""
     found = []
     for name, keys, limit in (("labels", labels, MAX_LABELS), ("taints", taints, MAX_TAINTS)):
         if len(keys) > limit:
             found.append(problem(f"too many {name}", got=len(keys), allowed=f"at most {limit}").at(name))
         for key in keys:
             if key.startswith(RESERVED_PREFIXES):
-                found.append(problem("uses a prefix reserved for system use", got=key,
-                                            allowed=f"a key without the prefixes {', '.join(RESERVED_PREFIXES)}").at(name))
+                found.append(
+                    problem(
+                        "uses a prefix reserved for system use",
+                        got=key,
+                        allowed=f"a key without the prefixes {', '.join(RESERVED_PREFIXES)}",
+                    ).at(name)
+                )
     return found
 
 
-def provisioning_problems(*, continuous: bool, slurm_config_strategy: str | None,
-                          accounting_database: bool) -> list[Problem]:
+def provisioning_problems(
+    *, continuous: bool, slurm_config_strategy: str | None, accounting_database: bool
+) -> list[Problem]:
     """Problems with provisioning settings CreateCluster rejects. Not in CloudFormation's
     schema (cfn-lint passes them), so checked here."""
     found: list[Problem] = []
     # SageMaker Developer Guide, "Continuous provisioning for Slurm": "Passing any SlurmConfigStrategy
     # value results in an API error."
     if continuous and slurm_config_strategy is not None:
-        found.append(problem(
-            "continuous provisioning rejects any SlurmConfigStrategy", got=slurm_config_strategy,
-            allowed="unset with node_provisioning_mode continuous").at("slurm_config_strategy"))
+        found.append(
+            problem(
+                "continuous provisioning rejects any SlurmConfigStrategy",
+                got=slurm_config_strategy,
+                allowed="unset with node_provisioning_mode continuous",
+            ).at("slurm_config_strategy")
+        )
     # SageMaker API reference, ClusterOrchestratorSlurmConfig.AccountingDatabase: "only supported for
     # clusters using Continuous as the NodeProvisioningMode".
     if accounting_database and not continuous:
-        found.append(problem(
-            "an external accounting database needs continuous node provisioning", got="standard",
-            allowed="node_provisioning_mode continuous (and no slurm_config_strategy)").at("accounting_database"))
+        found.append(
+            problem(
+                "an external accounting database needs continuous node provisioning",
+                got="standard",
+                allowed="node_provisioning_mode continuous (and no slurm_config_strategy)",
+            ).at("accounting_database")
+        )
     return found
 
 
@@ -87,8 +111,13 @@ def _training_plan_arn_rule() -> dict:
     constructs check every group."""
     import botocore.session
 
-    return botocore.session.get_session().get_service_model("sagemaker").shape_for(
-        "ClusterInstanceGroupSpecification").members["TrainingPlanArn"].metadata
+    return (
+        botocore.session.get_session()
+        .get_service_model("sagemaker")
+        .shape_for("ClusterInstanceGroupSpecification")
+        .members["TrainingPlanArn"]
+        .metadata
+    )
 
 
 def training_plan_arn_problem(arn: str) -> Problem | None:
@@ -97,9 +126,12 @@ def training_plan_arn_problem(arn: str) -> Problem | None:
     rule = _training_plan_arn_rule()
     if rule["min"] <= len(arn) <= rule["max"] and re.fullmatch(rule["pattern"], arn):
         return None
-    return problem("not a SageMaker training plan ARN", got=arn,
-                   allowed=f"{rule['pattern']} ({rule['min']} to {rule['max']} characters), "
-                           "e.g. arn:aws:sagemaker:us-east-2:123456789012:training-plan/my-plan")
+    return problem(
+        "not a SageMaker training plan ARN",
+        got=arn,
+        allowed=f"{rule['pattern']} ({rule['min']} to {rule['max']} characters), "
+        "e.g. arn:aws:sagemaker:us-east-2:123456789012:training-plan/my-plan",
+    )
 
 
 def _deploy_time(text: str) -> bool:
@@ -112,10 +144,8 @@ def _deploy_time(text: str) -> bool:
 GROUP_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
 
-
 # SageMaker API reference, ClusterEbsVolumeConfig.VolumeSizeInGB: 1 to 16384.
 EBS_RANGE_GIB = (1, 16384)
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,9 +188,12 @@ class HyperPodInstanceGroup:
 
     def worker_parameters(self) -> dict:
         """This group's ``worker_groups`` entry in provisioning_parameters.json."""
-        return {"instance_group_name": self.name, "partition_name": self.partition_name,
-                "instance_type": self.spec.sagemaker_name if self.spec else self.instance_type,
-                "features": self.features()}
+        return {
+            "instance_group_name": self.name,
+            "partition_name": self.partition_name,
+            "instance_type": self.spec.sagemaker_name if self.spec else self.instance_type,
+            "features": self.features(),
+        }
 
     def features(self) -> list[str]:
         """Node features: ``efa`` when the type has EFA, the instance family, the accelerator kind."""
@@ -171,7 +204,6 @@ class HyperPodInstanceGroup:
         return [*(["efa"] if spec.supports_efa else []), spec.ec2_name.split(".")[0], kind]
 
 
-
 def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_efa: bool) -> list[Problem]:
     """Problems with the rules every HyperPod instance group follows."""
     found: list[Problem] = []
@@ -179,43 +211,59 @@ def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_
     for i, g in enumerate(groups):
         key = f"instance_groups[{i}]"
         if not GROUP_NAME.match(g.name):
-            found.append(problem("not a valid instance group name", got=g.name,
-                                                 allowed="letters, digits and inner hyphens, 1 to 63 characters").at(f"{key}.name"))
+            found.append(
+                problem(
+                    "not a valid instance group name",
+                    got=g.name,
+                    allowed="letters, digits and inner hyphens, 1 to 63 characters",
+                ).at(f"{key}.name")
+            )
         if g.name in names[:i]:
             found.append(problem("duplicate group name", got=g.name, allowed="unique names").at(f"{key}.name"))
         if g.spec is None:
             found.append(catalog.unknown_instance_type(g.instance_type).at(f"{key}.instance_type"))
         elif require_efa and g.runs_training and not g.spec.supports_efa:
-            found.append(problem("has no EFA, and EFA is required", got=g.instance_type,
-                                                          allowed="an EFA-capable type, e.g. ml.p5en.48xlarge").at(f"{key}.instance_type"))
+            found.append(
+                problem(
+                    "has no EFA, and EFA is required",
+                    got=g.instance_type,
+                    allowed="an EFA-capable type, e.g. ml.p5en.48xlarge",
+                ).at(f"{key}.instance_type")
+            )
         if g.instance_count < 1:
-            found.append(problem("must be at least 1", got=g.instance_count, allowed="1 or more").at(f"{key}.instance_count"))
+            found.append(
+                problem("must be at least 1", got=g.instance_count, allowed="1 or more").at(f"{key}.instance_count")
+            )
         low, high = EBS_RANGE_GIB
         if not low <= g.ebs_volume_size_gib <= high:
-            found.append(problem("out of range", got=g.ebs_volume_size_gib,
-                                                                allowed=f"{low} to {high} GiB").at(f"{key}.ebs_volume_size_gib"))
+            found.append(
+                problem("out of range", got=g.ebs_volume_size_gib, allowed=f"{low} to {high} GiB").at(
+                    f"{key}.ebs_volume_size_gib"
+                )
+            )
         if g.training_plan_arn is not None and (message := training_plan_arn_problem(g.training_plan_arn)):
             found.append(message.at(f"{key}.training_plan_arn"))
     return found
 
 
-
 def subnet_nodes(groups: Sequence[HyperPodInstanceGroup], *, eks: bool) -> list[tuple[str, int, int]]:
     """``(instance type, count, addresses each)`` per group, for ``rules.ec2.subnet_capacity_problem``."""
-    return [(g.instance_type, g.instance_count, node_ip_addresses(network_cards=g.spec.efa_interfaces, eks=eks))
-            for g in groups if g.spec is not None]
+    return [
+        (g.instance_type, g.instance_count, node_ip_addresses(network_cards=g.spec.efa_interfaces, eks=eks))
+        for g in groups
+        if g.spec is not None
+    ]
 
 
 DATABASE_NAME = re.compile(r"^[a-zA-Z0-9$_]{1,64}$")
 
 
-
-HOST_NAME = re.compile(r"^(?=.{1,255}$)[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$")
-
+HOST_NAME = re.compile(
+    r"^(?=.{1,255}$)[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$"
+)
 
 
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:.+$")
-
 
 
 class NodeType(enum.Enum):
@@ -226,14 +274,12 @@ class NodeType(enum.Enum):
     COMPUTE = "Compute"
 
 
-
 class SlurmConfigStrategy(enum.Enum):
     """Who owns slurm.conf (``Orchestrator.Slurm.SlurmConfigStrategy``)."""
 
     MANAGED = "Managed"
     OVERWRITE = "Overwrite"
     MERGE = "Merge"
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,7 +300,6 @@ class SlurmInstanceGroup(HyperPodInstanceGroup):
         return (self.partition or self.name) if self.node_type is NodeType.COMPUTE else None
 
 
-
 class NodeProvisioningMode(enum.Enum):
     """How HyperPod provisions the cluster's nodes (``NodeProvisioningMode``)."""
 
@@ -264,7 +309,6 @@ class NodeProvisioningMode(enum.Enum):
     """Partial capacity is accepted and failed launches are retried (``Continuous``). SageMaker Developer
     Guide, "Continuous provisioning for Slurm": it rejects any ``SlurmConfigStrategy``, and it is the only
     mode with an external accounting database."""
-
 
 
 @pydantic_dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -282,20 +326,27 @@ class AccountingDatabase:
 
     def problems(self) -> Iterator[Problem]:
         if not _deploy_time(self.secret_arn) and not SECRET_ARN.match(self.secret_arn):
-            yield problem("not a Secrets Manager secret ARN", got=self.secret_arn,
-                                        allowed="arn:aws:secretsmanager:<region>:<account>:secret:<name>").at("secret_arn")
+            yield problem(
+                "not a Secrets Manager secret ARN",
+                got=self.secret_arn,
+                allowed="arn:aws:secretsmanager:<region>:<account>:secret:<name>",
+            ).at("secret_arn")
         if not 1 <= self.port <= 65535:
             yield problem("not a TCP port", got=self.port, allowed="1 to 65535").at("port")
         # SageMaker API reference, ClusterAccountingDatabase: Name is 1 to 64 of [a-zA-Z0-9$_], Endpoint a host name.
         if not DATABASE_NAME.match(self.name):
-            yield problem("not a database name", got=self.name, allowed="1 to 64 letters, digits, '$' or '_'").at("name")
+            yield problem("not a database name", got=self.name, allowed="1 to 64 letters, digits, '$' or '_'").at(
+                "name"
+            )
         if not _deploy_time(self.endpoint) and not HOST_NAME.match(self.endpoint):
-            yield problem("not a host name", got=self.endpoint, allowed="a DNS name of up to 255 characters").at("endpoint")
+            yield problem("not a host name", got=self.endpoint, allowed="a DNS name of up to 255 characters").at(
+                "endpoint"
+            )
 
 
-
-def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa: bool,
-                   slurm: bool = True) -> list[Problem]:
+def group_problems(
+    instance_groups: Sequence[SlurmInstanceGroup], *, require_efa: bool, slurm: bool = True
+) -> list[Problem]:
     """Problems with instance groups HyperPod or the lifecycle scripts would reject.
     ``slurm=False`` drops the Slurm-only rules (controller and login groups)."""
     groups = list(instance_groups)
@@ -303,31 +354,51 @@ def group_problems(instance_groups: Sequence[SlurmInstanceGroup], *, require_efa
     for i, g in enumerate(groups):
         key = f"instance_groups[{i}]"
         if g.partition is not None and g.node_type is not NodeType.COMPUTE:
-            found.append(problem("only compute groups have a partition", got=g.partition, allowed="None").at(f"{key}.partition"))
+            found.append(
+                problem("only compute groups have a partition", got=g.partition, allowed="None").at(f"{key}.partition")
+            )
         if g.partition_name is not None and not GROUP_NAME.match(g.partition_name):
-            found.append(problem("not a valid partition name", got=g.partition_name,
-                                                      allowed="letters, digits and inner hyphens").at(f"{key}.partition"))
+            found.append(
+                problem(
+                    "not a valid partition name", got=g.partition_name, allowed="letters, digits and inner hyphens"
+                ).at(f"{key}.partition")
+            )
     types = [g.node_type for g in groups]
     controllers = [g for g in groups if g.node_type is NodeType.CONTROLLER]
     if slurm and (len(controllers) != 1 or controllers[0].instance_count != 1):
-        found.append(problem("needs exactly one controller group with instance_count 1",
-                                                 got=[(g.name, g.instance_count) for g in controllers], allowed="one controller node").at("instance_groups"))
+        found.append(
+            problem(
+                "needs exactly one controller group with instance_count 1",
+                got=[(g.name, g.instance_count) for g in controllers],
+                allowed="one controller node",
+            ).at("instance_groups")
+        )
     if slurm and types.count(NodeType.LOGIN) > 1:
-        found.append(problem("at most one login group", got=types.count(NodeType.LOGIN), allowed="0 or 1").at("instance_groups"))
+        found.append(
+            problem("at most one login group", got=types.count(NodeType.LOGIN), allowed="0 or 1").at("instance_groups")
+        )
     if NodeType.COMPUTE not in types:
-        found.append(problem("needs at least one compute group", got=[t.value for t in types],
-                                                 allowed="one or more Compute groups").at("instance_groups"))
+        found.append(
+            problem(
+                "needs at least one compute group", got=[t.value for t in types], allowed="one or more Compute groups"
+            ).at("instance_groups")
+        )
     return found
 
 
-
-def slurm_provisioning_problems(*, mode: NodeProvisioningMode, slurm_config_strategy: SlurmConfigStrategy | None,
-                                accounting_database: AccountingDatabase | None) -> list[Problem]:
+def slurm_provisioning_problems(
+    *,
+    mode: NodeProvisioningMode,
+    slurm_config_strategy: SlurmConfigStrategy | None,
+    accounting_database: AccountingDatabase | None,
+) -> list[Problem]:
     """Problems with provisioning settings CreateCluster rejects (``provisioning_problems``), and
     for a bad accounting database."""
     found = provisioning_problems(
-        continuous=mode is NodeProvisioningMode.CONTINUOUS, accounting_database=accounting_database is not None,
-        slurm_config_strategy=None if slurm_config_strategy is None else slurm_config_strategy.value)
+        continuous=mode is NodeProvisioningMode.CONTINUOUS,
+        accounting_database=accounting_database is not None,
+        slurm_config_strategy=None if slurm_config_strategy is None else slurm_config_strategy.value,
+    )
     if accounting_database is not None:
         found += [p.at("accounting_database") for p in accounting_database.problems()]
     return found
@@ -338,13 +409,10 @@ def slurm_provisioning_problems(*, mode: NodeProvisioningMode, slurm_config_stra
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 
 
-
 LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 
 
-
 LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
-
 
 
 class EksNodeRole(enum.Enum):
@@ -356,12 +424,10 @@ class EksNodeRole(enum.Enum):
     """Operators, CoreDNS and other cluster services."""
 
 
-
 class TaintEffect(enum.Enum):
     NO_SCHEDULE = "NoSchedule"
     PREFER_NO_SCHEDULE = "PreferNoSchedule"
     NO_EXECUTE = "NoExecute"
-
 
 
 @pydantic_dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -382,7 +448,6 @@ class Taint:
         return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect.value}
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class EksInstanceGroup(HyperPodInstanceGroup):
     """One instance group of an EKS-orchestrated cluster."""
@@ -399,31 +464,44 @@ class EksInstanceGroup(HyperPodInstanceGroup):
         return self.role is EksNodeRole.COMPUTE
 
 
-
 def kubernetes_metadata_problems(groups: Sequence[EksInstanceGroup]) -> list[Problem]:
     found = []
     for i, g in enumerate(groups):
-        if g.runs_deep_health_checks and (p := taints_with_deep_health_checks_problem([t.key for t in g.taints],
-                                                                                     g.instance_type)):
+        if g.runs_deep_health_checks and (
+            p := taints_with_deep_health_checks_problem([t.key for t in g.taints], g.instance_type)
+        ):
             found.append(p.at(f"instance_groups[{i}].taints"))
-        found += [p.at(f"instance_groups[{i}]") for p in label_and_taint_key_problems(list(g.labels),
-                                                                                       [t.key for t in g.taints])]
+        found += [
+            p.at(f"instance_groups[{i}]")
+            for p in label_and_taint_key_problems(list(g.labels), [t.key for t in g.taints])
+        ]
         for key, value in g.labels.items():
             if not LABEL_KEY.match(key):
-                found.append(problem("not a Kubernetes label key", got=key,
-                                                                      allowed="[prefix/]name, name at most 63 characters").at(f"instance_groups[{i}].labels"))
+                found.append(
+                    problem(
+                        "not a Kubernetes label key", got=key, allowed="[prefix/]name, name at most 63 characters"
+                    ).at(f"instance_groups[{i}].labels")
+                )
             if not LABEL_VALUE.match(value):
-                found.append(problem("not a Kubernetes label value", got=value,
-                                                                            allowed="at most 63 letters, digits, '-', '_', '.'").at(f"instance_groups[{i}].labels.{key}"))
+                found.append(
+                    problem(
+                        "not a Kubernetes label value", got=value, allowed="at most 63 letters, digits, '-', '_', '.'"
+                    ).at(f"instance_groups[{i}].labels.{key}")
+                )
         for j, taint in enumerate(g.taints):
             if not LABEL_KEY.match(taint.key):
-                found.append(problem("not a Kubernetes taint key", got=taint.key,
-                                                                               allowed="[prefix/]name").at(f"instance_groups[{i}].taints[{j}].key"))
+                found.append(
+                    problem("not a Kubernetes taint key", got=taint.key, allowed="[prefix/]name").at(
+                        f"instance_groups[{i}].taints[{j}].key"
+                    )
+                )
             if taint.value is not None and not LABEL_VALUE.match(taint.value):
-                found.append(problem("not a Kubernetes taint value",
-                                                                                 got=taint.value, allowed="at most 63 characters").at(f"instance_groups[{i}].taints[{j}].value"))
+                found.append(
+                    problem("not a Kubernetes taint value", got=taint.value, allowed="at most 63 characters").at(
+                        f"instance_groups[{i}].taints[{j}].value"
+                    )
+                )
     return found
-
 
 
 def eks_group_problems(groups: Sequence[EksInstanceGroup], *, require_efa: bool) -> list[Problem]:
@@ -431,10 +509,19 @@ def eks_group_problems(groups: Sequence[EksInstanceGroup], *, require_efa: bool)
     found = instance_group_problems(groups, require_efa=require_efa) + kubernetes_metadata_problems(groups)
     roles = [g.role for g in groups]
     if EksNodeRole.COMPUTE not in roles:
-        found.append(problem("needs at least one compute group", got=[r.value for r in roles],
-                                                 allowed="one or more groups with role compute").at("instance_groups"))
+        found.append(
+            problem(
+                "needs at least one compute group",
+                got=[r.value for r in roles],
+                allowed="one or more groups with role compute",
+            ).at("instance_groups")
+        )
     if EksNodeRole.SYSTEM not in roles:
-        found.append(problem(
-            "needs a system group: HyperPod brings every node, so operators and CoreDNS need untainted nodes",
-            got=[r.value for r in roles], allowed="a group with role system, e.g. ml.m5.2xlarge").at("instance_groups"))
+        found.append(
+            problem(
+                "needs a system group: HyperPod brings every node, so operators and CoreDNS need untainted nodes",
+                got=[r.value for r in roles],
+                allowed="a group with role system, e.g. ml.m5.2xlarge",
+            ).at("instance_groups")
+        )
     return found

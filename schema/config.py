@@ -80,7 +80,11 @@ class NodeRole(enum.Enum):
     SYSTEM = "system"
 
 
-_NODE_TYPES = {NodeRole.CONTROLLER: NodeType.CONTROLLER, NodeRole.LOGIN: NodeType.LOGIN, NodeRole.COMPUTE: NodeType.COMPUTE}
+_NODE_TYPES = {
+    NodeRole.CONTROLLER: NodeType.CONTROLLER,
+    NodeRole.LOGIN: NodeType.LOGIN,
+    NodeRole.COMPUTE: NodeType.COMPUTE,
+}
 _EKS_ROLES = {NodeRole.COMPUTE: EksNodeRole.COMPUTE, NodeRole.SYSTEM: EksNodeRole.SYSTEM}
 
 
@@ -111,7 +115,8 @@ class InstanceGroupConfig:
     training_plan_arn: str | None = None
     """A SageMaker training plan that reserves this group's capacity. Default: on-demand."""
     deep_health_checks: bool = True
-    """Run HyperPod's deep health checks (stress and NCCL connectivity tests) when a node starts; GPU and Trainium types only, skipped on others. EKS: a group with them cannot carry taints."""
+    """Run HyperPod's deep health checks (stress and NCCL connectivity tests) when a node starts; GPU and Trainium types
+    only, skipped on others. EKS: a group with them cannot carry taints."""
     labels: dict[str, str] = field(default_factory=dict)
     """EKS only: Kubernetes labels on every node of the group."""
     # The construct's own Taint dataclass: the same keys, defaults and checks.
@@ -122,17 +127,26 @@ class InstanceGroupConfig:
         # A Slurm-only role is reported on its own (ClusterConfig._eks_problems); as a system
         # group it draws no second, EFA-related error.
         return EksInstanceGroup(
-            name=self.name, role=_EKS_ROLES.get(self.role, EksNodeRole.SYSTEM), instance_type=self.instance_type,
-            instance_count=self.instance_count, ebs_volume_size_gib=self.ebs_volume_size_gib,
-            training_plan_arn=self.training_plan_arn, deep_health_checks=self.deep_health_checks,
-            labels=dict(self.labels), taints=self.taints,
+            name=self.name,
+            role=_EKS_ROLES.get(self.role, EksNodeRole.SYSTEM),
+            instance_type=self.instance_type,
+            instance_count=self.instance_count,
+            ebs_volume_size_gib=self.ebs_volume_size_gib,
+            training_plan_arn=self.training_plan_arn,
+            deep_health_checks=self.deep_health_checks,
+            labels=dict(self.labels),
+            taints=self.taints,
         )
 
     def to_props(self) -> SlurmInstanceGroup:
         return SlurmInstanceGroup(
-            name=self.name, node_type=_NODE_TYPES.get(self.role, NodeType.COMPUTE), instance_type=self.instance_type,
-            instance_count=self.instance_count, partition=self.partition,
-            ebs_volume_size_gib=self.ebs_volume_size_gib, training_plan_arn=self.training_plan_arn,
+            name=self.name,
+            node_type=_NODE_TYPES.get(self.role, NodeType.COMPUTE),
+            instance_type=self.instance_type,
+            instance_count=self.instance_count,
+            partition=self.partition,
+            ebs_volume_size_gib=self.ebs_volume_size_gib,
+            training_plan_arn=self.training_plan_arn,
             deep_health_checks=self.deep_health_checks,
         )
 
@@ -148,44 +162,66 @@ class ClusterConfig:
     require_efa: bool = True
     """Reject compute groups whose instance type has no EFA."""
     instance_groups: tuple[InstanceGroupConfig, ...]
-    """The node groups. Slurm: exactly one controller group of one node, at most one login group, one or more compute groups. Training jobs: one compute group."""
+    """The node groups. Slurm: exactly one controller group of one node, at most one login group, one or more compute
+    groups. Training jobs: one compute group."""
     # The construct's own enum and dataclass: the same values, defaults and checks.
     node_provisioning_mode: NodeProvisioningMode = NodeProvisioningMode.STANDARD
-    """Slurm: standard (every node at creation, or creation fails) or continuous (partial capacity accepted, failed launches retried; needed for `accounting_database`)."""
+    """Slurm: standard (every node at creation, or creation fails) or continuous (partial capacity accepted, failed
+    launches retried; needed for `accounting_database`)."""
     slurm_config_strategy: SlurmStrategy | None = None
-    """Who owns slurm.conf: managed (HyperPod), overwrite or merge. Default: managed; leave unset with continuous provisioning, which rejects it."""
+    """Who owns slurm.conf: managed (HyperPod), overwrite or merge. Default: managed; leave unset with continuous
+    provisioning, which rejects it."""
     accounting_database: AccountingDatabase | None = None
-    """External Slurm accounting database (MySQL-compatible; credentials in Secrets Manager). Needs `node_provisioning_mode: continuous`. Default: none (HyperPod's database on the controller)."""
+    """External Slurm accounting database (MySQL-compatible; credentials in Secrets Manager). Needs
+    `node_provisioning_mode: continuous`. Default: none (HyperPod's database on the controller)."""
 
     def problems(self) -> Problems:
         if self.orchestrator is not Orchestrator.SLURM:
-            for key, default in (("node_provisioning_mode", NodeProvisioningMode.STANDARD),
-                                 ("slurm_config_strategy", None), ("accounting_database", None)):
+            for key, default in (
+                ("node_provisioning_mode", NodeProvisioningMode.STANDARD),
+                ("slurm_config_strategy", None),
+                ("accounting_database", None),
+            ):
                 if getattr(self, key) != default:
-                    yield problem("only Slurm clusters have this setting", got=getattr(self, key),
-                                       allowed=f"unset with orchestrator {self.orchestrator.value}").at(key)
+                    yield problem(
+                        "only Slurm clusters have this setting",
+                        got=getattr(self, key),
+                        allowed=f"unset with orchestrator {self.orchestrator.value}",
+                    ).at(key)
         if self.orchestrator is Orchestrator.EKS:
             yield from self._eks_problems()
             return
-        yield from group_problems([g.to_props() for g in self.instance_groups], require_efa=self.require_efa,
-                                  slurm=self.orchestrator is Orchestrator.SLURM)
+        yield from group_problems(
+            [g.to_props() for g in self.instance_groups],
+            require_efa=self.require_efa,
+            slurm=self.orchestrator is Orchestrator.SLURM,
+        )
         if self.orchestrator is Orchestrator.SLURM:
             yield from slurm_provisioning_problems(
-                mode=self.node_provisioning_mode, accounting_database=self.accounting_database,
-                slurm_config_strategy=self.construct_slurm_config_strategy)
+                mode=self.node_provisioning_mode,
+                accounting_database=self.accounting_database,
+                slurm_config_strategy=self.construct_slurm_config_strategy,
+            )
         for i, g in enumerate(self.instance_groups):
             if g.role is NodeRole.SYSTEM:
-                yield problem("system groups are for EKS clusters", got=g.role.value,
-                                                            allowed="controller, login or compute").at(f"instance_groups[{i}].role")
+                yield problem(
+                    "system groups are for EKS clusters", got=g.role.value, allowed="controller, login or compute"
+                ).at(f"instance_groups[{i}].role")
             for key in ("labels", "taints"):
                 if getattr(g, key):
-                    yield problem("only EKS nodes have Kubernetes labels and taints",
-                                                                 got=getattr(g, key), allowed="none with this orchestrator").at(f"instance_groups[{i}].{key}")
+                    yield problem(
+                        "only EKS nodes have Kubernetes labels and taints",
+                        got=getattr(g, key),
+                        allowed="none with this orchestrator",
+                    ).at(f"instance_groups[{i}].{key}")
         if self.orchestrator is Orchestrator.TRAINING_JOB:
             other = [g.name for g in self.instance_groups if g.role is not NodeRole.COMPUTE]
             if other or len(self.instance_groups) != 1:
-                yield problem("a training job runs on exactly one compute group", got=[
-                    (g.name, g.role.value) for g in self.instance_groups], allowed="one group with role: compute").at("instance_groups")
+                yield problem(
+                    "a training job runs on exactly one compute group",
+                    got=[(g.name, g.role.value) for g in self.instance_groups],
+                    allowed="one group with role: compute",
+                ).at("instance_groups")
 
     @property
     def construct_slurm_config_strategy(self) -> SlurmConfigStrategy | None:
@@ -198,18 +234,21 @@ class ClusterConfig:
         compute = [g for g in self.instance_groups if g.role is NodeRole.COMPUTE]
         chosen = next((g for g in compute if g.name == name), None) if name else compute[0]
         if chosen is None:
-            raise ConfigError([problem("unknown compute group", got=name,
-                                                     allowed=", ".join(g.name for g in compute)).at("--group")])
+            raise ConfigError(
+                [problem("unknown compute group", got=name, allowed=", ".join(g.name for g in compute)).at("--group")]
+            )
         return chosen
 
     def _eks_problems(self) -> Problems:
         for i, g in enumerate(self.instance_groups):
             if g.role not in _EKS_ROLES:
-                yield problem("EKS clusters have no Slurm head or login nodes",
-                                                            got=g.role.value, allowed="compute or system").at(f"instance_groups[{i}].role")
+                yield problem(
+                    "EKS clusters have no Slurm head or login nodes", got=g.role.value, allowed="compute or system"
+                ).at(f"instance_groups[{i}].role")
             if g.partition is not None:
-                yield problem("Slurm partitions do not apply to EKS", got=g.partition,
-                                                                 allowed="no partition").at(f"instance_groups[{i}].partition")
+                yield problem("Slurm partitions do not apply to EKS", got=g.partition, allowed="no partition").at(
+                    f"instance_groups[{i}].partition"
+                )
         yield from eks_group_problems([g.to_eks_props() for g in self.instance_groups], require_efa=self.require_efa)
 
 
@@ -220,7 +259,8 @@ class EksConfig:
     kubernetes_version: str = eks_rules.DEFAULT_KUBERNETES_VERSION
     """Kubernetes version, one HyperPod supports: see docs/eks-software.md."""
     second_availability_zone: str | None = None
-    """EKS needs subnets in two zones: the zone besides `cluster.availability_zone` for the control plane. Required with orchestrator eks."""
+    """EKS needs subnets in two zones: the zone besides `cluster.availability_zone` for the control plane. Required with
+    orchestrator eks."""
     endpoint_access: EndpointAccess = EndpointAccess.PRIVATE
     """private (from the VPC only) or public-and-private (public endpoint limited to `public_access_cidrs`)."""
     public_access_cidrs: tuple[str, ...] = ()
@@ -228,31 +268,40 @@ class EksConfig:
     admin_role_arns: tuple[str, ...] = ()
     """IAM roles given cluster-admin access (for kubectl)."""
     addon_versions: dict[str, str] = field(default_factory=dict)
-    """Pinned EKS add-on versions by name, e.g. `vpc-cni: v1.19.2-eksbuild.1`. Default: EKS's default for the Kubernetes version."""
+    """Pinned EKS add-on versions by name, e.g. `vpc-cni: v1.19.2-eksbuild.1`. Default: EKS's default for the Kubernetes
+    version."""
     container_insights: bool = False
     """Install CloudWatch Container Insights (the amazon-cloudwatch-observability add-on)."""
     training_operator: bool = True
-    """Install the HyperPod training operator add-on, which runs HyperPodPyTorchJob (`moe-cdk eks render --hyperpod`)."""
+    """Install the HyperPod training operator add-on, which runs HyperPodPyTorchJob (`moe-cdk eks render
+    --hyperpod`)."""
     observability: bool = True
     """Create the Managed Prometheus workspace, its scraper and the Managed Grafana workspace."""
     identity_center_enabled: bool = False
-    """Whether IAM Identity Center is enabled for the account. Managed Grafana signs users in through it (`AWS_SSO`), so `observability` needs it: enable it first (IAM Identity Center console), then set this to true."""
+    """Whether IAM Identity Center is enabled for the account. Managed Grafana signs users in through it (`AWS_SSO`), so
+    `observability` needs it: enable it first (IAM Identity Center console), then set this to true."""
     namespace: str = "moe"
     """Kubernetes namespace for training jobs and the FSx volume claim."""
     hyperpod_chart_directory: str = ".cache/hyperpod-helm-chart"
-    """AWS's HyperPod dependencies chart as `make hyperpod-chart` stages it, relative to the repository root. Synth fails while it is missing: HyperPod needs it on every cluster created through the APIs."""
+    """AWS's HyperPod dependencies chart as `make hyperpod-chart` stages it, relative to the repository root. Synth
+    fails while it is missing: HyperPod needs it on every cluster created through the APIs."""
 
     def problems(self) -> Problems:
-        if (p := kubernetes_version_problem(self.kubernetes_version)):
+        if p := kubernetes_version_problem(self.kubernetes_version):
             yield p.at("kubernetes_version")
         yield from endpoint_problems(self.endpoint_access, self.public_access_cidrs)
         yield from addon_version_problems(self.addon_versions)
         for i, arn in enumerate(self.admin_role_arns):
             if not re.match(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$", arn):
-                yield problem("not an IAM role ARN", got=arn, allowed="arn:aws:iam::<account>:role/<name>").at(f"admin_role_arns[{i}]")
+                yield problem("not an IAM role ARN", got=arn, allowed="arn:aws:iam::<account>:role/<name>").at(
+                    f"admin_role_arns[{i}]"
+                )
         if not KUBERNETES_NAME.match(self.namespace):
-            yield problem("not a Kubernetes namespace name", got=self.namespace,
-                                       allowed="lowercase letters, digits and inner hyphens").at("namespace")
+            yield problem(
+                "not a Kubernetes namespace name",
+                got=self.namespace,
+                allowed="lowercase letters, digits and inner hyphens",
+            ).at("namespace")
 
     @property
     def hyperpod_chart_path(self) -> Path:
@@ -291,7 +340,8 @@ class ExistingVpcConfig:
         for i, subnet in enumerate(self.private_subnets):
             if not _SUBNET_ID.match(subnet.subnet_id):
                 yield problem(
-                    "not a subnet ID", got=subnet.subnet_id, allowed="subnet- followed by 8 or 17 hex digits").at(f"private_subnets[{i}].subnet_id")
+                    "not a subnet ID", got=subnet.subnet_id, allowed="subnet- followed by 8 or 17 hex digits"
+                ).at(f"private_subnets[{i}].subnet_id")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -301,7 +351,8 @@ class NetworkConfig:
     vpc_cidr: str = "10.0.0.0/16"
     """IPv4 range of the new VPC."""
     private_subnet_cidr_mask: int = 18
-    """Prefix length of each private subnet. HyperPod nodes take one address per network card on Slurm (a p5en: 16, a p5: 32) and 49 more on EKS (p5en: 65, p5: 81); synth checks that the cluster's subnet holds them."""
+    """Prefix length of each private subnet. HyperPod nodes take one address per network card on Slurm (a p5en: 16, a
+    p5: 32) and 49 more on EKS (p5en: 65, p5: 81); synth checks that the cluster's subnet holds them."""
     public_subnet_cidr_mask: int = 24
     """Prefix length of each public subnet, which holds only the NAT gateway."""
     interface_endpoints: bool = True
@@ -312,7 +363,7 @@ class NetworkConfig:
     """Adopt this VPC instead of creating one. Default: create a VPC."""
 
     def problems(self) -> Problems:
-        if (p := retention_problem(self.flow_log_retention_days)):
+        if p := retention_problem(self.flow_log_retention_days):
             yield p.at("flow_log_retention_days")
 
 
@@ -321,22 +372,29 @@ class LustreConfig:
     """The FSx for Lustre PERSISTENT_2 file system."""
 
     storage_capacity_gib: int = 4800
-    """Capacity in GiB: 1200 or a multiple of 2400; with EFA, a multiple of 38400/19200/9600/4800 at 125/250/500/1000 MB/s/TiB."""
+    """Capacity in GiB: 1200 or a multiple of 2400; with EFA, a multiple of 38400/19200/9600/4800 at 125/250/500/1000
+    MB/s/TiB."""
     per_unit_storage_throughput_mb_s_tib: int = 250
     """Throughput tier in MB/s per TiB: 125, 250, 500 or 1000."""
     efa_enabled: bool = False
-    """Serve the clients over EFA. The file system must then be in the cluster's zone, a compute group must be of an FSx EFA client type (the P5 family; others mount over TCP), at most 1024 EFA connections in all (8 per P5-family node), and the orchestrator Slurm: its lifecycle scripts add the EFA interfaces to LNet."""
+    """Serve the clients over EFA. The file system must then be in the cluster's zone, a compute group must be of an FSx
+    EFA client type (the P5 family; others mount over TCP), at most 1024 EFA connections in all (8 per P5-family
+    node), and the orchestrator Slurm: its lifecycle scripts add the EFA interfaces to LNet."""
     availability_zone: str | None = None
     """Zone of the file system. Default: `cluster.availability_zone`."""
     retain_on_delete: bool = True
-    """Keep the file system, its KMS key and its security group when the stack is deleted (`cdk destroy`). Data not yet exported to S3 survives, but the network stack cannot be deleted until they are (docs/operations.md). false: delete them with the stack."""
+    """Keep the file system, its KMS key and its security group when the stack is deleted (`cdk destroy`). Data not yet
+    exported to S3 survives, but the network stack cannot be deleted until they are (docs/operations.md). false:
+    delete them with the stack."""
 
     def problems(self) -> Problems:
-        if (p := throughput_problem(self.per_unit_storage_throughput_mb_s_tib)):
+        if p := throughput_problem(self.per_unit_storage_throughput_mb_s_tib):
             yield p.at("per_unit_storage_throughput_mb_s_tib")
-        if (p := capacity_problem(self.storage_capacity_gib,
-                                  per_unit_storage_throughput_mb_s_tib=self.per_unit_storage_throughput_mb_s_tib,
-                                  efa_enabled=self.efa_enabled)):
+        if p := capacity_problem(
+            self.storage_capacity_gib,
+            per_unit_storage_throughput_mb_s_tib=self.per_unit_storage_throughput_mb_s_tib,
+            efa_enabled=self.efa_enabled,
+        ):
             yield p.at("storage_capacity_gib")
 
 
@@ -348,13 +406,17 @@ class DataRepositoryConfig:
     """Bucket name. Default: `moe-data-<account>-<region>-<name>`."""
     # The construct's own props dataclass: the same keys, defaults and checks.
     associations: tuple[DataRepositoryAssociation, ...] = DEFAULT_ASSOCIATIONS
-    """At most 8 associations, created one at a time in this order. Each is named by its directory, so removing or reordering one leaves the others in place. Default: `/datasets` (import) and `/checkpoints` (import and export)."""
+    """At most 8 associations, created one at a time in this order. Each is named by its directory, so removing or
+    reordering one leaves the others in place. Default: `/datasets` (import) and `/checkpoints` (import and export)."""
 
     def problems(self) -> Problems:
         # Amazon S3 User Guide, "General purpose bucket naming rules".
         if self.bucket_name is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", self.bucket_name):
-            yield problem("not a valid S3 bucket name", got=self.bucket_name,
-                                         allowed="3 to 63 lowercase letters, digits, '.' and '-'").at("bucket_name")
+            yield problem(
+                "not a valid S3 bucket name",
+                got=self.bucket_name,
+                allowed="3 to 63 lowercase letters, digits, '.' and '-'",
+            ).at("bucket_name")
         for p in association_problems(self.associations):
             yield p.at("associations")
 
@@ -368,7 +430,9 @@ class StorageConfig:
     data_repository: DataRepositoryConfig = DataRepositoryConfig()
     """The bucket and its associations."""
     adopt_retained_buckets: bool = False
-    """Use the data and lifecycle buckets that an earlier deployment of this name kept after `cdk destroy` (they are retained, and their names are fixed) instead of creating them, which would fail with "already exists". Set it to true to deploy again after a destroy."""
+    """Use the data and lifecycle buckets that an earlier deployment of this name kept after `cdk destroy` (they are
+    retained, and their names are fixed) instead of creating them, which would fail with "already exists". Set it to
+    true to deploy again after a destroy."""
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -390,8 +454,9 @@ class TrainingConfig:
 
     def problems(self) -> Problems:
         if not self.path.is_file():
-            yield problem("no such trainer configuration", got=self.profile,
-                                     allowed="a YAML file under training/configs/").at("profile")
+            yield problem(
+                "no such trainer configuration", got=self.profile, allowed="a YAML file under training/configs/"
+            ).at("profile")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -399,7 +464,8 @@ class Config:
     """A whole deployment."""
 
     name: str = "moe"
-    """Prefix of every stack name and the HyperPod cluster name: letters, digits and hyphens, starting with a letter and ending with a letter or digit, at most 24 characters."""
+    """Prefix of every stack name and the HyperPod cluster name: letters, digits and hyphens, starting with a letter and
+    ending with a letter or digit, at most 24 characters."""
     region: str
     """AWS Region to deploy to, e.g. `us-east-2`."""
     cluster: ClusterConfig
@@ -419,7 +485,8 @@ class Config:
 
     @property
     def availability_zones(self) -> list[str]:
-        """The zones the network needs subnets in: the cluster's, the file system's, and with EKS the control plane's second zone."""
+        """The zones the network needs subnets in: the cluster's, the file system's, and with EKS the control plane's
+        second zone."""
         zones = [self.cluster.availability_zone, self.lustre_availability_zone]
         if self.cluster.orchestrator is Orchestrator.EKS and self.eks.second_availability_zone:
             zones.append(self.eks.second_availability_zone)
@@ -427,36 +494,52 @@ class Config:
 
     def problems(self) -> Problems:
         if not _NAME.match(self.name):
-            yield problem("not a valid name", got=self.name,
-                                  allowed="a letter, then up to 23 letters, digits or hyphens, not ending in a hyphen").at("name")
+            yield problem(
+                "not a valid name",
+                got=self.name,
+                allowed="a letter, then up to 23 letters, digits or hyphens, not ending in a hyphen",
+            ).at("name")
         if not _REGION.match(self.region):
             yield problem("not a Region name", got=self.region, allowed="e.g. us-east-2").at("region")
             return
-        if (p := availability_zone_problem(self.cluster.availability_zone, self.region)):
+        if p := availability_zone_problem(self.cluster.availability_zone, self.region):
             yield p.at("cluster.availability_zone")
         lustre_zone = self.storage.lustre.availability_zone
         if lustre_zone is not None:
-            if (p := availability_zone_problem(lustre_zone, self.region)):
+            if p := availability_zone_problem(lustre_zone, self.region):
                 yield p.at("storage.lustre.availability_zone")
             elif self.storage.lustre.efa_enabled and lustre_zone != self.cluster.availability_zone:
                 # EFA traffic does not cross availability zones.
                 yield problem(
                     "an EFA-enabled file system must be in the cluster's zone",
-                    got=lustre_zone, allowed=self.cluster.availability_zone).at("storage.lustre.availability_zone")
+                    got=lustre_zone,
+                    allowed=self.cluster.availability_zone,
+                ).at("storage.lustre.availability_zone")
         yield from self._eks_problems()
         if self.storage.lustre.efa_enabled:
             yield from self._efa_client_problems()
         existing = self.network.existing_vpc
         hyperpod = self.cluster.orchestrator in (Orchestrator.SLURM, Orchestrator.EKS)
-        if existing is None and hyperpod and (message := subnet_capacity_problem(
-                subnet_nodes([g.to_props() for g in self.cluster.instance_groups],
-                             eks=self.cluster.orchestrator is Orchestrator.EKS),
-                prefix_length=self.network.private_subnet_cidr_mask)):
+        if (
+            existing is None
+            and hyperpod
+            and (
+                message := subnet_capacity_problem(
+                    subnet_nodes(
+                        [g.to_props() for g in self.cluster.instance_groups],
+                        eks=self.cluster.orchestrator is Orchestrator.EKS,
+                    ),
+                    prefix_length=self.network.private_subnet_cidr_mask,
+                )
+            )
+        ):
             yield message.at("network.private_subnet_cidr_mask")
         if existing is None:
             for p in cidr_problems(
-                self.network.vpc_cidr, public_mask=self.network.public_subnet_cidr_mask,
-                private_mask=self.network.private_subnet_cidr_mask, zones=len(self.availability_zones),
+                self.network.vpc_cidr,
+                public_mask=self.network.public_subnet_cidr_mask,
+                private_mask=self.network.private_subnet_cidr_mask,
+                zones=len(self.availability_zones),
             ):
                 yield p.at("network")
         else:
@@ -464,15 +547,18 @@ class Config:
             for zone in self.availability_zones:
                 if zone not in covered:
                     yield problem(
-                        "no subnet in a zone the deployment uses", got=sorted(covered), allowed=f"a subnet in {zone}").at("network.existing_vpc.private_subnets")
-
+                        "no subnet in a zone the deployment uses", got=sorted(covered), allowed=f"a subnet in {zone}"
+                    ).at("network.existing_vpc.private_subnets")
 
     def _efa_client_problems(self) -> Problems:
         if self.cluster.orchestrator is Orchestrator.EKS:
             # AWS's EKS sample runs the FSx EFA client setup in its lifecycle; these scripts do not.
             yield problem(
                 "the EKS lifecycle scripts do not configure Lustre over EFA, so pods would reach the file system "
-                "over TCP", got=True, allowed="false with orchestrator eks").at("storage.lustre.efa_enabled")
+                "over TCP",
+                got=True,
+                allowed="false with orchestrator eks",
+            ).at("storage.lustre.efa_enabled")
             return
         compute = Counter()
         for g in self.cluster.instance_groups:
@@ -485,7 +571,9 @@ class Config:
         second = self.eks.second_availability_zone
         if self.cluster.orchestrator is not Orchestrator.EKS:
             if self.eks != EksConfig():
-                yield problem("only used with orchestrator eks", got=self.cluster.orchestrator.value, allowed="eks").at("eks")
+                yield problem("only used with orchestrator eks", got=self.cluster.orchestrator.value, allowed="eks").at(
+                    "eks"
+                )
             return
         # Amazon Managed Grafana User Guide, "Authenticate users in Amazon Managed Grafana
         # workspaces": a workspace with AWS_SSO authentication signs users in through IAM
@@ -494,16 +582,23 @@ class Config:
             yield problem(
                 "observability creates a Managed Grafana workspace that signs users in through IAM Identity Center; "
                 "enable Identity Center in the account, then set this to true, or set eks.observability: false",
-                got=self.eks.identity_center_enabled, allowed="true with observability").at("eks.identity_center_enabled")
+                got=self.eks.identity_center_enabled,
+                allowed="true with observability",
+            ).at("eks.identity_center_enabled")
         if second is None:
             yield problem(
-                "EKS needs subnets in two availability zones", got=None, allowed=f"a zone of {self.region} other than "
-                f"{self.cluster.availability_zone}").at("eks.second_availability_zone")
-        elif (p := availability_zone_problem(second, self.region)):
+                "EKS needs subnets in two availability zones",
+                got=None,
+                allowed=f"a zone of {self.region} other than {self.cluster.availability_zone}",
+            ).at("eks.second_availability_zone")
+        elif p := availability_zone_problem(second, self.region):
             yield p.at("eks.second_availability_zone")
         elif second == self.cluster.availability_zone:
-            yield problem("must differ from cluster.availability_zone", got=second,
-                                                          allowed=f"a zone of {self.region} other than {second}").at("eks.second_availability_zone")
+            yield problem(
+                "must differ from cluster.availability_zone",
+                got=second,
+                allowed=f"a zone of {self.region} other than {second}",
+            ).at("eks.second_availability_zone")
 
 
 def parse_config(data: object) -> Config:
@@ -521,7 +616,9 @@ def load_config(path: str | Path) -> Config:
     try:
         text = path.read_text()
     except OSError as error:
-        raise ConfigError([problem("cannot read the file", got=error.strerror, allowed="a readable YAML file").at(str(path))]) from None
+        raise ConfigError(
+            [problem("cannot read the file", got=error.strerror, allowed="a readable YAML file").at(str(path))]
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
@@ -543,12 +640,16 @@ def config_schema() -> dict:
 
 def reference_docs() -> str:
     """docs/configuration.md, generated from the dataclasses above."""
-    return render_docs(
-        Config, "Configuration reference",
-        "Generated from `schema/config.py` by `moe-cdk config-docs`; a test fails when the two differ. "
-        f"Editors that read JSON Schema (the YAML language server) check a file against `{SCHEMA_FILE}`.\n\n"
-        "A configuration is one YAML file under `config/`. Select it with `make synth CONFIG=config/x.yaml` "
-        "or `cdk synth -c config=config/x.yaml`, and check it with `moe-cdk validate --config config/x.yaml`. "
-        "Unknown keys are errors. Every problem is reported at once, one line each: "
-        "`path.to.key: what is wrong (got X; allowed Y)`.",
-    ) + "\n"
+    return (
+        render_docs(
+            Config,
+            "Configuration reference",
+            "Generated from `schema/config.py` by `moe-cdk config-docs`; a test fails when the two differ. "
+            f"Editors that read JSON Schema (the YAML language server) check a file against `{SCHEMA_FILE}`.\n\n"
+            "A configuration is one YAML file under `config/`. Select it with `make synth CONFIG=config/x.yaml` "
+            "or `cdk synth -c config=config/x.yaml`, and check it with `moe-cdk validate --config config/x.yaml`. "
+            "Unknown keys are errors. Every problem is reported at once, one line each: "
+            "`path.to.key: what is wrong (got X; allowed Y)`.",
+        )
+        + "\n"
+    )

@@ -20,12 +20,13 @@ def lifecycle_bucket_name(config: Config) -> str:
     return f"sagemaker-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
 
 
-
 def data_bucket_name(config: Config) -> str:
     """The data bucket: ``storage.data_repository.bucket_name``, or ``moe-data-<account>-<region>-<name>``
     (with CDK's account placeholder), so that other stacks can scope permissions to it by name."""
-    return config.storage.data_repository.bucket_name or f"moe-data-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
-
+    return (
+        config.storage.data_repository.bucket_name
+        or f"moe-data-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
+    )
 
 
 def fsx_parameter_names(config: Config) -> tuple[str, str]:
@@ -36,7 +37,9 @@ def fsx_parameter_names(config: Config) -> tuple[str, str]:
 def hyperpod_synthesizer(config: Config, parameters: dict) -> IStackSynthesizer:
     """The synthesizer of a stack holding a HyperPod cluster: its file assets go to the
     lifecycle bucket, in a folder named after the scripts and ``parameters``."""
-    return lifecycle_synthesizer(lifecycle_bucket_name(config), lifecycle_bundle_id(str(lifecycle_scripts()), parameters))
+    return lifecycle_synthesizer(
+        lifecycle_bucket_name(config), lifecycle_bundle_id(str(lifecycle_scripts()), parameters)
+    )
 
 
 def lifecycle_scripts() -> Path:

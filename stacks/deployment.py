@@ -37,26 +37,63 @@ def cdk_json_context(cdk_json: Path | None = None) -> dict:
 def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
     """Every stack of a deployment, keyed by role; stack names start with ``config.name``."""
     env = cdk.Environment(region=config.region)
-    network = NetworkStack(app, f"{config.name}-network", config=config, env=env,
-                           description="moe-cdk: VPC, endpoints and the EFA security group")
-    storage = StorageStack(app, f"{config.name}-storage", config=config, env=env,
-                           network=network.network, node_security_group=network.node_security_group,
-                           description="moe-cdk: FSx for Lustre and its S3 data repository")
+    network = NetworkStack(
+        app,
+        f"{config.name}-network",
+        config=config,
+        env=env,
+        description="moe-cdk: VPC, endpoints and the EFA security group",
+    )
+    storage = StorageStack(
+        app,
+        f"{config.name}-storage",
+        config=config,
+        env=env,
+        network=network.network,
+        node_security_group=network.node_security_group,
+        description="moe-cdk: FSx for Lustre and its S3 data repository",
+    )
     stacks = {"network": network, "storage": storage}
     if config.cluster.orchestrator is Orchestrator.SLURM:
-        stacks["cluster"] = SlurmClusterStack(app, f"{config.name}-cluster", config=config, env=env,
-                                              network=network, storage=storage,
-                                              description="moe-cdk: SageMaker HyperPod cluster orchestrated by Slurm")
+        stacks["cluster"] = SlurmClusterStack(
+            app,
+            f"{config.name}-cluster",
+            config=config,
+            env=env,
+            network=network,
+            storage=storage,
+            description="moe-cdk: SageMaker HyperPod cluster orchestrated by Slurm",
+        )
     elif config.cluster.orchestrator is Orchestrator.EKS:
-        stacks["eks"] = EksStack(app, f"{config.name}-eks", config=config, env=env, network=network, storage=storage,
-                                 description="moe-cdk: EKS control plane, cluster software, FSx volume and observability")
-        stacks["cluster"] = HyperPodEksStack(app, f"{config.name}-cluster", config=config, env=env, network=network,
-                                             storage=storage, eks_stack=stacks["eks"],
-                                             description="moe-cdk: SageMaker HyperPod cluster orchestrated by EKS")
+        stacks["eks"] = EksStack(
+            app,
+            f"{config.name}-eks",
+            config=config,
+            env=env,
+            network=network,
+            storage=storage,
+            description="moe-cdk: EKS control plane, cluster software, FSx volume and observability",
+        )
+        stacks["cluster"] = HyperPodEksStack(
+            app,
+            f"{config.name}-cluster",
+            config=config,
+            env=env,
+            network=network,
+            storage=storage,
+            eks_stack=stacks["eks"],
+            description="moe-cdk: SageMaker HyperPod cluster orchestrated by EKS",
+        )
     elif config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
-        stacks["training-job"] = TrainingJobStack(app, f"{config.name}-training-job", config=config, env=env,
-                                                  network=network, storage=storage,
-                                                  description="moe-cdk: execution role and wiring for SageMaker Training Jobs")
+        stacks["training-job"] = TrainingJobStack(
+            app,
+            f"{config.name}-training-job",
+            config=config,
+            env=env,
+            network=network,
+            storage=storage,
+            description="moe-cdk: execution role and wiring for SageMaker Training Jobs",
+        )
     for stack in stacks.values():
         cdk.Tags.of(stack).add("moe-cdk:deployment", config.name)
     return stacks
@@ -69,8 +106,9 @@ def add_nag_checks(app: cdk.App) -> None:
 
 def build_app(config: Config, *, outdir: str | None = None, cloudformation_validation: bool = True) -> cdk.App:
     """A ready App for ``config`` with cdk.json's context, as ``make synth`` builds it."""
-    app = cdk.App(outdir=outdir, context=cdk_json_context(),
-                  builtin_cloud_formation_validation=cloudformation_validation)
+    app = cdk.App(
+        outdir=outdir, context=cdk_json_context(), builtin_cloud_formation_validation=cloudformation_validation
+    )
     add_stacks(app, config)
     add_nag_checks(app)
     return app
@@ -81,5 +119,7 @@ def summary_lines(assembly: cdk.cx_api.CloudAssembly) -> list[str]:
     lines = []
     for stack in assembly.stacks:
         resources = stack.template.get("Resources", {})
-        lines.append(f"{stack.stack_name}: {len(resources)} resources -> {Path(assembly.directory).name}/{stack.template_file}")
+        lines.append(
+            f"{stack.stack_name}: {len(resources)} resources -> {Path(assembly.directory).name}/{stack.template_file}"
+        )
     return lines

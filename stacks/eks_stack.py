@@ -21,46 +21,68 @@ class EksStack(Stack):
     """``TrainingEksCluster`` from ``config.eks``, the Lustre file system as a PersistentVolumeClaim,
     and (``eks.observability``) Managed Prometheus with its scraper and Managed Grafana."""
 
-    def __init__(self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack,
-                 **kwargs) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack, **kwargs
+    ) -> None:
         super().__init__(scope, id, **kwargs)
         eks_config = config.eks
         zones = [config.cluster.availability_zone, eks_config.second_availability_zone]
         subnets = [network.network.subnet_in(zone) for zone in zones]
-        self.training_cluster = TrainingEksCluster(self, "Eks", TrainingEksClusterProps(
-            cluster_name=config.name,
-            vpc=network.network.vpc,
-            subnets=subnets,
-            node_security_group=network.node_security_group.security_group,
-            instance_types=[g.instance_type for g in config.cluster.instance_groups],
-            node_tolerations=[t.toleration() for g in config.cluster.instance_groups for t in g.taints],
-            kubernetes_version=eks_config.kubernetes_version,
-            endpoint_access=eks_config.endpoint_access,
-            public_access_cidrs=eks_config.public_access_cidrs,
-            admin_role_arns=eks_config.admin_role_arns,
-            addon_versions=eks_config.addon_versions,
-            container_insights=eks_config.container_insights,
-            hyperpod_chart_directory=str(eks_config.hyperpod_chart_path),
-        ))
+        self.training_cluster = TrainingEksCluster(
+            self,
+            "Eks",
+            TrainingEksClusterProps(
+                cluster_name=config.name,
+                vpc=network.network.vpc,
+                subnets=subnets,
+                node_security_group=network.node_security_group.security_group,
+                instance_types=[g.instance_type for g in config.cluster.instance_groups],
+                node_tolerations=[t.toleration() for g in config.cluster.instance_groups for t in g.taints],
+                kubernetes_version=eks_config.kubernetes_version,
+                endpoint_access=eks_config.endpoint_access,
+                public_access_cidrs=eks_config.public_access_cidrs,
+                admin_role_arns=eks_config.admin_role_arns,
+                addon_versions=eks_config.addon_versions,
+                container_insights=eks_config.container_insights,
+                hyperpod_chart_directory=str(eks_config.hyperpod_chart_path),
+            ),
+        )
         cluster = self.training_cluster.cluster
         lustre = storage.lustre
-        self.volume = LustreVolume(self, "LustreVolume", LustreVolumeProps(
-            cluster=cluster, file_system_id=lustre.file_system_id, dns_name=lustre.dns_name, mount_name=lustre.mount_name,
-            storage_capacity_gib=config.storage.lustre.storage_capacity_gib, namespace=eks_config.namespace,
-        ))
+        self.volume = LustreVolume(
+            self,
+            "LustreVolume",
+            LustreVolumeProps(
+                cluster=cluster,
+                file_system_id=lustre.file_system_id,
+                dns_name=lustre.dns_name,
+                mount_name=lustre.mount_name,
+                storage_capacity_gib=config.storage.lustre.storage_capacity_gib,
+                namespace=eks_config.namespace,
+            ),
+        )
         # The driver must exist before a pod can mount the volume; the claim itself only needs the API.
         self.volume.node.add_dependency(self.training_cluster.addons["aws-fsx-csi-driver"])
         CfnOutput(self, "EksClusterName", value=cluster.cluster_name)
         CfnOutput(self, "EksClusterArn", value=cluster.cluster_arn)
-        CfnOutput(self, "KubeconfigCommand",
-                  value=f"aws eks update-kubeconfig --region {config.region} --name {cluster.cluster_name}")
+        CfnOutput(
+            self,
+            "KubeconfigCommand",
+            value=f"aws eks update-kubeconfig --region {config.region} --name {cluster.cluster_name}",
+        )
         CfnOutput(self, "FsxClaim", value=f"{self.volume.namespace}/{self.volume.claim_name}")
         self.observability = None
         if eks_config.observability:
-            self.observability = TrainingObservability(self, "Observability", TrainingObservabilityProps(
-                name=config.name, cluster_arn=cluster.cluster_arn, subnets=subnets,
-                security_group=network.node_security_group.security_group,
-            ))
+            self.observability = TrainingObservability(
+                self,
+                "Observability",
+                TrainingObservabilityProps(
+                    name=config.name,
+                    cluster_arn=cluster.cluster_arn,
+                    subnets=subnets,
+                    security_group=network.node_security_group.security_group,
+                ),
+            )
             CfnOutput(self, "PrometheusWorkspaceId", value=self.observability.workspace.attr_workspace_id)
             CfnOutput(self, "PrometheusQueryUrl", value=self.observability.workspace.attr_prometheus_endpoint)
             CfnOutput(self, "GrafanaUrl", value=self.observability.grafana.attr_endpoint)

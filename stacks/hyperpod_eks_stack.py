@@ -22,24 +22,37 @@ class HyperPodEksStack(Stack):
     lifecycle bundle) go to the lifecycle bucket under the bundle's content hash; the EKS
     stack is separate so the kubectl layer and handlers do not land in that folder."""
 
-    def __init__(self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack,
-                 eks_stack: EksStack, **kwargs) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: Config,
+        network: NetworkStack,
+        storage: StorageStack,
+        eks_stack: EksStack,
+        **kwargs,
+    ) -> None:
         groups = [g.to_eks_props() for g in config.cluster.instance_groups]
         parameters = provisioning_parameters(instance_groups=groups, region=config.region)
         super().__init__(scope, id, synthesizer=hyperpod_synthesizer(config, parameters), **kwargs)
         self.add_stack_dependency(storage)
-        self.cluster = HyperPodEksCluster(self, "Cluster", HyperPodEksClusterProps(
-            cluster_name=config.name,
-            eks_cluster=eks_stack.training_cluster.cluster,
-            instance_groups=groups,
-            subnet=network.network.subnet_in(config.cluster.availability_zone),
-            security_group=network.node_security_group.security_group,
-            lifecycle_scripts_directory=str(lifecycle_scripts()),
-            region=config.region,
-            require_efa=config.cluster.require_efa,
-            training_operator=config.eks.training_operator,
-            training_operator_version=config.eks.addon_versions.get("amazon-sagemaker-hyperpod-training-operator"),
-        ))
+        self.cluster = HyperPodEksCluster(
+            self,
+            "Cluster",
+            HyperPodEksClusterProps(
+                cluster_name=config.name,
+                eks_cluster=eks_stack.training_cluster.cluster,
+                instance_groups=groups,
+                subnet=network.network.subnet_in(config.cluster.availability_zone),
+                security_group=network.node_security_group.security_group,
+                lifecycle_scripts_directory=str(lifecycle_scripts()),
+                region=config.region,
+                require_efa=config.cluster.require_efa,
+                training_operator=config.eks.training_operator,
+                training_operator_version=config.eks.addon_versions.get("amazon-sagemaker-hyperpod-training-operator"),
+            ),
+        )
         # The nodes need the CNI, DNS and device plugins in place when they join.
         self.add_stack_dependency(eks_stack)
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)

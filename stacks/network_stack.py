@@ -20,24 +20,32 @@ class NetworkStack(Stack):
         existing_vpc = None
         if existing is not None:
             existing_vpc = ec2.Vpc.from_vpc_attributes(
-                self, "ExistingVpc",
+                self,
+                "ExistingVpc",
                 vpc_id=existing.vpc_id,
                 vpc_cidr_block=existing.vpc_cidr_block,
                 availability_zones=[s.availability_zone for s in existing.private_subnets],
                 private_subnet_ids=[s.subnet_id for s in existing.private_subnets],
                 private_subnet_route_table_ids=[s.route_table_id for s in existing.private_subnets]
-                if all(s.route_table_id for s in existing.private_subnets) else None,
+                if all(s.route_table_id for s in existing.private_subnets)
+                else None,
             )
-        self.network = TrainingNetwork(self, "Network", TrainingNetworkProps(
-            availability_zones=config.availability_zones,
-            vpc_cidr=network.vpc_cidr,
-            private_subnet_cidr_mask=network.private_subnet_cidr_mask,
-            public_subnet_cidr_mask=network.public_subnet_cidr_mask,
-            existing_vpc=existing_vpc,
-            interface_endpoints=network.interface_endpoints and existing is None,
-            flow_log_retention_days=network.flow_log_retention_days,
-        ))
-        self.node_security_group = EfaSecurityGroup(self, "NodeSecurityGroup", EfaSecurityGroupProps(vpc=self.network.vpc))
+        self.network = TrainingNetwork(
+            self,
+            "Network",
+            TrainingNetworkProps(
+                availability_zones=config.availability_zones,
+                vpc_cidr=network.vpc_cidr,
+                private_subnet_cidr_mask=network.private_subnet_cidr_mask,
+                public_subnet_cidr_mask=network.public_subnet_cidr_mask,
+                existing_vpc=existing_vpc,
+                interface_endpoints=network.interface_endpoints and existing is None,
+                flow_log_retention_days=network.flow_log_retention_days,
+            ),
+        )
+        self.node_security_group = EfaSecurityGroup(
+            self, "NodeSecurityGroup", EfaSecurityGroupProps(vpc=self.network.vpc)
+        )
         # The app's references are weak (cdk.json), but a subnet or security group that the file
         # system and the nodes still use must not be replaced under them: the other stacks import
         # these (Fn::ImportValue), so CloudFormation refuses a network update that would replace

@@ -20,51 +20,76 @@ class StorageStack(Stack):
     """LustreStorage plus DataRepository from ``config.storage``, open to the training nodes only;
     the ``sagemaker-`` bucket the HyperPod lifecycle scripts are published to; the training image."""
 
-    def __init__(self, scope: Construct, id: str, *, config: Config, network: TrainingNetwork,
-                 node_security_group: EfaSecurityGroup, **kwargs) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: Config,
+        network: TrainingNetwork,
+        node_security_group: EfaSecurityGroup,
+        **kwargs,
+    ) -> None:
         super().__init__(scope, id, **kwargs)
         lustre = config.storage.lustre
-        self.lustre = LustreStorage(self, "Lustre", LustreStorageProps(
-            vpc=network.vpc,
-            availability_zone=config.lustre_availability_zone,
-            client_security_group=node_security_group.security_group,
-            storage_capacity_gib=lustre.storage_capacity_gib,
-            per_unit_storage_throughput_mb_s_tib=lustre.per_unit_storage_throughput_mb_s_tib,
-            efa_enabled=lustre.efa_enabled,
-            removal_policy=RemovalPolicy.RETAIN if lustre.retain_on_delete else RemovalPolicy.DESTROY,
-        ))
+        self.lustre = LustreStorage(
+            self,
+            "Lustre",
+            LustreStorageProps(
+                vpc=network.vpc,
+                availability_zone=config.lustre_availability_zone,
+                client_security_group=node_security_group.security_group,
+                storage_capacity_gib=lustre.storage_capacity_gib,
+                per_unit_storage_throughput_mb_s_tib=lustre.per_unit_storage_throughput_mb_s_tib,
+                efa_enabled=lustre.efa_enabled,
+                removal_policy=RemovalPolicy.RETAIN if lustre.retain_on_delete else RemovalPolicy.DESTROY,
+            ),
+        )
         repository = config.storage.data_repository
         # The buckets are retained and fixed-name, so after `cdk destroy` a new deployment adopts them
         # (storage.adopt_retained_buckets) rather than failing to create them again.
         adopt = config.storage.adopt_retained_buckets
         data_bucket = data_bucket_name(config).replace("${AWS::AccountId}", self.account)
-        self.data_repository = DataRepository(self, "DataRepository", DataRepositoryProps(
-            file_system_id=self.lustre.file_system_id,
-            associations=repository.associations,
-            bucket=s3.Bucket.from_bucket_name(self, "AdoptedDataBucket", data_bucket) if adopt else None,
-            bucket_name=data_bucket,
-        ))
+        self.data_repository = DataRepository(
+            self,
+            "DataRepository",
+            DataRepositoryProps(
+                file_system_id=self.lustre.file_system_id,
+                associations=repository.associations,
+                bucket=s3.Bucket.from_bucket_name(self, "AdoptedDataBucket", data_bucket) if adopt else None,
+                bucket_name=data_bucket,
+            ),
+        )
         # Written by CloudFormation from the construct's attributes, read by the lifecycle
         # scripts: the deploy-time names reach the nodes without a hand-made copy.
         dns_parameter, mount_parameter = fsx_parameter_names(config)
         self.fsx_parameters = (
             ssm.StringParameter(self, "FsxDnsName", parameter_name=dns_parameter, string_value=self.lustre.dns_name),
-            ssm.StringParameter(self, "FsxMountName", parameter_name=mount_parameter, string_value=self.lustre.mount_name),
+            ssm.StringParameter(
+                self, "FsxMountName", parameter_name=mount_parameter, string_value=self.lustre.mount_name
+            ),
         )
         lifecycle_bucket = lifecycle_bucket_name(config).replace("${AWS::AccountId}", self.account)
-        self.lifecycle_bucket = s3.Bucket.from_bucket_name(self, "AdoptedLifecycleBucket", lifecycle_bucket) if adopt else s3.Bucket(
-            self, "LifecycleBucket",
-            bucket_name=lifecycle_bucket,
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            versioned=True,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            server_access_logs_bucket=self.data_repository.access_logs_bucket,
-            server_access_logs_prefix="lifecycle-bucket/",
-            removal_policy=RemovalPolicy.RETAIN,
+        self.lifecycle_bucket = (
+            s3.Bucket.from_bucket_name(self, "AdoptedLifecycleBucket", lifecycle_bucket)
+            if adopt
+            else s3.Bucket(
+                self,
+                "LifecycleBucket",
+                bucket_name=lifecycle_bucket,
+                encryption=s3.BucketEncryption.S3_MANAGED,
+                block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+                enforce_ssl=True,
+                versioned=True,
+                object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+                server_access_logs_bucket=self.data_repository.access_logs_bucket,
+                server_access_logs_prefix="lifecycle-bucket/",
+                removal_policy=RemovalPolicy.RETAIN,
+            )
         )
-        self.training_image = TrainingImage(self, "TrainingImage", TrainingImageProps(context_directory=str(project_root())))
+        self.training_image = TrainingImage(
+            self, "TrainingImage", TrainingImageProps(context_directory=str(project_root()))
+        )
 
         CfnOutput(self, "FileSystemId", value=self.lustre.file_system_id)
         CfnOutput(self, "FileSystemDnsName", value=self.lustre.dns_name)

@@ -21,8 +21,10 @@ if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
 # system's data repository associations link to /datasets and /checkpoints.
 PREFIXES = {
     "datasets": (("s3:GetObject",), "the training data the job reads"),
-    "checkpoints": (("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"),
-                    "checkpoints the trainer writes and resumes from, one folder per run"),
+    "checkpoints": (
+        ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"),
+        "checkpoints the trainer writes and resumes from, one folder per run",
+    ),
     "training-jobs": (("s3:PutObject", "s3:AbortMultipartUpload"), "job output and TensorBoard logs SageMaker uploads"),
 }
 
@@ -35,36 +37,61 @@ class TrainingJobStack(Stack):
     bucket by its deterministic name, so this stack needs no export from the storage stack for them.
     """
 
-    def __init__(self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack,
-                 **kwargs) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack, **kwargs
+    ) -> None:
         super().__init__(scope, id, **kwargs)
         bucket = data_bucket_name(config).replace("${AWS::AccountId}", cdk.Aws.ACCOUNT_ID)
         bucket_arn = f"arn:{cdk.Aws.PARTITION}:s3:::{bucket}"
         object_arns = {prefix: f"{bucket_arn}/{prefix}/*" for prefix in PREFIXES}
-        log_group_arn = f"arn:{cdk.Aws.PARTITION}:logs:{self.region}:{cdk.Aws.ACCOUNT_ID}:log-group:/aws/sagemaker/TrainingJobs:*"
-        self.role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
-                             description=f"SageMaker training jobs of {config.name}")
+        log_group_arn = (
+            f"arn:{cdk.Aws.PARTITION}:logs:{self.region}:{cdk.Aws.ACCOUNT_ID}:log-group:/aws/sagemaker/TrainingJobs:*"
+        )
+        self.role = iam.Role(
+            self,
+            "ExecutionRole",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description=f"SageMaker training jobs of {config.name}",
+        )
         for prefix, (actions, _) in PREFIXES.items():
             self.role.add_to_policy(iam.PolicyStatement(actions=list(actions), resources=[object_arns[prefix]]))
-        self.role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[bucket_arn]))
+        self.role.add_to_policy(
+            iam.PolicyStatement(actions=["s3:ListBucket", "s3:GetBucketLocation"], resources=[bucket_arn])
+        )
         storage.training_image.grant_pull(self.role)
         # SageMaker Developer Guide, "CreateTrainingJob API: Execution Role Permissions": logs
         # go to the /aws/sagemaker/TrainingJobs group, and a job in a VPC attaches network interfaces.
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-            resources=[log_group_arn],
-        ))
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["cloudwatch:PutMetricData"], resources=["*"],
-            conditions={"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}},
-        ))
-        self.role.add_to_policy(iam.PolicyStatement(
-            actions=["ecr:GetAuthorizationToken", "ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
-                     "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission", "ec2:DescribeNetworkInterfaces",
-                     "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups",
-                     "fsx:DescribeFileSystems"],
-            resources=["*"],
-        ))
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                resources=[log_group_arn],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}},
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "ecr:GetAuthorizationToken",
+                    "ec2:CreateNetworkInterface",
+                    "ec2:CreateNetworkInterfacePermission",
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:DeleteNetworkInterfacePermission",
+                    "ec2:DescribeNetworkInterfaces",
+                    "ec2:DescribeVpcs",
+                    "ec2:DescribeDhcpOptions",
+                    "ec2:DescribeSubnets",
+                    "ec2:DescribeSecurityGroups",
+                    "fsx:DescribeFileSystems",
+                ],
+                resources=["*"],
+            )
+        )
         self._acknowledge_findings(object_arns, log_group_arn)
 
         subnet = network.network.subnet_in(config.cluster.availability_zone)
@@ -72,8 +99,11 @@ class TrainingJobStack(Stack):
         # Outputs only repeat the network stack's values, so they read them weakly: an output of an
         # import would be an export chain (cfn-lint W6001) and blocks nothing.
         CfnOutput(self, "SubnetIds", value=Stack.consume_reference(subnet.subnet_id, ReferenceStrength.WEAK))
-        CfnOutput(self, "SecurityGroupIds", value=Stack.consume_reference(
-            network.node_security_group.security_group_id, ReferenceStrength.WEAK))
+        CfnOutput(
+            self,
+            "SecurityGroupIds",
+            value=Stack.consume_reference(network.node_security_group.security_group_id, ReferenceStrength.WEAK),
+        )
         CfnOutput(self, "DataBucketName", value=bucket)
         CfnOutput(self, "FileSystemId", value=storage.lustre.file_system_id)
         CfnOutput(self, "FileSystemMountName", value=storage.lustre.mount_name)
@@ -83,14 +113,25 @@ class TrainingJobStack(Stack):
         """Each wildcard this role keeps, on its one policy, with the reason a reviewer needs."""
         policy = self.role.node.find_child("DefaultPolicy").node.default_child
         cdk.Validations.of(policy).acknowledge(
-            cdk.Acknowledgment(id="AwsSolutions-IAM5[Resource::*]", reason=(
-                "ecr:GetAuthorizationToken, EC2 Describe* and fsx:DescribeFileSystems take no resource ARN; the ENI "
-                "actions a VPC training job needs act on interfaces that do not exist yet; cloudwatch:PutMetricData "
-                "is limited to SageMaker's training namespace by a condition.")),
+            cdk.Acknowledgment(
+                id="AwsSolutions-IAM5[Resource::*]",
+                reason=(
+                    "ecr:GetAuthorizationToken, EC2 Describe* and fsx:DescribeFileSystems take no resource ARN; the "
+                    "ENI "
+                    "actions a VPC training job needs act on interfaces that do not exist yet; "
+                    "cloudwatch:PutMetricData "
+                    "is limited to SageMaker's training namespace by a condition."
+                ),
+            ),
             cdk.Acknowledgment(
                 id=f"AwsSolutions-IAM5[Resource::{nag_text(self, log_group_arn)}]",
-                reason="Each training job writes its own log streams in SageMaker's fixed log group."),
-            *(cdk.Acknowledgment(id=f"AwsSolutions-IAM5[Resource::{nag_text(self, object_arns[prefix])}]",
-                                 reason=f"Objects under {prefix}/: {why}.")
-              for prefix, (_, why) in PREFIXES.items()),
+                reason="Each training job writes its own log streams in SageMaker's fixed log group.",
+            ),
+            *(
+                cdk.Acknowledgment(
+                    id=f"AwsSolutions-IAM5[Resource::{nag_text(self, object_arns[prefix])}]",
+                    reason=f"Objects under {prefix}/: {why}.",
+                )
+                for prefix, (_, why) in PREFIXES.items()
+            ),
         )

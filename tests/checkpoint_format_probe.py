@@ -55,8 +55,11 @@ def sharded(tensors: dict[str, torch.Tensor]) -> dict:
     out = {}
     for name, tensor in tensors.items():
         fragment = TARGETS[name][1] if name in TARGETS else None
-        out[name] = (ShardedTensor.from_rank_offsets(stored_key(name), tensor, fragment, replica_id=0) if fragment
-                     else ShardedTensor.from_rank_offsets(stored_key(name), tensor, replica_id=0))
+        out[name] = (
+            ShardedTensor.from_rank_offsets(stored_key(name), tensor, fragment, replica_id=0)
+            if fragment
+            else ShardedTensor.from_rank_offsets(stored_key(name), tensor, replica_id=0)
+        )
     return out
 
 
@@ -100,11 +103,15 @@ def checksums(folder: Path) -> dict:
     for raw in archives(folder):
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             [entry] = [e for e in archive.infolist() if e.filename.endswith("/data/0")]
-            header = raw[entry.header_offset:entry.header_offset + 30]  # the local header
-            start = entry.header_offset + 30 + int.from_bytes(header[26:28], "little") + int.from_bytes(
-                header[28:30], "little")
+            header = raw[entry.header_offset : entry.header_offset + 30]  # the local header
+            start = (
+                entry.header_offset
+                + 30
+                + int.from_bytes(header[26:28], "little")
+                + int.from_bytes(header[28:30], "little")
+            )
             written.append(entry.CRC != 0)
-            right.append(entry.CRC == zlib.crc32(raw[start:start + entry.file_size]))
+            right.append(entry.CRC == zlib.crc32(raw[start : start + entry.file_size]))
     return {"written": written, "right": right}
 
 
@@ -131,8 +138,10 @@ def main(root: Path) -> dict:
         dist_checkpointing.save(sharded(saved), str(folder), sharded_strategy=strategy)
 
     paths = {"in_place": 0, "copied": 0}
-    read_in_place, read_and_copy = (SequentialFileSystemReader._read_in_place,
-                                    SequentialFileSystemReader._read_and_copy)
+    read_in_place, read_and_copy = (
+        SequentialFileSystemReader._read_in_place,
+        SequentialFileSystemReader._read_and_copy,
+    )
 
     def counting_in_place(*args):
         done = read_in_place(*args)
@@ -154,14 +163,21 @@ def main(root: Path) -> dict:
     want = expected(saved)
 
     def compare(loaded, reference) -> dict:
-        return {name: {"equals_reference": torch.equal(loaded[name], reference[name])
-                       and loaded[name].dtype == reference[name].dtype,
-                       "equals_saved": torch.equal(loaded[name], want[name])} for name in TARGETS}
+        return {
+            name: {
+                "equals_reference": torch.equal(loaded[name], reference[name])
+                and loaded[name].dtype == reference[name].dtype,
+                "equals_saved": torch.equal(loaded[name], want[name]),
+            }
+            for name in TARGETS
+        }
 
     reference = load(TorchDistLoadShardedStrategy())
     result = {"cases": compare(load(load_strategy()), reference), "paths": dict(paths)}
     paths.update(in_place=0, copied=0)
-    result["non_contiguous_target"] = compare(load(load_strategy(), non_contiguous=True), reference)[NON_CONTIGUOUS_TARGET]
+    result["non_contiguous_target"] = compare(load(load_strategy(), non_contiguous=True), reference)[
+        NON_CONTIGUOUS_TARGET
+    ]
     result["non_contiguous_paths"] = dict(paths)
 
     true_start = checkpoint_format._data_start

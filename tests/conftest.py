@@ -54,8 +54,9 @@ def with_staged_chart(config: Config) -> Config:
     """``config`` with the test stand-in as its staged HyperPod chart (EKS configurations only)."""
     if config.cluster.orchestrator is not Orchestrator.EKS:
         return config
-    return dataclasses.replace(config, eks=dataclasses.replace(
-        config.eks, hyperpod_chart_directory=str(STANDIN_CHART.relative_to(ROOT))))
+    return dataclasses.replace(
+        config, eks=dataclasses.replace(config.eks, hyperpod_chart_directory=str(STANDIN_CHART.relative_to(ROOT)))
+    )
 
 
 def synth(config: Config, outdir: Path) -> dict[str, dict]:

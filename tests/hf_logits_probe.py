@@ -23,12 +23,14 @@ def main(profile: str, tokens_path: str, out: str, save: str | None, overrides: 
     runtime = trainer.setup(config, detect())
     try:
         trainable = trainer.build(config, runtime, model_vocab_size(config, 0))
-        restored = CheckpointManager(config.checkpoint.dir, keep_last=2, layout=runtime.layout,
-                                     seed=config.optim.seed).load_latest(trainable)
+        restored = CheckpointManager(
+            config.checkpoint.dir, keep_last=2, layout=runtime.layout, seed=config.optim.seed
+        ).load_latest(trainable)
         assert restored is not None, f"no checkpoint in {config.checkpoint.dir}"
         if save:
             CheckpointManager(save, keep_last=2, layout=runtime.layout, seed=config.optim.seed).save(
-                trainable, step=0, consumed_samples=0)
+                trainable, step=0, consumed_samples=0
+            )
         tokens = torch.load(tokens_path)
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
         (chunk,) = trainable.chunks

@@ -35,9 +35,18 @@ from typing import NamedTuple
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 NODES = ("node1", "node2")
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-})
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 
 
 class SlurmUnavailable(RuntimeError):
@@ -101,8 +110,10 @@ def _hardware() -> dict[str, int]:
     """CPUs, board/socket/core/thread layout and RealMemory (MiB) from ``slurmd -C``."""
     out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
     fields = dict(re.findall(r"(\w+)=(\S+)", out.splitlines()[0]))
-    return {key: int(fields[key]) for key in
-            ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")}
+    return {
+        key: int(fields[key])
+        for key in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
+    }
 
 
 class SlurmCluster:
@@ -114,8 +125,14 @@ class SlurmCluster:
     carry the features ``efa`` and ``cpu``.
     """
 
-    def __init__(self, *, startup_timeout: float = 60.0, job_env: dict[str, str] | None = None,
-                 etc_dir: Path | None = None, configless: bool = False):
+    def __init__(
+        self,
+        *,
+        startup_timeout: float = 60.0,
+        job_env: dict[str, str] | None = None,
+        etc_dir: Path | None = None,
+        configless: bool = False,
+    ):
         """``job_env`` is added to the environment of every command, and so of every job
         (sbatch exports it). By default ``OMP_NUM_THREADS=1``: both virtual nodes share this
         machine's cores, and torch ranks that each start one thread per core starve each other.
@@ -185,10 +202,21 @@ class SlurmCluster:
             self.plugstack.write_text("")  # no SPANK plugins from /etc/slurm
         self.conf.write_text(self._slurm_conf())
 
-        self._spawn("munged", ["munged", "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
-                               f"--pid-file={munge_dir / 'munged.pid'}", f"--log-file={munge_dir / 'munged.log'}",
-                               f"--seed-file={munge_dir / 'munged.seed'}"],
-                    user=munge.pw_uid, group=munge.pw_gid, extra_groups=[])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={munge_dir / 'munged.pid'}",
+                f"--log-file={munge_dir / 'munged.log'}",
+                f"--seed-file={munge_dir / 'munged.seed'}",
+            ],
+            user=munge.pw_uid,
+            group=munge.pw_gid,
+            extra_groups=[],
+        )
         self._wait(lambda: self.munge_socket.exists(), "munged to create its socket", "munged")
         self._spawn("slurmctld", ["slurmctld", "-D"])
         self._wait(lambda: "UP" in self.run("scontrol", "ping").stdout, "slurmctld to answer", "slurmctld")
@@ -246,8 +274,9 @@ class SlurmCluster:
         """Run a Slurm client command against this cluster; never raises on a non-zero status."""
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
-    def submit(self, script_path: str | Path, extra_args: Sequence[str] = (), *,
-               cwd: str | Path | None = None) -> str | Rejected:
+    def submit(
+        self, script_path: str | Path, extra_args: Sequence[str] = (), *, cwd: str | Path | None = None
+    ) -> str | Rejected:
         """``sbatch --parsable [extra_args] script``: the job id, or ``Rejected(rc, stdout, stderr)``."""
         done = self.run("sbatch", "--parsable", *extra_args, str(script_path), cwd=cwd or Path(script_path).parent)
         if done.returncode != 0:
@@ -259,8 +288,9 @@ class SlurmCluster:
         if done.returncode != 0:
             raise RuntimeError(f"scontrol show job {job_id} failed: {done.stderr.strip()}")
         fields = dict(re.findall(r"(?:^|\s)([A-Za-z:/]+)=(\S*)", done.stdout.strip()))
-        return JobState(fields.get("JobState", "?"), int(fields.get("Restarts", "0")), fields.get("ExitCode", "?"),
-                        fields)
+        return JobState(
+            fields.get("JobState", "?"), int(fields.get("Restarts", "0")), fields.get("ExitCode", "?"), fields
+        )
 
     def wait_for(self, job_id: str, states: Iterable[str], timeout: float, *, poll: float = 0.5) -> JobState:
         """Poll until the job's state is one of ``states``; a different final state or the timeout raises."""
@@ -273,8 +303,9 @@ class SlurmCluster:
             if current.state in TERMINAL_STATES:
                 raise AssertionError(f"job {job_id} ended {current.state}, not {sorted(wanted)}: {current.fields}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {current.state} after {timeout}s, "
-                                   f"not {sorted(wanted)}: {current.fields}")
+                raise TimeoutError(
+                    f"job {job_id} still {current.state} after {timeout}s, not {sorted(wanted)}: {current.fields}"
+                )
             time.sleep(poll)
 
     def requeue(self, job_id: str) -> None:
@@ -338,12 +369,16 @@ class SlurmCluster:
             "SchedulerParameters=sched_interval=5",
             *(["SlurmctldParameters=enable_configless"] if self.configless else []),
         ]
-        cpus = (f"CPUs={hw['CPUs']} Boards={hw['Boards']} SocketsPerBoard={hw['SocketsPerBoard']} "
-                f"CoresPerSocket={hw['CoresPerSocket']} ThreadsPerCore={hw['ThreadsPerCore']}")
+        cpus = (
+            f"CPUs={hw['CPUs']} Boards={hw['Boards']} SocketsPerBoard={hw['SocketsPerBoard']} "
+            f"CoresPerSocket={hw['CoresPerSocket']} ThreadsPerCore={hw['ThreadsPerCore']}"
+        )
         memory = max(1, hw["RealMemory"] // len(NODES))
         for node, port in zip(NODES, node_ports):
-            lines.append(f"NodeName={node} NodeAddr=127.0.0.1 Port={port} {cpus} RealMemory={memory} "
-                         "Feature=efa,cpu State=UNKNOWN")
+            lines.append(
+                f"NodeName={node} NodeAddr=127.0.0.1 Port={port} {cpus} RealMemory={memory} "
+                "Feature=efa,cpu State=UNKNOWN"
+            )
         lines.append(f"PartitionName=ci Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
@@ -354,8 +389,19 @@ class SlurmCluster:
             # Before it has the configuration, slurmd authenticates through munge's default socket:
             # in a mount namespace of its own, the cluster's folder is bind-mounted over /run, so
             # that /run/munge/munge.socket.2 is this cluster's munged and nothing outside changes.
-            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /run && exec "$@"',
-                    str(self.dir), *argv, "--conf-server", f"localhost:{self.ctld_port}"]
+            argv = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount --bind "$0" /run && exec "$@"',
+                str(self.dir),
+                *argv,
+                "--conf-server",
+                f"localhost:{self.ctld_port}",
+            ]
             # No SLURM_CONF: the configuration comes from slurmctld alone. The marker lets stop()
             # find the job steps this slurmd leaves behind.
             env = {k: v for k, v in self.env.items() if k != "SLURM_CONF"} | {"MOE_CI_SLURM": str(self.dir)}
@@ -368,9 +414,15 @@ class SlurmCluster:
         out = open(self.dir / "logs" / f"{name}.console", "wb")
         try:
             kwargs.setdefault("env", self.env)
-            self._procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                                 preexec_fn=_die_with_parent, **kwargs)
+            self._procs[name] = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                **kwargs,
+            )
         finally:
             out.close()
 
@@ -379,10 +431,13 @@ class SlurmCluster:
         while not ready():
             proc = self._procs[process]
             if proc.poll() is not None:
-                raise SlurmUnavailable(f"{process} exited with {proc.returncode} while waiting for {what}\n"
-                                       + self.log_tail())
+                raise SlurmUnavailable(
+                    f"{process} exited with {proc.returncode} while waiting for {what}\n" + self.log_tail()
+                )
             if time.monotonic() > deadline:
-                raise SlurmUnavailable(f"timed out after {self.startup_timeout}s waiting for {what}\n" + self.log_tail())
+                raise SlurmUnavailable(
+                    f"timed out after {self.startup_timeout}s waiting for {what}\n" + self.log_tail()
+                )
             time.sleep(0.3)
 
     def _nodes_idle(self) -> bool:

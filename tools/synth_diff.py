@@ -57,14 +57,16 @@ SCHEMA_REGION = "us-east-1"
 
 # A change under one of these property names is an IAM change whatever the resource type
 # (role, key and resource policies: an AWS::KMS::Key's KeyPolicy is one).
-IAM_PROPERTY_NAMES = frozenset({"PolicyDocument", "ManagedPolicyArns", "AssumeRolePolicyDocument",
-                                "Policies", "KeyPolicy"})
+IAM_PROPERTY_NAMES = frozenset(
+    {"PolicyDocument", "ManagedPolicyArns", "AssumeRolePolicyDocument", "Policies", "KeyPolicy"}
+)
 # Besides every AWS::IAM::* type, the types whose every change is an IAM change: who may use the
 # EKS cluster, and who may use the bucket.
 ACCESS_RESOURCE_TYPES = frozenset({"AWS::EKS::AccessEntry", "AWS::S3::BucketPolicy"})
 # Likewise for security groups: rules and attachments; every AWS::EC2::SecurityGroup* resource.
-SECURITY_GROUP_PROPERTY_NAMES = frozenset({"SecurityGroupIngress", "SecurityGroupEgress",
-                                          "SecurityGroupIds", "SecurityGroups"})
+SECURITY_GROUP_PROPERTY_NAMES = frozenset(
+    {"SecurityGroupIngress", "SecurityGroupEgress", "SecurityGroupIds", "SecurityGroups"}
+)
 # Template sections besides Resources that are listed, briefly, in their own section.
 OTHER_SECTIONS = ("Parameters", "Outputs", "Conditions")
 IGNORED_RESOURCE_TYPES = frozenset({"AWS::CDK::Metadata"})
@@ -124,13 +126,20 @@ def resolve_revision(repo: Path, ref: str) -> str | None:
 
 def _synth_checkout(root: Path, config: str, outdir: Path) -> dict[str, dict]:
     outdir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps({"config": config}),
-           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-    result = subprocess.run([sys.executable, "-c", _BOOTSTRAP, str(root)], cwd=root, env=env,
-                            capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "CDK_OUTDIR": str(outdir),
+        "CDK_CONTEXT_JSON": json.dumps({"config": config}),
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _BOOTSTRAP, str(root)], cwd=root, env=env, capture_output=True, text=True
+    )
     if result.returncode == EXIT_INVALID:  # the configuration, as that revision reads it, is invalid
-        raise ConfigError([Problem("", line.strip()) for line in result.stderr.splitlines()
-                           if line.startswith("  ")] or [Problem("", f"synth exited {result.returncode}")])
+        raise ConfigError(
+            [Problem("", line.strip()) for line in result.stderr.splitlines() if line.startswith("  ")]
+            or [Problem("", f"synth exited {result.returncode}")]
+        )
     if result.returncode != 0:
         lines = [line for line in result.stderr.splitlines() if line.strip()] or [f"synth exited {result.returncode}"]
         raise RuntimeError("\n".join(lines))
@@ -299,8 +308,11 @@ def create_only_paths(resource_type: str) -> tuple[tuple[str, ...], ...]:
     except ResourceNotFoundError:
         return ()
     prefix = "/properties/"
-    return tuple(tuple(part.replace("~1", "/").replace("~0", "~") for part in pointer[len(prefix):].split("/"))
-                 for pointer in schema.get("createOnlyProperties", ()) if pointer.startswith(prefix))
+    return tuple(
+        tuple(part.replace("~1", "/").replace("~0", "~") for part in pointer[len(prefix) :].split("/"))
+        for pointer in schema.get("createOnlyProperties", ())
+        if pointer.startswith(prefix)
+    )
 
 
 def _at(value: Any, keys: tuple[str, ...]) -> Any:
@@ -334,8 +346,9 @@ def _is_security_group_type(type_: str) -> bool:
 def _set_flags(change: ResourceChange, types: list[str], names: set[str]) -> ResourceChange:
     """Flag ``change`` as IAM / security group when one of ``types`` is, or ``names`` holds such a property."""
     change.iam = any(_is_iam_type(t) for t in types) or bool(names & IAM_PROPERTY_NAMES)
-    change.security_group = (any(_is_security_group_type(t) for t in types)
-                             or bool(names & SECURITY_GROUP_PROPERTY_NAMES))
+    change.security_group = any(_is_security_group_type(t) for t in types) or bool(
+        names & SECURITY_GROUP_PROPERTY_NAMES
+    )
     return change
 
 
@@ -346,9 +359,11 @@ def _flag(change: ResourceChange) -> ResourceChange:
 
 
 def _resources(template: dict) -> dict[str, dict]:
-    return {logical_id: {k: v for k, v in resource.items() if k not in IGNORED_RESOURCE_KEYS}
-            for logical_id, resource in (template.get("Resources") or {}).items()
-            if resource.get("Type") not in IGNORED_RESOURCE_TYPES}
+    return {
+        logical_id: {k: v for k, v in resource.items() if k not in IGNORED_RESOURCE_KEYS}
+        for logical_id, resource in (template.get("Resources") or {}).items()
+        if resource.get("Type") not in IGNORED_RESOURCE_TYPES
+    }
 
 
 def _whole(resource: dict, logical_id: str, kind: str) -> ResourceChange:
@@ -363,9 +378,13 @@ def _diff_resource(logical_id: str, old: dict, new: dict) -> ResourceChange | No
         return None
     old_type, new_type = old.get("Type", "?"), new.get("Type", "?")
     if old_type != new_type:
-        change = ResourceChange(logical_id, new_type, "replaced",
-                                changes=[PropertyChange("Type", old_type, new_type)],
-                                replacement_reasons=[f"Type {old_type} -> {new_type}"])
+        change = ResourceChange(
+            logical_id,
+            new_type,
+            "replaced",
+            changes=[PropertyChange("Type", old_type, new_type)],
+            replacement_reasons=[f"Type {old_type} -> {new_type}"],
+        )
         return _set_flags(change, [old_type, new_type], set())
     changes: list[PropertyChange] = []
     for key in sorted(set(old) | set(new)):
@@ -376,10 +395,10 @@ def _diff_resource(logical_id: str, old: dict, new: dict) -> ResourceChange | No
         else:  # DependsOn, DeletionPolicy, UpdateReplacePolicy, Condition, ...
             changes += _value_changes(old.get(key, _ABSENT), new.get(key, _ABSENT), f"({key})")
     old_props, new_props = old.get("Properties") or {}, new.get("Properties") or {}
-    reasons = [_path_text(keys) for keys in create_only_paths(new_type)
-               if _at(old_props, keys) != _at(new_props, keys)]
-    change = ResourceChange(logical_id, new_type, "replaced" if reasons else "modified",
-                            changes=changes, replacement_reasons=reasons)
+    reasons = [_path_text(keys) for keys in create_only_paths(new_type) if _at(old_props, keys) != _at(new_props, keys)]
+    change = ResourceChange(
+        logical_id, new_type, "replaced" if reasons else "modified", changes=changes, replacement_reasons=reasons
+    )
     return _flag(change)
 
 
@@ -480,8 +499,11 @@ def _details(change: ResourceChange) -> str:
         lines.append("replaced because " + ", ".join(_code(r) for r in change.replacement_reasons) + " changed")
     for c in change.changes:
         lines.append(f"{_code(c.path)}: {_change_text(c.old, c.new)}")
-    return "<br>".join(lines) if lines else ("new resource" if change.kind == "added" else
-                                             "deleted" if change.kind == "removed" else "")
+    return (
+        "<br>".join(lines)
+        if lines
+        else ("new resource" if change.kind == "added" else "deleted" if change.kind == "removed" else "")
+    )
 
 
 def render_markdown(diff: Diff, base_label: str, head_label: str) -> str:
@@ -512,8 +534,11 @@ def render_markdown(diff: Diff, base_label: str, head_label: str) -> str:
         if stack.sections:
             out += ["Parameters and outputs:", ""]
             for s in stack.sections:
-                detail = {"added": f"added {_code(short(s.new))}", "removed": "removed",
-                          "modified": _change_text(s.old, s.new)}[s.kind]
+                detail = {
+                    "added": f"added {_code(short(s.new))}",
+                    "removed": "removed",
+                    "modified": _change_text(s.old, s.new),
+                }[s.kind]
                 out.append(f"- {s.section} {_code(s.name)}: {detail}")
             out.append("")
     return "\n".join(out)

@@ -81,8 +81,14 @@ _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space
 
 def _layout_key(layout) -> dict:
     """What must match for saved per-rank RNG states to mean the same ranks."""
-    return {"world_size": layout.world_size, "tensor": layout.tensor, "pipeline": layout.pipeline,
-            "virtual_pipeline": layout.virtual_pipeline, "expert": layout.expert, "expert_tensor": layout.expert_tensor}
+    return {
+        "world_size": layout.world_size,
+        "tensor": layout.tensor,
+        "pipeline": layout.pipeline,
+        "virtual_pipeline": layout.virtual_pipeline,
+        "expert": layout.expert,
+        "expert_tensor": layout.expert_tensor,
+    }
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -160,6 +166,7 @@ class CheckpointManager:
 
         self._save_strategy = save_strategy()
         _start_writer_manager()
+
     # -- finding ------------------------------------------------------------------------
 
     @staticmethod
@@ -193,7 +200,9 @@ class CheckpointManager:
 
     # -- saving -------------------------------------------------------------------------
 
-    def _sharded_state(self, trainable, *, step: int, consumed_samples: int, rng: bool, is_loading: bool = False) -> dict:
+    def _sharded_state(
+        self, trainable, *, step: int, consumed_samples: int, rng: bool, is_loading: bool = False
+    ) -> dict:
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
         # Chunk keys are local, but every tensor is stored under its global name (layer
@@ -208,7 +217,8 @@ class CheckpointManager:
         }
         if step > 0:
             state["optimizer"] = trainable.optimizer.sharded_state_dict(
-                model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
+                model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA
+            )
         if rng:
             world, rank = dist.get_world_size(), dist.get_rank()
             state["rng"] = ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0)
@@ -233,8 +243,9 @@ class CheckpointManager:
 
             if self._async_queue is None:
                 self._async_queue = AsyncCallsQueue()
-            request = dist_checkpointing.save(state, str(path), sharded_strategy=self._save_strategy,
-                                              async_sharded_save=True)
+            request = dist_checkpointing.save(
+                state, str(path), sharded_strategy=self._save_strategy, async_sharded_save=True
+            )
             self._async_queue.schedule_async_request(request)
             self._pending = (step, path)
             log.info("scheduled step-%d in %.2fs", step, time.perf_counter() - started)
@@ -277,7 +288,7 @@ class CheckpointManager:
         checked = [(step, path, self.problem_with(path) is None) for step, path in step_dirs(self.root)]
         complete = [(step, path) for step, path, ok in checked if ok]
         newest_complete = complete[0][0] if complete else -1
-        for _, path in complete[self.keep_last:]:
+        for _, path in complete[self.keep_last :]:
             shutil.rmtree(path, ignore_errors=True)
             log.info("removed old checkpoint %s", path)
         for step, path, ok in checked:
@@ -307,8 +318,9 @@ class CheckpointManager:
             common = dist_checkpointing.load_common_state_dict(str(path))
             try:
                 same_layout = common.get("layout") == _layout_key(self.layout)
-                template = self._sharded_state(trainable, step=int(common["step"]), consumed_samples=0,
-                                               rng=same_layout, is_loading=True)
+                template = self._sharded_state(
+                    trainable, step=int(common["step"]), consumed_samples=0, rng=same_layout, is_loading=True
+                )
                 with cpu_compat.cuda_factories_on_cpu():
                     state = dist_checkpointing.load(template, str(path), sharded_strategy=load_strategy())
             except Exception as error:  # a corrupt file that still has its recorded size
@@ -333,8 +345,13 @@ class CheckpointManager:
             else:
                 _rederive_rng_state(self.seed, int(state["step"]))
                 if self.rank == 0:
-                    log.warning("%s was saved under another layout (%s): per-rank RNG states re-derived from the seed and step %d",
-                                path, common.get("layout"), int(state["step"]))
+                    log.warning(
+                        "%s was saved under another layout (%s): per-rank RNG states re-derived from the seed and step "
+                        "%d",
+                        path,
+                        common.get("layout"),
+                        int(state["step"]),
+                    )
             log.info("resumed from %s in %.2fs", path, time.perf_counter() - started)
             return Restored(step=int(state["step"]), consumed_samples=int(state["consumed_samples"]), path=path)
         return None

@@ -76,7 +76,8 @@ def save_strategy():
 
     return FullyParallelSaveStrategyWrapper(
         ChecksumFreeSaveStrategy("torch_dist", 1, thread_count=WRITERS_PER_RANK),
-        parallel_state.get_data_parallel_group(with_context_parallel=True))
+        parallel_state.get_data_parallel_group(with_context_parallel=True),
+    )
 
 
 def load_strategy():
@@ -86,7 +87,8 @@ def load_strategy():
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
 
     return FullyParallelLoadStrategyWrapper(
-        SequentialLoadShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True))
+        SequentialLoadShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True)
+    )
 
 
 class ChecksumFreeSaveStrategy(TorchDistSaveShardedStrategy):
@@ -148,7 +150,7 @@ class _PartialFile(io.RawIOBase):
         for at, part in self._parts.items():
             lo, hi = max(start, at), min(end, at + len(part))
             if lo < hi:
-                out[lo - start:hi - start] = part[lo - at:hi - at]
+                out[lo - start : hi - start] = part[lo - at : hi - at]
         self._position = end
         return count
 
@@ -176,7 +178,7 @@ def _data_start(head: memoryview) -> int | None:
     at = raw.find(_LOCAL_HEADER_SIGNATURE)
     while at != -1 and at + _LOCAL_HEADER.size <= len(raw):
         *_, name_length, extra_length = _LOCAL_HEADER.unpack_from(raw, at)
-        name = raw[at + _LOCAL_HEADER.size:at + _LOCAL_HEADER.size + name_length]
+        name = raw[at + _LOCAL_HEADER.size : at + _LOCAL_HEADER.size + name_length]
         if name.endswith(b"/data/0"):
             return at + _LOCAL_HEADER.size + name_length + extra_length
         at = raw.find(_LOCAL_HEADER_SIGNATURE, at + 1)
@@ -225,8 +227,12 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
             return False
         req = reqs[0]
         target = planner.resolve_tensor(req).detach()
-        if (target.device.type != "cpu" or not target.is_contiguous() or any(req.storage_offsets)
-                or list(req.lengths) != list(target.shape)):
+        if (
+            target.device.type != "cpu"
+            or not target.is_contiguous()
+            or any(req.storage_offsets)
+            or list(req.lengths) != list(target.shape)
+        ):
             return False
         head = memoryview(bytearray(min(_HEAD_BYTES, length)))
         _pread(fd, head, offset)
@@ -236,7 +242,7 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
             return False
         into = memoryview(target.view(-1).view(torch.uint8).numpy())
         within_head = max(0, min(len(head), end) - start)
-        into[:within_head] = head[start:start + within_head]
+        into[:within_head] = head[start : start + within_head]
         _pread(fd, into[within_head:], offset + start + within_head)
         tail = memoryview(bytearray(length - end))
         _pread(fd, tail, offset + end)
@@ -244,9 +250,14 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
             stored, data_offset = _layout(length, {0: head[:start], end: tail})
         except Exception:  # not the layout torch.save writes: read it another way
             return False
-        if (data_offset != start or stored.dtype != target.dtype or stored.shape != target.shape
-                or not stored.is_contiguous() or stored.storage_offset() != 0
-                or stored.untyped_storage().nbytes() != target.nbytes):
+        if (
+            data_offset != start
+            or stored.dtype != target.dtype
+            or stored.shape != target.shape
+            or not stored.is_contiguous()
+            or stored.storage_offset() != 0
+            or stored.untyped_storage().nbytes() != target.nbytes
+        ):
             return False
         planner.commit_tensor(req, target)
         return True
@@ -256,8 +267,9 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
         """Read one archive whole, then copy each request's slice of its tensor into the target."""
         _pread(fd, archive, offset)
         stored, start = _layout(len(archive), {0: archive})
-        flat = torch.frombuffer(archive, dtype=stored.dtype,
-                                count=stored.untyped_storage().nbytes() // stored.element_size(), offset=start)
+        flat = torch.frombuffer(
+            archive, dtype=stored.dtype, count=stored.untyped_storage().nbytes() // stored.element_size(), offset=start
+        )
         stored = flat.as_strided(stored.shape, stored.stride(), stored.storage_offset())
         for req in reqs:
             source = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)

@@ -66,13 +66,16 @@ class _CpuStream:
     def __init__(self, *args, **kwargs) -> None: ...
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _CpuStream)
+
     def __hash__(self) -> int:
         return 0
+
     def wait_stream(self, other) -> None: ...
     def wait_event(self, event) -> None: ...
     def synchronize(self) -> None: ...
     def query(self) -> bool:
         return True
+
     def record_event(self, event=None):
         return event or _CpuEvent()
 

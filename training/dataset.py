@@ -129,23 +129,25 @@ def _check_dataset_args(
 ) -> list[Problem]:
     problems = []
     if not data_prefixes:
-        problems.append(problem('empty', got=data_prefixes, allowed='one or more prefixes').at("data_prefixes"))
+        problems.append(problem("empty", got=data_prefixes, allowed="one or more prefixes").at("data_prefixes"))
     for i, prefix in enumerate(data_prefixes):
         if not (Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file()):
             problems.append(
-                problem("no .bin/.idx pair", got=str(prefix), allowed="a prefix written by moe-data prepare").at(f"data_prefixes[{i}]")
+                problem("no .bin/.idx pair", got=str(prefix), allowed="a prefix written by moe-data prepare").at(
+                    f"data_prefixes[{i}]"
+                )
             )
     if weights is not None:
         if len(weights) != len(data_prefixes):
             problems.append(
-                problem('not one weight per prefix', got=weights, allowed=f'{len(data_prefixes)} weights').at("weights")
+                problem("not one weight per prefix", got=weights, allowed=f"{len(data_prefixes)} weights").at("weights")
             )
         if any(not w > 0 for w in weights):
-            problems.append(problem('not all positive', got=weights, allowed='numbers > 0').at("weights"))
+            problems.append(problem("not all positive", got=weights, allowed="numbers > 0").at("weights"))
     if not (isinstance(seq_length, int) and seq_length > 0):
-        problems.append(problem('not a positive integer', got=seq_length, allowed='an integer > 0').at("seq_length"))
+        problems.append(problem("not a positive integer", got=seq_length, allowed="an integer > 0").at("seq_length"))
     if not (isinstance(num_samples, int) and num_samples > 0):
-        problems.append(problem('not a positive integer', got=num_samples, allowed='an integer > 0').at("num_samples"))
+        problems.append(problem("not a positive integer", got=num_samples, allowed="an integer > 0").at("num_samples"))
     return problems
 
 
@@ -183,12 +185,14 @@ class ResumableSampler:
             ("consumed_samples", consumed_samples, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                problems.append(problem('out of range', got=value, allowed=f'an integer >= {low}').at(f"{key}"))
+                problems.append(problem("out of range", got=value, allowed=f"an integer >= {low}").at(f"{key}"))
         if not isinstance(data_parallel_rank, int) or not (
             isinstance(data_parallel_size, int) and 0 <= data_parallel_rank < data_parallel_size
         ):
             problems.append(
-                problem('out of range', got=data_parallel_rank, allowed='0 <= rank < data_parallel_size').at("data_parallel_rank")
+                problem("out of range", got=data_parallel_rank, allowed="0 <= rank < data_parallel_size").at(
+                    "data_parallel_rank"
+                )
             )
         if problems:
             raise ConfigError(problems)
@@ -216,7 +220,7 @@ class ResumableSampler:
         consumed = state.get("consumed_samples") if isinstance(state, dict) else None
         if not isinstance(consumed, int) or isinstance(consumed, bool) or consumed < 0:
             raise ConfigError(
-                [problem('not a sample count', got=consumed, allowed='an integer >= 0').at("consumed_samples")]
+                [problem("not a sample count", got=consumed, allowed="an integer >= 0").at("consumed_samples")]
             )
         self.consumed_samples = consumed
 
@@ -239,6 +243,10 @@ def make_dataloader(
     if num_workers > 0 and prefetch_factor is not None:
         kwargs["prefetch_factor"] = prefetch_factor
     return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-        generator=torch.Generator().manual_seed(seed), **kwargs
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
     )

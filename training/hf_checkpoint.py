@@ -56,21 +56,52 @@ class Family:
 
 
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-FAMILIES = {f.model_type: f for f in (
-    Family("mixtral", "MixtralForCausalLM", "block_sparse_moe", ("w1", "w3", "w2"), "num_local_experts", "intermediate_size"),
-    Family("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size"),
-    Family("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size", "shared_expert",
-           ("shared_expert_intermediate_size",)),
-    Family("deepseek_v3", "DeepseekV3ForCausalLM", "mlp", _PROJECTIONS, "n_routed_experts", "moe_intermediate_size",
-           "shared_experts", ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")),
-)}
+FAMILIES = {
+    f.model_type: f
+    for f in (
+        Family(
+            "mixtral",
+            "MixtralForCausalLM",
+            "block_sparse_moe",
+            ("w1", "w3", "w2"),
+            "num_local_experts",
+            "intermediate_size",
+        ),
+        Family("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _PROJECTIONS, "num_experts", "moe_intermediate_size"),
+        Family(
+            "qwen2_moe",
+            "Qwen2MoeForCausalLM",
+            "mlp",
+            _PROJECTIONS,
+            "num_experts",
+            "moe_intermediate_size",
+            "shared_expert",
+            ("shared_expert_intermediate_size",),
+        ),
+        Family(
+            "deepseek_v3",
+            "DeepseekV3ForCausalLM",
+            "mlp",
+            _PROJECTIONS,
+            "n_routed_experts",
+            "moe_intermediate_size",
+            "shared_experts",
+            ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+        ),
+    )
+}
 
 
 def family_of(hf_config: Mapping) -> Family:
     model_type = hf_config.get("model_type")
     if model_type not in FAMILIES:
-        raise ConfigError([problem("not a family moe-checkpoint converts", got=model_type,
-                                                                   allowed=", ".join(FAMILIES)).at("config.json: model_type")])
+        raise ConfigError(
+            [
+                problem("not a family moe-checkpoint converts", got=model_type, allowed=", ".join(FAMILIES)).at(
+                    "config.json: model_type"
+                )
+            ]
+        )
     return FAMILIES[model_type]
 
 
@@ -82,6 +113,7 @@ _IMPORTED_SEQ_LENGTH = 4096
 
 def _refusals(hf: Mapping, family: Family) -> Iterable[Problem]:
     """Why a configuration's model is not one moe-train builds, one line per reason."""
+
     def refuse(key: str, what: str, allowed: str) -> Problem:
         return problem(what, got=hf.get(key), allowed=allowed).at(f"config.json: {key}")
 
@@ -99,16 +131,28 @@ def _refusals(hf: Mapping, family: Family) -> Iterable[Problem]:
     if hf.get("attention_bias", False):
         yield refuse("attention_bias", "moe-train's output projection has no bias", "false")
     if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
-        yield refuse("mlp_only_layers" if hf.get("mlp_only_layers") else "decoder_sparse_step",
-                     "every moe-train layer is an MoE layer", "[] and decoder_sparse_step 1")
+        yield refuse(
+            "mlp_only_layers" if hf.get("mlp_only_layers") else "decoder_sparse_step",
+            "every moe-train layer is an MoE layer",
+            "[] and decoder_sparse_step 1",
+        )
     if family.model_type == "deepseek_v3":
         yield from _deepseek_refusals(hf, refuse)
     theta = hf.get("rope_theta", 10000.0)
     if not isinstance(theta, int | float) or not float(theta).is_integer():
         yield refuse("rope_theta", "moe-train's rotary base is a whole number", "an integer")
     dense_ffn = ("intermediate_size",) if family.model_type == "deepseek_v3" and hf.get("first_k_dense_replace") else ()
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
-                family.num_experts_key, family.expert_ffn_key, "num_experts_per_tok", *family.required, *dense_ffn):
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        family.num_experts_key,
+        family.expert_ffn_key,
+        "num_experts_per_tok",
+        *family.required,
+        *dense_ffn,
+    ):
         if not isinstance(hf.get(key), int):
             yield refuse(key, "a required size is missing", "a positive integer")
 
@@ -126,8 +170,11 @@ def _deepseek_refusals(hf: Mapping, refuse) -> Iterable[str]:
     if groups > 1 and (not chosen or top_k % chosen or top_k // chosen != 2):
         # transformers scores a group by its best 2 experts (DeepseekV3TopkRouter); megatron by its
         # best top_k / group_top_k (moe_utils.group_limited_topk).
-        yield refuse("topk_group", "a group's score must be its best 2 experts, as transformers computes it",
-                     f"num_experts_per_tok / 2 ({top_k / 2:g})")
+        yield refuse(
+            "topk_group",
+            "a group's score must be its best 2 experts, as transformers computes it",
+            f"num_experts_per_tok / 2 ({top_k / 2:g})",
+        )
 
 
 def profile_sections(hf: Mapping) -> dict:
@@ -141,12 +188,16 @@ def profile_sections(hf: Mapping) -> dict:
         "num_layers": hf["num_hidden_layers"],
         "hidden_size": hf["hidden_size"],
         "num_attention_heads": heads,
-        **(_deepseek_model(hf) if family.model_type == "deepseek_v3" else {
-            "num_query_groups": hf.get("num_key_value_heads") or heads,
-            "kv_channels": hf.get("head_dim") or hf["hidden_size"] // heads,
-            "qk_layernorm": family.model_type == "qwen3_moe",
-            "qkv_bias": family.model_type == "qwen2_moe" and bool(hf.get("qkv_bias", True)),
-        }),
+        **(
+            _deepseek_model(hf)
+            if family.model_type == "deepseek_v3"
+            else {
+                "num_query_groups": hf.get("num_key_value_heads") or heads,
+                "kv_channels": hf.get("head_dim") or hf["hidden_size"] // heads,
+                "qk_layernorm": family.model_type == "qwen3_moe",
+                "qkv_bias": family.model_type == "qwen2_moe" and bool(hf.get("qkv_bias", True)),
+            }
+        ),
         "ffn_hidden_size": hf[family.expert_ffn_key],
         "seq_length": min(hf.get("max_position_embeddings") or _IMPORTED_SEQ_LENGTH, _IMPORTED_SEQ_LENGTH),
         "rotary_base": int(hf.get("rope_theta", 10000)),
@@ -177,10 +228,16 @@ def profile_sections(hf: Mapping) -> dict:
 def _deepseek_model(hf: Mapping) -> dict:
     """DeepSeek-V3's attention and layers: multi-latent attention, and its dense first layers."""
     dense = hf.get("first_k_dense_replace") or 0
-    return {**({"dense_layers": dense, "dense_ffn_hidden_size": hf["intermediate_size"]} if dense else {}),
-            "multi_latent_attention": True, "q_lora_rank": hf.get("q_lora_rank"), "kv_lora_rank": hf["kv_lora_rank"],
-            "qk_head_dim": hf["qk_nope_head_dim"], "qk_pos_emb_head_dim": hf["qk_rope_head_dim"],
-            "v_head_dim": hf["v_head_dim"], "qk_layernorm": True}
+    return {
+        **({"dense_layers": dense, "dense_ffn_hidden_size": hf["intermediate_size"]} if dense else {}),
+        "multi_latent_attention": True,
+        "q_lora_rank": hf.get("q_lora_rank"),
+        "kv_lora_rank": hf["kv_lora_rank"],
+        "qk_head_dim": hf["qk_nope_head_dim"],
+        "qk_pos_emb_head_dim": hf["qk_rope_head_dim"],
+        "v_head_dim": hf["v_head_dim"],
+        "qk_layernorm": True,
+    }
 
 
 def _deepseek_router(hf: Mapping) -> dict:
@@ -195,7 +252,9 @@ def _deepseek_router(hf: Mapping) -> dict:
         "shared_expert_ffn_hidden_size": shared * hf["moe_intermediate_size"] if shared else None,
         "num_groups": groups if groups > 1 else None,
         "group_top_k": hf.get("topk_group") if groups > 1 else None,
-        "top_k_scaling_factor": float(hf["routed_scaling_factor"]) if hf.get("routed_scaling_factor", 1.0) != 1.0 else None,
+        "top_k_scaling_factor": float(hf["routed_scaling_factor"])
+        if hf.get("routed_scaling_factor", 1.0) != 1.0
+        else None,
     }
 
 
@@ -204,9 +263,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
-_TRAINING_ONLY = {"seq_length", "spec", "dropout", "init_method_std", "vocab_size",
-                  "aux_loss_coeff", "z_loss_coeff", "capacity_factor", "bias_update_rate", "token_dispatcher",
-                  "grouped_gemm", "permute_fusion", "router_dtype"}
+_TRAINING_ONLY = {
+    "seq_length",
+    "spec",
+    "dropout",
+    "init_method_std",
+    "vocab_size",
+    "aux_loss_coeff",
+    "z_loss_coeff",
+    "capacity_factor",
+    "bias_update_rate",
+    "token_dispatcher",
+    "grouped_gemm",
+    "permute_fusion",
+    "router_dtype",
+}
 """Profile keys a config.json does not hold: how a run trains, not what the model is."""
 
 
@@ -221,40 +292,57 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
     the key, not a file that loads into a different model."""
     m, moe = config.model, config.moe
     out = {k: v for k, v in (base or {}).items() if k not in ("torch_dtype", "dtype", "transformers_version")}
-    out.update({
-        "architectures": [family.architecture],
-        "model_type": family.model_type,
-        "hidden_size": m.hidden_size,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_attention_heads,
-        family.expert_ffn_key: m.ffn_hidden_size,
-        family.num_experts_key: moe.num_experts,
-        "num_experts_per_tok": moe.top_k,
-        "rms_norm_eps": m.norm_epsilon,
-        "rope_theta": float(m.rotary_base),
-        "vocab_size": vocab_size,
-        "initializer_range": m.init_method_std,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "torch_dtype": _DTYPE_NAMES[dtype],
-    })
+    out.update(
+        {
+            "architectures": [family.architecture],
+            "model_type": family.model_type,
+            "hidden_size": m.hidden_size,
+            "num_hidden_layers": m.num_layers,
+            "num_attention_heads": m.num_attention_heads,
+            family.expert_ffn_key: m.ffn_hidden_size,
+            family.num_experts_key: moe.num_experts,
+            "num_experts_per_tok": moe.top_k,
+            "rms_norm_eps": m.norm_epsilon,
+            "rope_theta": float(m.rotary_base),
+            "vocab_size": vocab_size,
+            "initializer_range": m.init_method_std,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "torch_dtype": _DTYPE_NAMES[dtype],
+        }
+    )
     out.setdefault("max_position_embeddings", m.seq_length)
     if family.model_type == "deepseek_v3":
         shared = moe.shared_expert_ffn_hidden_size or 0
-        out.update({
-            "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank, "qk_nope_head_dim": m.qk_head_dim,
-            "qk_rope_head_dim": m.qk_pos_emb_head_dim, "v_head_dim": m.v_head_dim,
-            # DeepseekV3Config's head_dim is the rotated width, the rotary embedding's.
-            "head_dim": m.qk_pos_emb_head_dim, "num_key_value_heads": m.num_attention_heads,
-            "n_shared_experts": shared // m.ffn_hidden_size, "n_group": moe.num_groups or 1,
-            "topk_group": moe.group_top_k or 1, "routed_scaling_factor": moe.top_k_scaling_factor or 1.0,
-            "norm_topk_prob": True, "first_k_dense_replace": m.dense_layers, "rope_interleave": True,
-        })
+        out.update(
+            {
+                "q_lora_rank": m.q_lora_rank,
+                "kv_lora_rank": m.kv_lora_rank,
+                "qk_nope_head_dim": m.qk_head_dim,
+                "qk_rope_head_dim": m.qk_pos_emb_head_dim,
+                "v_head_dim": m.v_head_dim,
+                # DeepseekV3Config's head_dim is the rotated width, the rotary embedding's.
+                "head_dim": m.qk_pos_emb_head_dim,
+                "num_key_value_heads": m.num_attention_heads,
+                "n_shared_experts": shared // m.ffn_hidden_size,
+                "n_group": moe.num_groups or 1,
+                "topk_group": moe.group_top_k or 1,
+                "routed_scaling_factor": moe.top_k_scaling_factor or 1.0,
+                "norm_topk_prob": True,
+                "first_k_dense_replace": m.dense_layers,
+                "rope_interleave": True,
+            }
+        )
         if m.dense_layers:
             out["intermediate_size"] = m.dense_ffn_hidden_size
     else:
-        out.update({"num_key_value_heads": m.num_query_groups or m.num_attention_heads, "head_dim": m.head_size,
-                    "router_aux_loss_coef": moe.aux_loss_coeff})
+        out.update(
+            {
+                "num_key_value_heads": m.num_query_groups or m.num_attention_heads,
+                "head_dim": m.head_size,
+                "router_aux_loss_coef": moe.aux_loss_coeff,
+            }
+        )
     if family.model_type in ("qwen3_moe", "qwen2_moe"):
         out.update({"norm_topk_prob": moe.normalize_top_k, "decoder_sparse_step": 1, "mlp_only_layers": []})
     if family.model_type == "qwen2_moe":
@@ -271,8 +359,11 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
             if field.name == "num_query_groups" and not m.multi_latent_attention:
                 ours = ours or m.num_attention_heads
             if ours != theirs:
-                problems.append(problem(
-                    f"a {family.model_type} config.json cannot hold this", got=ours, allowed=theirs).at(f"{section_name}.{field.name}"))
+                problems.append(
+                    problem(f"a {family.model_type} config.json cannot hold this", got=ours, allowed=theirs).at(
+                        f"{section_name}.{field.name}"
+                    )
+                )
     if problems:
         raise ConfigError(problems)
     return out
@@ -306,9 +397,11 @@ def links(config, family: Family) -> list[Link]:
     """Every megatron parameter (named as in a one-rank model) with the Hugging Face tensors it is made of."""
     m, moe = config.model, config.moe
     gate, up, down = family.expert_projections
-    out = [Link("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), Kind.VOCAB),
-           Link("output_layer.weight", ("lm_head.weight",), Kind.VOCAB),
-           Link("decoder.final_layernorm.weight", ("model.norm.weight",), Kind.COPY)]
+    out = [
+        Link("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), Kind.VOCAB),
+        Link("output_layer.weight", ("lm_head.weight",), Kind.VOCAB),
+        Link("decoder.final_layernorm.weight", ("model.norm.weight",), Kind.COPY),
+    ]
     for i in range(m.num_layers):
         ours, theirs = f"decoder.layers.{i}.", f"model.layers.{i}."
         attention, attn = ours + "self_attention.", theirs + "self_attn."
@@ -319,22 +412,39 @@ def links(config, family: Family) -> list[Link]:
         ]
         out += _mla_links(m, attention, attn) if m.multi_latent_attention else _attention_links(m, attention, attn)
         if i < m.dense_layers:  # one dense SwiGLU MLP, no router or experts
-            out += [Link(ours + "mlp.linear_fc1.weight", (theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"), Kind.GLU),
-                    Link(ours + "mlp.linear_fc2.weight", (theirs + "mlp.down_proj.weight",), Kind.COPY)]
+            out += [
+                Link(
+                    ours + "mlp.linear_fc1.weight",
+                    (theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"),
+                    Kind.GLU,
+                ),
+                Link(ours + "mlp.linear_fc2.weight", (theirs + "mlp.down_proj.weight",), Kind.COPY),
+            ]
             continue
         out.append(Link(ours + "mlp.router.weight", (f"{theirs}{family.moe_module}.gate.weight",), Kind.COPY))
         if moe.expert_bias:
             # megatron keeps the bias as a buffer that the checkpoint holds (router.py).
-            out.append(Link(ours + "mlp.router.expert_bias", (f"{theirs}{family.moe_module}.gate.e_score_correction_bias",),
-                            Kind.COPY))
+            out.append(
+                Link(
+                    ours + "mlp.router.expert_bias",
+                    (f"{theirs}{family.moe_module}.gate.e_score_correction_bias",),
+                    Kind.COPY,
+                )
+            )
         for e in range(moe.num_experts):
             expert, theirs_e = f"{ours}mlp.experts.local_experts.{e}.", f"{theirs}{family.moe_module}.experts.{e}."
-            out += [Link(expert + "linear_fc1.weight", (f"{theirs_e}{gate}.weight", f"{theirs_e}{up}.weight"), Kind.GLU),
-                    Link(expert + "linear_fc2.weight", (f"{theirs_e}{down}.weight",), Kind.COPY)]
+            out += [
+                Link(expert + "linear_fc1.weight", (f"{theirs_e}{gate}.weight", f"{theirs_e}{up}.weight"), Kind.GLU),
+                Link(expert + "linear_fc2.weight", (f"{theirs_e}{down}.weight",), Kind.COPY),
+            ]
         if moe.shared_expert_ffn_hidden_size is not None:
             shared, theirs_s = ours + "mlp.shared_experts.", f"{theirs}mlp.{family.shared_expert or 'shared_expert'}."
-            out += [Link(shared + "linear_fc1.weight", (theirs_s + "gate_proj.weight", theirs_s + "up_proj.weight"), Kind.GLU),
-                    Link(shared + "linear_fc2.weight", (theirs_s + "down_proj.weight",), Kind.COPY)]
+            out += [
+                Link(
+                    shared + "linear_fc1.weight", (theirs_s + "gate_proj.weight", theirs_s + "up_proj.weight"), Kind.GLU
+                ),
+                Link(shared + "linear_fc2.weight", (theirs_s + "down_proj.weight",), Kind.COPY),
+            ]
             if moe.shared_expert_gate:
                 out.append(Link(shared + "gate_weight", (theirs + "mlp.shared_expert_gate.weight",), Kind.COPY))
     return out
@@ -345,15 +455,20 @@ def _attention_links(m, attention: str, attn: str) -> list[Link]:
     if m.qkv_bias:
         out.append(Link(attention + "linear_qkv.bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), Kind.QKV))
     if m.qk_layernorm:
-        out += [Link(attention + "q_layernorm.weight", (attn + "q_norm.weight",), Kind.COPY),
-                Link(attention + "k_layernorm.weight", (attn + "k_norm.weight",), Kind.COPY)]
+        out += [
+            Link(attention + "q_layernorm.weight", (attn + "q_norm.weight",), Kind.COPY),
+            Link(attention + "k_layernorm.weight", (attn + "k_norm.weight",), Kind.COPY),
+        ]
     return out
 
 
 def _mla_links(m, attention: str, attn: str) -> list[Link]:
     """Multi-latent attention: the same matrices on both sides, row for row (both split the key/value
     down projection into latent then rotated key, and each head's rows into unrotated then rotated)."""
-    pairs = [("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"), ("linear_kv_up_proj.weight", "kv_b_proj.weight")]
+    pairs = [
+        ("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"),
+        ("linear_kv_up_proj.weight", "kv_b_proj.weight"),
+    ]
     if m.q_lora_rank is None:
         pairs.append(("linear_q_proj.weight", "q_proj.weight"))
     else:
@@ -405,7 +520,7 @@ def split(link: Link, tensor: torch.Tensor, shapes: Shapes) -> list[torch.Tensor
     if link.kind is Kind.COPY:
         parts = [tensor]
     elif link.kind is Kind.VOCAB:
-        parts = [tensor[:shapes.vocab_size]]
+        parts = [tensor[: shapes.vocab_size]]
     elif link.kind is Kind.GLU:
         parts = list(torch.chunk(tensor, 2))
     else:
@@ -420,17 +535,32 @@ def split(link: Link, tensor: torch.Tensor, shapes: Shapes) -> list[torch.Tensor
 def megatron_problems(table: list[Link], megatron_names: Iterable[str]) -> list[Problem]:
     """Problems when a megatron tensor has no link, or a link names one megatron did not build."""
     built, linked = set(megatron_names), {link.megatron for link in table}
-    return ([problem("a megatron tensor moe-checkpoint does not map", got=name,
-                                          allowed="the tensors of the families it converts").at(f"model: {name}") for name in sorted(built - linked)]
-            + [problem("mapped, but megatron did not build it", got=name,
-                                            allowed="the tensors of this profile's model").at(f"model: {name}") for name in sorted(linked - built)])
+    return [
+        problem(
+            "a megatron tensor moe-checkpoint does not map", got=name, allowed="the tensors of the families it converts"
+        ).at(f"model: {name}")
+        for name in sorted(built - linked)
+    ] + [
+        problem("mapped, but megatron did not build it", got=name, allowed="the tensors of this profile's model").at(
+            f"model: {name}"
+        )
+        for name in sorted(linked - built)
+    ]
 
 
 def hf_problems(table: list[Link], hf_names: Iterable[str], *, where: str) -> list[Problem]:
     """Problems when a tensor the configuration implies is missing, or one it does not imply is there."""
     wanted, present = {name for link in table for name in link.hf}, set(hf_names)
-    return ([problem("missing from the checkpoint", got="absent",
-                                            allowed="a tensor the configuration implies").at(f"{where}: {name}") for name in sorted(wanted - present)]
-            + [problem("a tensor the configuration does not account for", got=name,
-                                              allowed="only the tensors of the model config.json describes").at(f"{where}: {name}")
-               for name in sorted(present - wanted)])
+    return [
+        problem("missing from the checkpoint", got="absent", allowed="a tensor the configuration implies").at(
+            f"{where}: {name}"
+        )
+        for name in sorted(wanted - present)
+    ] + [
+        problem(
+            "a tensor the configuration does not account for",
+            got=name,
+            allowed="only the tensors of the model config.json describes",
+        ).at(f"{where}: {name}")
+        for name in sorted(present - wanted)
+    ]

@@ -34,8 +34,13 @@ log = logging.getLogger(__name__)
 
 HF_SUBDIR = "hf"
 """Where import keeps the model's config.json and tokenizer files, beside the step-N folders."""
-SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json")
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 MAX_SHARD_BYTES = 5 * 10**9
 """safetensors files are split at 5 GB, save_pretrained's default max_shard_size."""
 
@@ -44,11 +49,15 @@ def _read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
     except OSError as error:
-        raise ConfigError([problem("cannot read the file", got=error.strerror, allowed="a readable JSON file").at(f"{path}")]) from None
+        raise ConfigError(
+            [problem("cannot read the file", got=error.strerror, allowed="a readable JSON file").at(f"{path}")]
+        ) from None
     except ValueError as error:
         raise ConfigError([problem("not valid JSON", got=str(error), allowed="a JSON object").at(f"{path}")]) from None
     if not isinstance(value, dict):
-        raise ConfigError([problem("must be a JSON object", got=type(value).__name__, allowed="an object").at(f"{path}")])
+        raise ConfigError(
+            [problem("must be a JSON object", got=type(value).__name__, allowed="an object").at(f"{path}")]
+        )
     return value
 
 
@@ -65,8 +74,13 @@ class SafetensorsDir:
         else:
             files = sorted(p.name for p in folder.glob("*.safetensors"))
         if not files:
-            raise ConfigError([problem("no safetensors weights", got="none",
-                                                            allowed="model.safetensors or an index with its shards").at(f"{folder}")])
+            raise ConfigError(
+                [
+                    problem(
+                        "no safetensors weights", got="none", allowed="model.safetensors or an index with its shards"
+                    ).at(f"{folder}")
+                ]
+            )
         self._where: dict[str, object] = {}
         for name in files:
             handle = safe_open(str(folder / name), framework="pt")
@@ -84,9 +98,11 @@ class SafetensorsDir:
 def _one_rank(config: TrainConfig) -> TrainConfig:
     """``config`` as one rank builds it: no parallelism, fp32, megatron's local spec."""
     return dataclasses.replace(
-        config, parallel=ParallelConfig(),
+        config,
+        parallel=ParallelConfig(),
         model=dataclasses.replace(config.model, spec=Spec.LOCAL),
-        optim=dataclasses.replace(config.optim, precision=Precision.FP32, distributed_optimizer=False))
+        optim=dataclasses.replace(config.optim, precision=Precision.FP32, distributed_optimizer=False),
+    )
 
 
 def _start_one_rank(config: TrainConfig):
@@ -95,7 +111,9 @@ def _start_one_rank(config: TrainConfig):
 
     env = detect()
     if env.world_size != 1:
-        raise ConfigError([problem("moe-checkpoint runs as one process", got=env.world_size, allowed="1").at("WORLD_SIZE")])
+        raise ConfigError(
+            [problem("moe-checkpoint runs as one process", got=env.world_size, allowed="1").at("WORLD_SIZE")]
+        )
     return trainer.setup(config, env)
 
 
@@ -107,7 +125,8 @@ def _vocab(config: TrainConfig) -> int:
 
 
 def _tensors_of(model) -> dict[str, torch.Tensor]:
-    """Every tensor a checkpoint holds for ``model``: its parameters and persistent buffers (the router's expert bias)."""
+    """Every tensor a checkpoint holds for ``model``: its parameters and persistent buffers (the router's expert
+    bias)."""
     return {name: value for name, value in model.state_dict(keep_vars=True).items() if isinstance(value, torch.Tensor)}
 
 
@@ -144,10 +163,17 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     family = hf.family_of(hf_config)
     existing = _newest_complete_step(output)
     if existing is not None:
-        raise ConfigError([problem("already holds a complete checkpoint", got=str(existing),
-                                                  allowed="a new or empty folder").at("--output")])
+        raise ConfigError(
+            [
+                problem("already holds a complete checkpoint", got=str(existing), allowed="a new or empty folder").at(
+                    "--output"
+                )
+            ]
+        )
     if profile_path.exists():
-        raise ConfigError([problem("the file exists", got=str(profile_path), allowed="a new file").at("--write-config")])
+        raise ConfigError(
+            [problem("the file exists", got=str(profile_path), allowed="a new file").at("--write-config")]
+        )
     source = SafetensorsDir(hf_dir)
     one = _one_rank(config)
     table = hf.links(one, family)
@@ -175,8 +201,11 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
                 value = hf.join(link, [source.get(name) for name in link.hf], shapes)
                 target = params[link.megatron]
                 if value.shape != target.shape:
-                    problems.append(problem(
-                        "shape does not match config.json", got=tuple(value.shape), allowed=tuple(target.shape)).at(f"{hf_dir}: {', '.join(link.hf)}"))
+                    problems.append(
+                        problem(
+                            "shape does not match config.json", got=tuple(value.shape), allowed=tuple(target.shape)
+                        ).at(f"{hf_dir}: {', '.join(link.hf)}")
+                    )
                 else:
                     target.copy_(value)
         if problems:
@@ -190,8 +219,10 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     for name in SIDE_FILES:
         if (hf_dir / name).is_file():
             shutil.copyfile(hf_dir / name, side / name)
-    header = (f"# Imported by moe-checkpoint import-hf from {hf_dir} ({family.architecture}).\n"
-              f"# Train: moe-train --config {profile_path.name} --checkpoint-dir {output}\n")
+    header = (
+        f"# Imported by moe-checkpoint import-hf from {hf_dir} ({family.architecture}).\n"
+        f"# Train: moe-train --config {profile_path.name} --checkpoint-dir {output}\n"
+    )
     _write_atomically(profile_path, header + yaml.safe_dump(profile, sort_keys=False))
     return output / "step-0"
 
@@ -213,13 +244,27 @@ def _step_folder(checkpoint: Path, step: int | None) -> Path:
         chosen = checkpoint / f"step-{step}"
         reason = CheckpointManager.problem_with(chosen) if chosen.is_dir() else "no such folder"
         if reason:
-            raise ConfigError([problem("not a complete checkpoint", got=f"{chosen}: {reason}",
-                                                    allowed="a step-N folder with its completion marker").at("--step")])
+            raise ConfigError(
+                [
+                    problem(
+                        "not a complete checkpoint",
+                        got=f"{chosen}: {reason}",
+                        allowed="a step-N folder with its completion marker",
+                    ).at("--step")
+                ]
+            )
         return chosen
     newest = _newest_complete_step(checkpoint)
     if newest is None:
-        raise ConfigError([problem("holds no complete checkpoint", got=str(checkpoint),
-                                                  allowed="a run's checkpoint folder, or one of its step-N folders").at("CKPT_DIR")])
+        raise ConfigError(
+            [
+                problem(
+                    "holds no complete checkpoint",
+                    got=str(checkpoint),
+                    allowed="a run's checkpoint folder, or one of its step-N folders",
+                ).at("CKPT_DIR")
+            ]
+        )
     return newest
 
 
@@ -230,8 +275,15 @@ def _stored_dtype(step_folder: Path) -> torch.dtype:
     return metadata["embedding.word_embeddings.weight"].properties.dtype
 
 
-def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name: str | None = None,
-              step: int | None = None, dtype_name: str | None = None) -> Path:
+def export_hf(
+    checkpoint: Path,
+    config_path: Path,
+    output: Path,
+    *,
+    family_name: str | None = None,
+    step: int | None = None,
+    dtype_name: str | None = None,
+) -> Path:
     """Write ``output`` (safetensors and config.json) from a moe-train checkpoint; returns ``output``.
     The folder appears whole or not at all."""
     from megatron.core import dist_checkpointing
@@ -246,14 +298,24 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
     base_path = folder.parent / HF_SUBDIR / "config.json"
     base = _read_json(base_path) if base_path.is_file() else None
     if family_name is None and base is None:
-        raise ConfigError([problem(f"needed: there is no {base_path} from an import", got=None,
-                                                  allowed=", ".join(hf.FAMILIES)).at("--family")])
+        raise ConfigError(
+            [
+                problem(f"needed: there is no {base_path} from an import", got=None, allowed=", ".join(hf.FAMILIES)).at(
+                    "--family"
+                )
+            ]
+        )
     family = hf.FAMILIES[family_name] if family_name else hf.family_of(base)
     if output.exists() and any(output.iterdir()):
-        raise ConfigError([problem("the folder exists and is not empty", got=str(output), allowed="a new folder").at("--output")])
+        raise ConfigError(
+            [problem("the folder exists and is not empty", got=str(output), allowed="a new folder").at("--output")]
+        )
     vocab_size = _vocab(config)
-    dtype = hf.DTYPES[dtype_name] if dtype_name else (
-        hf.DTYPES.get((base or {}).get("torch_dtype")) or _stored_dtype(folder))
+    dtype = (
+        hf.DTYPES[dtype_name]
+        if dtype_name
+        else (hf.DTYPES.get((base or {}).get("torch_dtype")) or _stored_dtype(folder))
+    )
     hf_config = hf.hf_config(config, family, vocab_size, dtype, base)
     one = _one_rank(config)
     table = hf.links(one, family)
@@ -263,8 +325,9 @@ def export_hf(checkpoint: Path, config_path: Path, output: Path, *, family_name:
         with cpu_compat.cuda_factories_on_cpu():
             # The trainer's structure (checkpoint._sharded_state): tensors are found by their global
             # names, so one chunk here loads what any chunking of the layers saved.
-            state = dist_checkpointing.load({"model": {"chunk0": model.sharded_state_dict()}}, str(folder),
-                                            sharded_strategy=load_strategy())
+            state = dist_checkpointing.load(
+                {"model": {"chunk0": model.sharded_state_dict()}}, str(folder), sharded_strategy=load_strategy()
+            )
         model.load_state_dict(state["model"]["chunk0"])
         params = _tensors_of(model)
         problems = hf.megatron_problems(table, params)
@@ -318,4 +381,5 @@ def _write_safetensors(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
         weight_map.update(dict.fromkeys(shard, file))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    )

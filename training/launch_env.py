@@ -203,9 +203,7 @@ class _Reader:
         return raw.strip()
 
     def port(self, default: int, *, variable: str = "MASTER_PORT") -> int | None:
-        return self.integer(
-            variable, allowed=_PORT_ALLOWED, minimum=1, maximum=65535, required=False, default=default
-        )
+        return self.integer(variable, allowed=_PORT_ALLOWED, minimum=1, maximum=65535, required=False, default=default)
 
     def below(self, name: str, value: int | None, limit_name: str, limit: int | None) -> None:
         """A problem when ``value`` is not below ``limit`` (skipped when either could not be read)."""
@@ -222,20 +220,21 @@ def _torchrun(r: _Reader) -> LaunchEnv:
     rank = r.integer("RANK", allowed="0 to WORLD_SIZE-1")
     world_size = r.integer("WORLD_SIZE", allowed="1 or more", minimum=1)
     local_rank = r.integer("LOCAL_RANK", allowed="0 to LOCAL_WORLD_SIZE-1")
-    local_world_size = r.integer(
-        "LOCAL_WORLD_SIZE", allowed="1 to WORLD_SIZE", minimum=1, required=False, default=1
-    )
+    local_world_size = r.integer("LOCAL_WORLD_SIZE", allowed="1 to WORLD_SIZE", minimum=1, required=False, default=1)
     group_rank = r.integer("GROUP_RANK", allowed="0 to the number of nodes - 1", required=False)
     r.below("RANK", rank, "WORLD_SIZE", world_size)
     r.below("LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)
     num_nodes = node_rank = None
     if world_size is not None and local_world_size is not None:
         if local_world_size > world_size:
-            r.add("LOCAL_WORLD_SIZE", "must not exceed WORLD_SIZE", got=local_world_size,
-                  allowed=f"1 to {world_size}")
+            r.add("LOCAL_WORLD_SIZE", "must not exceed WORLD_SIZE", got=local_world_size, allowed=f"1 to {world_size}")
         elif world_size % local_world_size:
-            r.add("WORLD_SIZE", "not a multiple of LOCAL_WORLD_SIZE", got=world_size,
-                  allowed=f"a multiple of {local_world_size}")
+            r.add(
+                "WORLD_SIZE",
+                "not a multiple of LOCAL_WORLD_SIZE",
+                got=world_size,
+                allowed=f"a multiple of {local_world_size}",
+            )
         else:
             num_nodes = world_size // local_world_size
     if group_rank is not None:
@@ -246,9 +245,17 @@ def _torchrun(r: _Reader) -> LaunchEnv:
     # A single-node run may leave the rendezvous host out; several nodes must name it.
     master_addr = r.host("MASTER_ADDR", default="127.0.0.1" if num_nodes == 1 else None)
     master_port = r.port(DEFAULT_MASTER_PORT)
-    return r.build(launcher="torchrun", rank=rank, world_size=world_size, local_rank=local_rank,
-                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
-                   master_addr=master_addr, master_port=master_port)
+    return r.build(
+        launcher="torchrun",
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
 
 
 def _slurm(r: _Reader) -> LaunchEnv:
@@ -257,8 +264,7 @@ def _slurm(r: _Reader) -> LaunchEnv:
     world_size = r.integer("SLURM_NTASKS", allowed="1 or more", minimum=1)
     local_rank = r.integer("SLURM_LOCALID", allowed="0 to the tasks per node - 1")
     node_rank = r.integer("SLURM_NODEID", allowed="0 to SLURM_NNODES-1")
-    nodes_name = "SLURM_JOB_NUM_NODES" if "SLURM_NNODES" not in env and "SLURM_JOB_NUM_NODES" in env \
-        else "SLURM_NNODES"
+    nodes_name = "SLURM_JOB_NUM_NODES" if "SLURM_NNODES" not in env and "SLURM_JOB_NUM_NODES" in env else "SLURM_NNODES"
     num_nodes = r.integer(nodes_name, allowed="1 to SLURM_NTASKS", minimum=1)
     r.below("SLURM_PROCID", rank, "SLURM_NTASKS", world_size)
     r.below("SLURM_NODEID", node_rank, nodes_name, num_nodes)
@@ -272,22 +278,34 @@ def _slurm(r: _Reader) -> LaunchEnv:
         if num_nodes > world_size:
             r.add(nodes_name, "more nodes than tasks", got=num_nodes, allowed=f"1 to {world_size}")
         elif world_size % num_nodes:
-            r.add("SLURM_NTASKS", f"not a multiple of {nodes_name}", got=world_size,
-                  allowed=f"a multiple of {num_nodes}")
+            r.add(
+                "SLURM_NTASKS", f"not a multiple of {nodes_name}", got=world_size, allowed=f"a multiple of {num_nodes}"
+            )
         else:
             local_world_size = world_size // num_nodes
     r.below("SLURM_LOCALID", local_rank, "the tasks per node", local_world_size)
 
     master_addr = r.host("MASTER_ADDR") if "MASTER_ADDR" in env else _first_slurm_host(r)
     master_port = r.port(DEFAULT_MASTER_PORT)
-    return r.build(launcher="slurm", rank=rank, world_size=world_size, local_rank=local_rank,
-                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
-                   master_addr=master_addr, master_port=master_port)
+    return r.build(
+        launcher="slurm",
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
 
 
 def _first_slurm_host(r: _Reader) -> str | None:
-    name = "SLURM_NODELIST" if "SLURM_JOB_NODELIST" not in r.environ and "SLURM_NODELIST" in r.environ \
+    name = (
+        "SLURM_NODELIST"
+        if "SLURM_JOB_NODELIST" not in r.environ and "SLURM_NODELIST" in r.environ
         else "SLURM_JOB_NODELIST"
+    )
     spec = r.environ.get(name)
     if spec is None:
         r.add(name, "not set and MASTER_ADDR not set either", got=None, allowed=_HOSTLIST_ALLOWED)
@@ -347,11 +365,17 @@ def _sagemaker(r: _Reader, config: Path | None) -> LaunchEnv:
     num_nodes = len(hosts)
     master_port = r.port(DEFAULT_MASTER_PORT)
     # This process is the per-node launcher, so it stands for local rank 0 of its node.
-    return r.build(launcher="sagemaker",
-                   rank=None if node_rank is None else node_rank * local_world_size,
-                   world_size=num_nodes * local_world_size, local_rank=0,
-                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
-                   master_addr=hosts[0] if hosts else None, master_port=master_port)
+    return r.build(
+        launcher="sagemaker",
+        rank=None if node_rank is None else node_rank * local_world_size,
+        world_size=num_nodes * local_world_size,
+        local_rank=0,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=hosts[0] if hosts else None,
+        master_port=master_port,
+    )
 
 
 def _kubeflow(r: _Reader) -> LaunchEnv:
@@ -360,8 +384,17 @@ def _kubeflow(r: _Reader) -> LaunchEnv:
     r.below("RANK", rank, "WORLD_SIZE", world_size)
     master_addr = r.host("MASTER_ADDR")
     master_port = r.port(KUBEFLOW_MASTER_PORT)
-    return r.build(launcher="kubeflow", rank=rank, world_size=world_size, local_rank=0, local_world_size=1,
-                   node_rank=rank, num_nodes=world_size, master_addr=master_addr, master_port=master_port)
+    return r.build(
+        launcher="kubeflow",
+        rank=rank,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=rank,
+        num_nodes=world_size,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
 
 
 def _kubeflow_node(r: _Reader) -> LaunchEnv:
@@ -378,9 +411,17 @@ def _kubeflow_node(r: _Reader) -> LaunchEnv:
     rank = None if node_rank is None or local_world_size is None else node_rank * local_world_size
     world_size = None if num_nodes is None or local_world_size is None else num_nodes * local_world_size
     # This process is the node's launcher, so it stands for local rank 0 of its node.
-    return r.build(launcher="kubeflow", rank=rank, world_size=world_size, local_rank=0,
-                   local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
-                   master_addr=master_addr, master_port=master_port)
+    return r.build(
+        launcher="kubeflow",
+        rank=rank,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
 
 
 def _free_port() -> int:
@@ -393,5 +434,14 @@ def _single(r: _Reader) -> LaunchEnv:
     # Nobody else joins a single-process group, so any free port will do unless one is set;
     # a fixed default would clash with another run on the same machine.
     master_port = r.port(_free_port())
-    return r.build(launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                   num_nodes=1, master_addr="127.0.0.1", master_port=master_port)
+    return r.build(
+        launcher="single",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=master_port,
+    )

@@ -108,6 +108,7 @@ class MoEProbe:
         def hook(module, inputs, output):
             routing_map = output[1]
             self.tokens[index] += routing_map.detach().sum(dim=0).to(torch.float64)
+
         return hook
 
     def _watch_logits(self, index: int, gating):
@@ -119,6 +120,7 @@ class MoEProbe:
                 self.entropy_sum[index] += entropy.sum().to(torch.float64)
                 self.entropy_count[index] += entropy.numel()
             return logits
+
         return wrapped
 
     def _timed(self, fn):
@@ -127,6 +129,7 @@ class MoEProbe:
             result = fn(*args, **kwargs)
             self.timer.stop()
             return result
+
         return wrapped
 
     def collect(self, *, steps: int = 1) -> dict:
@@ -137,8 +140,9 @@ class MoEProbe:
             dist.all_reduce(stats)
         layers, experts = self.num_layers, self.num_experts
         tokens = stats[: layers * experts].view(layers, experts) / steps
-        entropy = stats[layers * experts: layers * experts + layers] / stats[layers * experts + layers:].clamp(min=1)
+        entropy = stats[layers * experts : layers * experts + layers] / stats[layers * experts + layers :].clamp(min=1)
         mean = tokens.mean(dim=1).clamp(min=1e-9)
+
         def moe_only(values: list, digits: int) -> list:
             return [None if layer < self.dense_layers else round(float(v), digits) for layer, v in enumerate(values)]
 
@@ -233,8 +237,17 @@ class _LatestRecord:
 class MetricsSink:
     """Rank 0's outputs for per-step records. Other ranks get a sink that only touches probe files."""
 
-    def __init__(self, *, rank: int, jsonl: str | None, prometheus_port: int | None, tensorboard_dir: str | None,
-                 readiness_file: str | None, liveness_file: str | None, max_steps: int) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        jsonl: str | None,
+        prometheus_port: int | None,
+        tensorboard_dir: str | None,
+        readiness_file: str | None,
+        liveness_file: str | None,
+        max_steps: int,
+    ) -> None:
         self.rank = rank
         self.max_steps = max_steps
         self.latest: dict = {}
@@ -277,9 +290,12 @@ class MetricsSink:
             for key, value in record.items():
                 if isinstance(value, int | float) and key != "step":
                     self._tensorboard.add_scalar(key, value, record["step"])
-        line = (f"step {record['step']}/{self.max_steps} loss {record['loss']:.4f} "
-                f"tokens/s {record['tokens_per_s']:.0f} imbalance {max(v for v in record['expert_imbalance'] if v is not None):.2f} "
-                f"dispatch {record['dispatch_time_s'] * 1000:.1f}ms")
+        line = (
+            f"step {record['step']}/{self.max_steps} loss {record['loss']:.4f} "
+            f"tokens/s {record['tokens_per_s']:.0f} imbalance "
+            f"{max(v for v in record['expert_imbalance'] if v is not None):.2f} "
+            f"dispatch {record['dispatch_time_s'] * 1000:.1f}ms"
+        )
         if self._tty:
             done = int(30 * record["step"] / self.max_steps)
             sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {line}")

@@ -32,8 +32,15 @@ def model_vocab_size(config: TrainConfig, tokenizer_vocab_size: int) -> int:
     if chosen is None:
         return tokenizer_vocab_size
     if chosen < tokenizer_vocab_size:
-        raise ConfigError([problem("smaller than the tokenizer's vocabulary", got=chosen,
-                                                          allowed=f"{tokenizer_vocab_size} or more, or null").at("model.vocab_size")])
+        raise ConfigError(
+            [
+                problem(
+                    "smaller than the tokenizer's vocabulary",
+                    got=chosen,
+                    allowed=f"{tokenizer_vocab_size} or more, or null",
+                ).at("model.vocab_size")
+            ]
+        )
     return chosen
 
 
@@ -52,20 +59,38 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
     have_te = on_gpu and _transformer_engine_importable()
     spec = (Spec.TRANSFORMER_ENGINE if have_te else Spec.LOCAL) if requested is Spec.AUTO else requested
     if spec is Spec.TRANSFORMER_ENGINE and not have_te:
-        errors.append(problem("Transformer Engine needs a GPU and the transformer_engine package",
-                                               got=spec.value, allowed="local or auto").at("model.spec"))
+        errors.append(
+            problem(
+                "Transformer Engine needs a GPU and the transformer_engine package",
+                got=spec.value,
+                allowed="local or auto",
+            ).at("model.spec")
+        )
     if spec is Spec.LOCAL:
         if config.moe.permute_fusion:
-            errors.append(problem("fused permutation is a Transformer Engine kernel",
-                                                           got=True, allowed="false under the local spec").at("moe.permute_fusion"))
+            errors.append(
+                problem(
+                    "fused permutation is a Transformer Engine kernel", got=True, allowed="false under the local spec"
+                ).at("moe.permute_fusion")
+            )
         if config.moe.grouped_gemm and not (on_gpu and importlib.util.find_spec("grouped_gemm")):
             # megatron/core/transformer/moe/experts.py (GroupedMLP) asserts the package is there.
-            errors.append(problem("the local spec's grouped GEMM needs a GPU and the grouped_gemm package",
-                                                         got=True, allowed="false, or model.spec transformer_engine").at("moe.grouped_gemm"))
+            errors.append(
+                problem(
+                    "the local spec's grouped GEMM needs a GPU and the grouped_gemm package",
+                    got=True,
+                    allowed="false, or model.spec transformer_engine",
+                ).at("moe.grouped_gemm")
+            )
         if RecomputeModule.LAYERNORM in config.recompute.modules:
             # megatron's layernorm recompute wraps Transformer Engine's norm only.
-            errors.append(problem("layernorm recompute needs the Transformer Engine spec",
-                                                          got="layernorm", allowed="core_attn, moe_act under the local spec").at("recompute.modules"))
+            errors.append(
+                problem(
+                    "layernorm recompute needs the Transformer Engine spec",
+                    got="layernorm",
+                    allowed="core_attn, moe_act under the local spec",
+                ).at("recompute.modules")
+            )
     if errors:
         raise ConfigError(errors)
     return spec
@@ -150,9 +175,16 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
 def _mla_kwargs(m) -> dict:
     """MLATransformerConfig's fields: DeepSeek's latent widths, and plain RoPE on the rotated part
     (DeepSeek pre-trains at 4K without YaRN, which extends the context afterwards)."""
-    return dict(multi_latent_attention=True, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
-                qk_head_dim=m.qk_head_dim, qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim,
-                rope_type="rope", rotary_base=m.rotary_base)
+    return dict(
+        multi_latent_attention=True,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+        rope_type="rope",
+        rotary_base=m.rotary_base,
+    )
 
 
 def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
@@ -168,14 +200,26 @@ def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
     try:
         built = (MLATransformerConfig if config.model.multi_latent_attention else TransformerConfig)(**kwargs)
     except (ValueError, AssertionError, TypeError) as error:
-        raise ConfigError([problem("TransformerConfig rejects this configuration",
-                                                        got=str(error) or type(error).__name__,
-                                                        allowed="a layout and model megatron-core supports").at("megatron-core")]) from None
+        raise ConfigError(
+            [
+                problem(
+                    "TransformerConfig rejects this configuration",
+                    got=str(error) or type(error).__name__,
+                    allowed="a layout and model megatron-core supports",
+                ).at("megatron-core")
+            ]
+        ) from None
     changed = {k: (v, getattr(built, k)) for k, v in kwargs.items() if getattr(built, k) != v}
     if changed:
-        raise ConfigError([problem(
-            "TransformerConfig changed values moe-cdk set", got=", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()),
-            allowed="a configuration megatron-core keeps as given").at("megatron-core")])
+        raise ConfigError(
+            [
+                problem(
+                    "TransformerConfig changed values moe-cdk set",
+                    got=", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()),
+                    allowed="a configuration megatron-core keeps as given",
+                ).at("megatron-core")
+            ]
+        )
     return built
 
 
@@ -205,11 +249,18 @@ def _layer_spec(config: TrainConfig, spec: Spec, *, experts: bool = True):
     qk_layernorm, mla = config.model.qk_layernorm, config.model.multi_latent_attention
     if spec is Spec.TRANSFORMER_ENGINE:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=num_experts, moe_grouped_gemm=moe.grouped_gemm, qk_layernorm=qk_layernorm,
-            multi_latent_attention=mla)
+            num_experts=num_experts,
+            moe_grouped_gemm=moe.grouped_gemm,
+            qk_layernorm=qk_layernorm,
+            multi_latent_attention=mla,
+        )
     layer = gpt_layer_specs.get_gpt_layer_local_spec(
-        num_experts=num_experts, moe_grouped_gemm=moe.grouped_gemm, normalization="RMSNorm",
-        qk_layernorm=qk_layernorm, multi_latent_attention=mla)
+        num_experts=num_experts,
+        moe_grouped_gemm=moe.grouped_gemm,
+        normalization="RMSNorm",
+        qk_layernorm=qk_layernorm,
+        multi_latent_attention=mla,
+    )
     layer.submodules.input_layernorm = SequenceParallelRMSNorm
     layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
     if mla:
@@ -266,7 +317,7 @@ def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[t
     dense_layer = _layer_spec(config, spec, experts=False) if dense else None
     chunks = []
     vpp = config.parallel.virtual_pipeline
-    for vp_stage in (range(vpp) if vpp else [None]):
+    for vp_stage in range(vpp) if vpp else [None]:
         block = layer
         if spec is Spec.LOCAL:
             # This stage's layers by their global index: the first model.dense_layers are dense.
@@ -274,7 +325,8 @@ def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[t
             count = get_num_layers_to_build(transformer_config, vp_stage=vp_stage)
             block = TransformerBlockSubmodules(
                 layer_specs=[dense_layer if offset + i < dense else layer for i in range(count)],
-                layer_norm=SequenceParallelRMSNorm)
+                layer_norm=SequenceParallelRMSNorm,
+            )
         elif dense:
             # megatron's own block spec reads moe_layer_freq, the norms and attention from the config.
             block = get_gpt_decoder_block_spec(transformer_config, use_transformer_engine=True, vp_stage=vp_stage)
@@ -355,7 +407,9 @@ def _attention_parameters(m) -> int:
         else:  # down to the latent, its norm, up to the heads
             query = h * m.q_lora_rank + m.q_lora_rank * heads * q_head + (m.q_lora_rank if m.qk_layernorm else 0)
         # Down to the key/value latent plus the shared rotated key, its norm, up to keys and values.
-        key_value = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim)
+        key_value = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank * heads * (
+            m.qk_head_dim + m.v_head_dim
+        )
         key_value += m.kv_lora_rank if m.qk_layernorm else 0
         return query + key_value + heads * m.v_head_dim * h
     q = heads * m.head_size

@@ -57,8 +57,10 @@ def run_node(env: LaunchEnv, command: Sequence[str], *, grace_s: float = 60.0, p
     # A rank outlives a launcher that was SIGKILLed (the pod's last resort) only as an orphan
     # nobody waits for: TERM it then, so it saves a checkpoint and stops.
     with_parent = functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)
-    children = [subprocess.Popen(list(command), env=rank_environ(env, local_rank), preexec_fn=with_parent)
-                for local_rank in range(env.local_world_size)]
+    children = [
+        subprocess.Popen(list(command), env=rank_environ(env, local_rank), preexec_fn=with_parent)
+        for local_rank in range(env.local_world_size)
+    ]
     previous = {}
 
     def forward(signum, frame):
@@ -79,7 +81,9 @@ def run_node(env: LaunchEnv, command: Sequence[str], *, grace_s: float = 60.0, p
                     if child.returncode not in (None, 0):
                         first_failure = exit_code(child.returncode)
                         failed_at = time.monotonic()
-                        log.error("node launcher: local rank %d exited %d; stopping the others", local_rank, first_failure)
+                        log.error(
+                            "node launcher: local rank %d exited %d; stopping the others", local_rank, first_failure
+                        )
                         break
             elif not terminated and time.monotonic() - failed_at > grace_s:
                 for child in children:

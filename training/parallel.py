@@ -48,9 +48,11 @@ class Layout:
     def describe(self) -> str:
         """One line for the log: ``TP2 PP1 EP2 ETP1 DP2 (expert DP1) SP``."""
         vpp = f"x{self.virtual_pipeline}" if self.virtual_pipeline else ""
-        return (f"TP{self.tensor} PP{self.pipeline}{vpp} EP{self.expert} ETP{self.expert_tensor} DP{self.data} "
-                f"(expert DP{self.expert_data}){' SP' if self.sequence_parallel else ''} on {self.world_size} ranks, "
-                f"{self.num_microbatches} micro-batches per step")
+        return (
+            f"TP{self.tensor} PP{self.pipeline}{vpp} EP{self.expert} ETP{self.expert_tensor} DP{self.data} "
+            f"(expert DP{self.expert_data}){' SP' if self.sequence_parallel else ''} on {self.world_size} ranks, "
+            f"{self.num_microbatches} micro-batches per step"
+        )
 
 
 def plan_layout(config: TrainConfig, world_size: int) -> Layout:
@@ -59,42 +61,79 @@ def plan_layout(config: TrainConfig, world_size: int) -> Layout:
     dense = p.tensor * p.pipeline
     expert = p.expert * p.expert_tensor_size * p.pipeline
     if world_size % dense:
-        errors.append(problem(
-            "tensor x pipeline must divide the world size", got=f"{p.tensor} x {p.pipeline} for {world_size} processes",
-            allowed=f"a product dividing {world_size}").at("parallel"))
+        errors.append(
+            problem(
+                "tensor x pipeline must divide the world size",
+                got=f"{p.tensor} x {p.pipeline} for {world_size} processes",
+                allowed=f"a product dividing {world_size}",
+            ).at("parallel")
+        )
     if world_size % expert:
-        errors.append(problem(
-            "expert x expert_tensor x pipeline must divide the world size",
-            got=f"{p.expert} x {p.expert_tensor_size} x {p.pipeline} for {world_size} processes",
-            allowed=f"a product dividing {world_size}").at("parallel.expert"))
+        errors.append(
+            problem(
+                "expert x expert_tensor x pipeline must divide the world size",
+                got=f"{p.expert} x {p.expert_tensor_size} x {p.pipeline} for {world_size} processes",
+                allowed=f"a product dividing {world_size}",
+            ).at("parallel.expert")
+        )
     if config.model.ffn_hidden_size % p.expert_tensor_size:
-        errors.append(problem(
-            "must divide model.ffn_hidden_size", got=p.expert_tensor_size, allowed=f"a divisor of {config.model.ffn_hidden_size}").at("parallel.expert_tensor"))
+        errors.append(
+            problem(
+                "must divide model.ffn_hidden_size",
+                got=p.expert_tensor_size,
+                allowed=f"a divisor of {config.model.ffn_hidden_size}",
+            ).at("parallel.expert_tensor")
+        )
     if MAX_TENSOR_PARALLEL % p.tensor:
-        errors.append(problem(
-            "must divide the largest tensor-parallel size, one node's 8 GPUs", got=p.tensor, allowed="1, 2, 4 or 8").at("parallel.tensor"))
+        errors.append(
+            problem(
+                "must divide the largest tensor-parallel size, one node's 8 GPUs", got=p.tensor, allowed="1, 2, 4 or 8"
+            ).at("parallel.tensor")
+        )
     groups = config.model.num_query_groups or config.model.num_attention_heads
     if groups % p.tensor:
-        errors.append(problem(
-            "must divide the key/value heads (model.num_query_groups)", got=p.tensor, allowed=f"a divisor of {groups}").at("parallel.tensor"))
+        errors.append(
+            problem(
+                "must divide the key/value heads (model.num_query_groups)",
+                got=p.tensor,
+                allowed=f"a divisor of {groups}",
+            ).at("parallel.tensor")
+        )
     data = max(world_size // dense, 1)
     per_step = o.micro_batch_size * data
     num_microbatches = o.global_batch_size // per_step if per_step else 0
     if o.global_batch_size % per_step:
-        errors.append(problem(
-            f"must be a multiple of micro_batch_size x data-parallel size ({o.micro_batch_size} x {data})",
-            got=o.global_batch_size, allowed=f"a multiple of {per_step}").at("optim.global_batch_size"))
+        errors.append(
+            problem(
+                f"must be a multiple of micro_batch_size x data-parallel size ({o.micro_batch_size} x {data})",
+                got=o.global_batch_size,
+                allowed=f"a multiple of {per_step}",
+            ).at("optim.global_batch_size")
+        )
     elif p.virtual_pipeline and num_microbatches < p.pipeline:
         # megatron/core/pipeline_parallel/schedules.py: the interleaved schedule needs at
         # least one micro-batch group of pipeline-size micro-batches.
-        errors.append(problem(
-            "the interleaved pipeline schedule needs at least parallel.pipeline micro-batches per step",
-            got=f"{num_microbatches} micro-batches", allowed=f"global_batch_size >= {p.pipeline * per_step}").at("optim.global_batch_size"))
+        errors.append(
+            problem(
+                "the interleaved pipeline schedule needs at least parallel.pipeline micro-batches per step",
+                got=f"{num_microbatches} micro-batches",
+                allowed=f"global_batch_size >= {p.pipeline * per_step}",
+            ).at("optim.global_batch_size")
+        )
     if errors:
         raise ConfigError(errors)
-    return Layout(world_size=world_size, tensor=p.tensor, pipeline=p.pipeline, virtual_pipeline=p.virtual_pipeline,
-                  expert=p.expert, expert_tensor=p.expert_tensor_size, sequence_parallel=p.sequence_parallel,
-                  data=data, expert_data=world_size // expert, num_microbatches=num_microbatches)
+    return Layout(
+        world_size=world_size,
+        tensor=p.tensor,
+        pipeline=p.pipeline,
+        virtual_pipeline=p.virtual_pipeline,
+        expert=p.expert,
+        expert_tensor=p.expert_tensor_size,
+        sequence_parallel=p.sequence_parallel,
+        data=data,
+        expert_data=world_size // expert,
+        num_microbatches=num_microbatches,
+    )
 
 
 def initialize(layout: Layout, *, timeout_minutes: int = 30) -> None:
@@ -138,8 +177,12 @@ def wrap(chunks, transformer_config, *, overlap: bool, distributed_optimizer: bo
         bucket_size=None if not overlap else 40_000_000,
     )
     return [
-        DistributedDataParallel(config=transformer_config, ddp_config=ddp_config, module=chunk,
-                                # Only the first chunk's buckets start reducing early, as in megatron's training.py.
-                                disable_bucketing=index > 0)
+        DistributedDataParallel(
+            config=transformer_config,
+            ddp_config=ddp_config,
+            module=chunk,
+            # Only the first chunk's buckets start reducing early, as in megatron's training.py.
+            disable_bucketing=index > 0,
+        )
         for index, chunk in enumerate(chunks)
     ]

@@ -29,18 +29,14 @@ UINT16_VOCAB_LIMIT = 65500
 JSON_LINES_SUFFIXES = (".jsonl", ".json")
 
 
-
 MAX_REPORTED_PROBLEMS = 20
-
 
 
 _SNIPPET = 60
 
 
-
 def _snippet(text: str) -> str:
     return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
-
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -51,8 +47,9 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield number, raw.decode("utf-8")
             except UnicodeDecodeError:
                 got = _snippet(raw.decode("utf-8", errors="replace").rstrip("\n"))
-                raise ConfigError([problem('not UTF-8 text', got=got, allowed='UTF-8 text').at(f"{path}:{number}")]) from None
-
+                raise ConfigError(
+                    [problem("not UTF-8 text", got=got, allowed="UTF-8 text").at(f"{path}:{number}")]
+                ) from None
 
 
 def _json_documents(path: Path, json_key: str, problems: list[Problem]) -> Iterator[str]:
@@ -66,12 +63,16 @@ def _json_documents(path: Path, json_key: str, problems: list[Problem]) -> Itera
             record = json.loads(line)
         except json.JSONDecodeError:
             problems.append(
-                problem('not valid JSON', got=_snippet(line.rstrip()), allowed='one JSON object per line').at(f"{where}")
+                problem("not valid JSON", got=_snippet(line.rstrip()), allowed="one JSON object per line").at(
+                    f"{where}"
+                )
             )
         else:
             if not isinstance(record, dict):
                 problems.append(
-                    problem('not a JSON object', got=_snippet(line.rstrip()), allowed='one JSON object per line').at(f"{where}")
+                    problem("not a JSON object", got=_snippet(line.rstrip()), allowed="one JSON object per line").at(
+                        f"{where}"
+                    )
                 )
             elif json_key not in record:
                 problems.append(
@@ -83,13 +84,12 @@ def _json_documents(path: Path, json_key: str, problems: list[Problem]) -> Itera
                 )
             elif not isinstance(record[json_key], str):
                 problems.append(
-                    problem(f'{json_key!r} is not a string', got=record[json_key], allowed='a string').at(f"{where}")
+                    problem(f"{json_key!r} is not a string", got=record[json_key], allowed="a string").at(f"{where}")
                 )
             else:
                 yield record[json_key]
         if len(problems) >= MAX_REPORTED_PROBLEMS:
             return
-
 
 
 def _text_documents(path: Path) -> Iterator[str]:
@@ -105,11 +105,9 @@ def _text_documents(path: Path) -> Iterator[str]:
         yield "".join(lines).rstrip("\r\n")
 
 
-
 def token_dtype(vocab_size: int) -> type[numpy.number]:
     """The .bin token type: uint16 for vocabularies below ``UINT16_VOCAB_LIMIT``, else int32."""
     return numpy.uint16 if vocab_size < UINT16_VOCAB_LIMIT else numpy.int32
-
 
 
 def prepare(inputs: list[Path], output_prefix: Path, tokenizer: Tokenizer, json_key: str = "text") -> dict:
@@ -126,14 +124,14 @@ def prepare(inputs: list[Path], output_prefix: Path, tokenizer: Tokenizer, json_
     inputs = [Path(p) for p in inputs]
     output_prefix = Path(output_prefix)
     if not inputs:
-        raise ConfigError([problem('no input files', got=[], allowed='one or more files').at("input")])
+        raise ConfigError([problem("no input files", got=[], allowed="one or more files").at("input")])
     missing = [
-        problem('no such file', got=str(p), allowed='an existing file').at("input") for p in inputs if not p.is_file()
+        problem("no such file", got=str(p), allowed="an existing file").at("input") for p in inputs if not p.is_file()
     ]
     if missing:
         raise ConfigError(missing)
     if not json_key:
-        raise ConfigError([problem('empty key', got=json_key, allowed='a non-empty JSON key').at("json_key")])
+        raise ConfigError([problem("empty key", got=json_key, allowed="a non-empty JSON key").at("json_key")])
 
     indexed_dataset = quiet_import("megatron.core.datasets.indexed_dataset")
     dtype = token_dtype(tokenizer.vocab_size)
@@ -143,7 +141,7 @@ def prepare(inputs: list[Path], output_prefix: Path, tokenizer: Tokenizer, json_
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(
-            [problem(f'cannot create directory: {error.strerror}', **writable).at("output_prefix")]
+            [problem(f"cannot create directory: {error.strerror}", **writable).at("output_prefix")]
         ) from None
     final_bin = Path(f"{output_prefix}.bin")
     final_idx = Path(f"{output_prefix}.idx")
@@ -157,9 +155,7 @@ def prepare(inputs: list[Path], output_prefix: Path, tokenizer: Tokenizer, json_
         try:
             builder = indexed_dataset.IndexedDatasetBuilder(str(temp_bin), dtype=dtype)
         except OSError as error:
-            raise ConfigError(
-                [problem(f'cannot write: {error.strerror}', **writable).at("output_prefix")]
-            ) from None
+            raise ConfigError([problem(f"cannot write: {error.strerror}", **writable).at("output_prefix")]) from None
         for path in inputs:
             logger.info("tokenizing %s", path)
             if path.suffix.lower() in JSON_LINES_SUFFIXES:
@@ -176,14 +172,16 @@ def prepare(inputs: list[Path], output_prefix: Path, tokenizer: Tokenizer, json_
                         builder.add_item(torch.tensor(ids, dtype=torch.int64))
                         builder.end_document()
                     except OSError as error:
-                        raise ConfigError([problem(f'cannot write: {error.strerror}', **writable).at("output_prefix")]) from None
+                        raise ConfigError(
+                            [problem(f"cannot write: {error.strerror}", **writable).at("output_prefix")]
+                        ) from None
                     documents += 1
                     tokens += len(ids)
             except ConfigError as error:  # invalid UTF-8 or a write failure: keep what was found before it
                 raise ConfigError(problems + error.problems) from None
             except OSError as error:
                 raise ConfigError(
-                    [problem(f'cannot read: {error.strerror}', got=str(path), allowed='a readable file').at("input")]
+                    [problem(f"cannot read: {error.strerror}", got=str(path), allowed="a readable file").at("input")]
                 ) from None
             if len(problems) >= MAX_REPORTED_PROBLEMS:
                 break
@@ -192,9 +190,9 @@ def prepare(inputs: list[Path], output_prefix: Path, tokenizer: Tokenizer, json_
         if documents == 0:
             raise ConfigError(
                 [
-                    problem(
-                        "no documents", got=[str(p) for p in inputs], allowed="files with a non-empty document"
-                    ).at("input")
+                    problem("no documents", got=[str(p) for p in inputs], allowed="files with a non-empty document").at(
+                        "input"
+                    )
                 ]
             )
         try:
@@ -202,7 +200,7 @@ def prepare(inputs: list[Path], output_prefix: Path, tokenizer: Tokenizer, json_
             os.replace(temp_bin, final_bin)
             os.replace(temp_idx, final_idx)
         except OSError as error:
-            raise ConfigError([problem(f'cannot write: {error.strerror}', **writable).at("output_prefix")]) from None
+            raise ConfigError([problem(f"cannot write: {error.strerror}", **writable).at("output_prefix")]) from None
     except BaseException:
         if builder is not None:
             builder.data_file.close()

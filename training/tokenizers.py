@@ -16,7 +16,6 @@ logger = logging.getLogger(__name__)
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")
 
 
-
 class ByteTokenizer:
     """UTF-8 bytes as tokens 0-255 and end-of-document as 256; needs no files."""
 
@@ -37,12 +36,11 @@ class ByteTokenizer:
         """Bytes back to text; end-of-document tokens are dropped, invalid UTF-8 is replaced."""
         bad = [i for i in ids if not 0 <= int(i) <= self.EOD]
         if bad:
-            raise ConfigError([problem('token id out of range', got=int(bad[0]), allowed='0-256').at("ids")])
+            raise ConfigError([problem("token id out of range", got=int(bad[0]), allowed="0-256").at("ids")])
         return bytes(int(i) for i in ids if int(i) != self.EOD).decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
-
 
 
 class JsonTokenizer:
@@ -57,13 +55,13 @@ class JsonTokenizer:
         self.path = str(path)
         allowed = "'byte' or a Hugging Face tokenizer.json file"
         if not Path(self.path).is_file():
-            raise ConfigError([problem('no such file', got=self.path, allowed=allowed).at("tokenizer")])
+            raise ConfigError([problem("no such file", got=self.path, allowed=allowed).at("tokenizer")])
         try:
             self._tokenizer = tokenizers.Tokenizer.from_file(self.path)
         except Exception as error:  # the Rust side raises a bare Exception for any parse failure
             logger.debug("tokenizers could not load %s: %s", self.path, error)
             raise ConfigError(
-                [problem('not a Hugging Face tokenizer.json', got=self.path, allowed=allowed).at("tokenizer")]
+                [problem("not a Hugging Face tokenizer.json", got=self.path, allowed=allowed).at("tokenizer")]
             ) from None
         for token in EOD_CANDIDATES:
             token_id = self._tokenizer.token_to_id(token)
@@ -72,9 +70,7 @@ class JsonTokenizer:
                 break
         else:
             allowed = "a vocabulary with one of " + ", ".join(repr(t) for t in EOD_CANDIDATES)
-            raise ConfigError(
-                [problem('no end-of-document token', got=self.path, allowed=allowed).at("tokenizer")]
-            )
+            raise ConfigError([problem("no end-of-document token", got=self.path, allowed=allowed).at("tokenizer")])
 
     @property
     def vocab_size(self) -> int:
@@ -94,9 +90,7 @@ class JsonTokenizer:
         return f"JsonTokenizer({self.path!r})"
 
 
-
 Tokenizer = ByteTokenizer | JsonTokenizer
-
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:

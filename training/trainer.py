@@ -51,15 +51,19 @@ def setup(config: TrainConfig, env: LaunchEnv) -> Runtime:
         torch.cuda.set_device(env.local_rank)
     for key, value in env.torch_env().items():
         os.environ[key] = value
-    dist.init_process_group("nccl" if on_gpu else "gloo", rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(minutes=30))
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo", rank=env.rank, world_size=env.world_size, timeout=timedelta(minutes=30)
+    )
     parallel.initialize(layout)
     seed_everything(config.optim.seed)
     log.info("layout: %s", layout.describe())
     return Runtime(
-        rank=env.rank, world_size=env.world_size,
+        rank=env.rank,
+        world_size=env.world_size,
         device=torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu"),
-        layout=layout, data_parallel_rank=parallel.data_parallel_rank(), bf16=use_bf16(config, on_gpu=on_gpu),
+        layout=layout,
+        data_parallel_rank=parallel.data_parallel_rank(),
+        bf16=use_bf16(config, on_gpu=on_gpu),
     )
 
 
@@ -101,34 +105,66 @@ def build(config: TrainConfig, runtime: Runtime, vocab_size: int) -> Trainable:
     o = config.optim
     if o.distributed_optimizer and not on_gpu:
         # megatron/core/optimizer/distrib_optimizer.py accepts only torch.cuda tensor types.
-        raise ConfigError([problem("megatron's distributed optimizer needs CUDA",
-                                                                     got=True, allowed="false on CPU").at("optim.distributed_optimizer")])
+        raise ConfigError(
+            [
+                problem("megatron's distributed optimizer needs CUDA", got=True, allowed="false on CPU").at(
+                    "optim.distributed_optimizer"
+                )
+            ]
+        )
     try:
         chunks = build_model(config, vocab_size, on_gpu=on_gpu)
         transformer_config = get_model_config(chunks[0])
         with cpu_compat.cuda_factories_on_cpu():
-            chunks = parallel.wrap(chunks, transformer_config, overlap=on_gpu, distributed_optimizer=o.distributed_optimizer)
-            optimizer = get_megatron_optimizer(OptimizerConfig(
-                optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
-                adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, clip_grad=o.grad_clip,
-                bf16=runtime.bf16, params_dtype=transformer_config.params_dtype,
-                use_distributed_optimizer=o.distributed_optimizer,
-            ), chunks)
+            chunks = parallel.wrap(
+                chunks, transformer_config, overlap=on_gpu, distributed_optimizer=o.distributed_optimizer
+            )
+            optimizer = get_megatron_optimizer(
+                OptimizerConfig(
+                    optimizer="adam",
+                    lr=o.lr,
+                    min_lr=o.min_lr,
+                    weight_decay=o.weight_decay,
+                    adam_beta1=0.9,
+                    adam_beta2=0.95,
+                    adam_eps=1e-8,
+                    clip_grad=o.grad_clip,
+                    bf16=runtime.bf16,
+                    params_dtype=transformer_config.params_dtype,
+                    use_distributed_optimizer=o.distributed_optimizer,
+                ),
+                chunks,
+            )
     except ConfigError:
         raise
     except Exception as error:  # megatron's own asserts during the build
-        raise ConfigError([problem("megatron-core could not build this model and layout",
-                                                     got=f"{type(error).__name__}: {error}",
-                                                     allowed="a configuration megatron-core supports").at("model build")]) from error
+        raise ConfigError(
+            [
+                problem(
+                    "megatron-core could not build this model and layout",
+                    got=f"{type(error).__name__}: {error}",
+                    allowed="a configuration megatron-core supports",
+                ).at("model build")
+            ]
+        ) from error
     transformer_config.finalize_model_grads_func = finalize_model_grads
     transformer_config.grad_scale_func = optimizer.scale_loss
     no_sync = [chunk.no_sync for chunk in chunks]
     transformer_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
     warmup = max(o.warmup_steps, 1)
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=o.lr / warmup, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=warmup,
-        lr_decay_steps=warmup + o.decay_steps, lr_decay_style="cosine", start_wd=o.weight_decay,
-        end_wd=o.weight_decay, wd_incr_steps=warmup + o.decay_steps, wd_incr_style="constant")
+        optimizer,
+        init_lr=o.lr / warmup,
+        max_lr=o.lr,
+        min_lr=o.min_lr,
+        lr_warmup_steps=warmup,
+        lr_decay_steps=warmup + o.decay_steps,
+        lr_decay_style="cosine",
+        start_wd=o.weight_decay,
+        end_wd=o.weight_decay,
+        wd_incr_steps=warmup + o.decay_steps,
+        wd_incr_style="constant",
+    )
     return Trainable(chunks=chunks, optimizer=optimizer, scheduler=scheduler)
 
 
@@ -155,8 +191,9 @@ def _forward_step(mask: torch.Tensor, device: torch.device, data_iterator, model
     return model(tokens, positions, mask, labels=labels), functools.partial(_lm_loss, loss_mask)
 
 
-def train_step(trainable: Trainable, batches, runtime: Runtime, mask: torch.Tensor, seq_length: int,
-               micro_batch_size: int) -> tuple[list[torch.Tensor], float]:
+def train_step(
+    trainable: Trainable, batches, runtime: Runtime, mask: torch.Tensor, seq_length: int, micro_batch_size: int
+) -> tuple[list[torch.Tensor], float]:
     """One optimizer step through megatron's own schedule (pipeline-parallel when the layout is),
     finalize_model_grads and optimizer. Returns this rank's micro-batch losses (on the device;
     empty off the last pipeline stage) and the global gradient norm."""
@@ -173,8 +210,12 @@ def train_step(trainable: Trainable, batches, runtime: Runtime, mask: torch.Tens
         outputs = get_forward_backward_func()(
             forward_step_func=functools.partial(_forward_step, mask, runtime.device),
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=trainable.chunks, num_microbatches=layout.num_microbatches,
-            seq_length=seq_length, micro_batch_size=micro_batch_size, forward_only=False)
+            model=trainable.chunks,
+            num_microbatches=layout.num_microbatches,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            forward_only=False,
+        )
         updated, grad_norm, _ = trainable.optimizer.step()
     if not updated:
         raise FloatingPointError("the optimizer skipped the step (non-finite gradients)")
@@ -236,8 +277,13 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     trainable = build(config, runtime, vocab_size)
     probe = MoEProbe(trainable.chunks, config.model.num_layers, config.moe.num_experts, config.model.dense_layers)
     o = config.optim
-    checkpoints = CheckpointManager(checkpoint_dir, keep_last=config.checkpoint.keep_last,
-                                    async_save=config.checkpoint.async_save, layout=layout, seed=o.seed)
+    checkpoints = CheckpointManager(
+        checkpoint_dir,
+        keep_last=config.checkpoint.keep_last,
+        async_save=config.checkpoint.async_save,
+        layout=layout,
+        seed=o.seed,
+    )
     restored = checkpoints.load_latest(trainable)
     step = restored.step if restored else 0
     consumed = restored.consumed_samples if restored else 0
@@ -247,14 +293,22 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
             checkpoints.save(trainable, step=0, consumed_samples=0)
 
     batches = training_batches(config, runtime, tokenizer, step=step, consumed_samples=consumed)
-    sink = MetricsSink(rank=runtime.rank, jsonl=config.metrics.file, prometheus_port=config.metrics.prometheus_port,
-                       tensorboard_dir=config.metrics.tensorboard_dir, readiness_file=config.metrics.readiness_file,
-                       liveness_file=config.metrics.liveness_file, max_steps=config.max_steps)
+    sink = MetricsSink(
+        rank=runtime.rank,
+        jsonl=config.metrics.file,
+        prometheus_port=config.metrics.prometheus_port,
+        tensorboard_dir=config.metrics.tensorboard_dir,
+        readiness_file=config.metrics.readiness_file,
+        liveness_file=config.metrics.liveness_file,
+        max_steps=config.max_steps,
+    )
     mask = causal_mask(config.model.seq_length, runtime.device)
-    meter = Throughput(tokens_per_step=o.global_batch_size * config.model.seq_length,
-                       flops_per_token=flops_per_token(config, vocab_size),
-                       peak_tflops=config.metrics.peak_tflops_per_device or default_peak_tflops(),
-                       world_size=runtime.world_size)
+    meter = Throughput(
+        tokens_per_step=o.global_batch_size * config.model.seq_length,
+        flops_per_token=flops_per_token(config, vocab_size),
+        peak_tflops=config.metrics.peak_tflops_per_device or default_peak_tflops(),
+        world_size=runtime.world_size,
+    )
     exit_code = EXIT_OK
     recorded_step = step
     for chunk in trainable.chunks:
@@ -262,14 +316,27 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     try:
         while step < config.max_steps:
             started = time.perf_counter()
-            losses, grad_norm = train_step(trainable, batches, runtime, mask, config.model.seq_length, o.micro_batch_size)
+            losses, grad_norm = train_step(
+                trainable, batches, runtime, mask, config.model.seq_length, o.micro_batch_size
+            )
             step += 1
             consumed += o.global_batch_size
             checkpoints.poll()
             if step % config.metrics.log_interval == 0 or step == config.max_steps:
                 elapsed = time.perf_counter() - started
-                sink.write(_record(step, step - recorded_step, losses, probe, runtime, grad_norm,
-                                   trainable.scheduler, elapsed, meter))
+                sink.write(
+                    _record(
+                        step,
+                        step - recorded_step,
+                        losses,
+                        probe,
+                        runtime,
+                        grad_norm,
+                        trainable.scheduler,
+                        elapsed,
+                        meter,
+                    )
+                )
                 recorded_step = step
             if stop.agreed(runtime.device):
                 checkpoints.save(trainable, step=step, consumed_samples=consumed)
@@ -297,7 +364,11 @@ class Throughput:
     def figures(self, elapsed_s: float) -> tuple[float, float | None]:
         """(tokens/s, MFU or None without a peak figure)."""
         tokens_per_s = self.tokens_per_step / elapsed_s
-        mfu = tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.world_size) if self.peak_tflops else None
+        mfu = (
+            tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.world_size)
+            if self.peak_tflops
+            else None
+        )
         return round(tokens_per_s, 2), round(mfu, 5) if mfu is not None else None
 
 
@@ -308,7 +379,11 @@ def _global_loss(losses: list[torch.Tensor], runtime: Runtime) -> float:
     from megatron.core import parallel_state
 
     contributes = losses and parallel_state.get_tensor_model_parallel_rank() == 0
-    total = torch.stack(losses).double().mean().reshape(1) if contributes else torch.zeros(1, dtype=torch.float64, device=runtime.device)
+    total = (
+        torch.stack(losses).double().mean().reshape(1)
+        if contributes
+        else torch.zeros(1, dtype=torch.float64, device=runtime.device)
+    )
     if runtime.world_size > 1:
         dist.all_reduce(total)
     return float(total.item()) / runtime.layout.data
@@ -342,19 +417,33 @@ def check_inputs(config: TrainConfig) -> None:
     errors = []
     tokenizer = config.data.tokenizer
     if tokenizer != "byte" and not Path(tokenizer).is_file():
-        errors.append(problem("no such file", got=tokenizer, allowed="'byte' or a tokenizer.json path").at("data.tokenizer"))
+        errors.append(
+            problem("no such file", got=tokenizer, allowed="'byte' or a tokenizer.json path").at("data.tokenizer")
+        )
     for i, prefix in enumerate(config.data.prefixes):
         preparable = i == 0 and config.data.prepare_from
         missing = [suffix for suffix in (".bin", ".idx") if not Path(f"{prefix}{suffix}").is_file()]
         if missing and not preparable:
-            errors.append(problem(f"dataset files missing ({', '.join(missing)})", got=prefix,
-                                                            allowed="a prefix with .bin and .idx files (see moe-data prepare)").at(f"data.prefixes[{i}]"))
+            errors.append(
+                problem(
+                    f"dataset files missing ({', '.join(missing)})",
+                    got=prefix,
+                    allowed="a prefix with .bin and .idx files (see moe-data prepare)",
+                ).at(f"data.prefixes[{i}]")
+            )
     for i, source in enumerate(config.data.prepare_from):
         if not Path(source).is_file():
-            errors.append(problem("no such file", got=source, allowed="a text or JSONL file").at(f"data.prepare_from[{i}]"))
+            errors.append(
+                problem("no such file", got=source, allowed="a text or JSONL file").at(f"data.prepare_from[{i}]")
+            )
     if config.metrics.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
-        errors.append(problem("needs the tensorboard package, which is not installed",
-                                                            got=config.metrics.tensorboard_dir, allowed="null, or pip install tensorboard").at("metrics.tensorboard_dir"))
+        errors.append(
+            problem(
+                "needs the tensorboard package, which is not installed",
+                got=config.metrics.tensorboard_dir,
+                allowed="null, or pip install tensorboard",
+            ).at("metrics.tensorboard_dir")
+        )
     if errors:
         raise ConfigError(errors)
 
@@ -366,17 +455,31 @@ def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: 
 
     o = config.optim
     dataset = data_module.build_gpt_dataset(
-        data_prefixes=list(config.data.prefixes), weights=list(config.data.weights) if config.data.weights else None,
-        seq_length=config.model.seq_length, num_samples=config.max_steps * o.global_batch_size, seed=o.seed,
-        tokenizer=tokenizer, cache_dir=config.data.cache_dir or str(Path(config.checkpoint.dir) / "index-cache"),
+        data_prefixes=list(config.data.prefixes),
+        weights=list(config.data.weights) if config.data.weights else None,
+        seq_length=config.model.seq_length,
+        num_samples=config.max_steps * o.global_batch_size,
+        seed=o.seed,
+        tokenizer=tokenizer,
+        cache_dir=config.data.cache_dir or str(Path(config.checkpoint.dir) / "index-cache"),
     )
     sampler = data_module.ResumableSampler(
-        len(dataset), micro_batch_size=o.micro_batch_size, data_parallel_rank=runtime.data_parallel_rank,
-        data_parallel_size=runtime.layout.data, consumed_samples=consumed_samples,
+        len(dataset),
+        micro_batch_size=o.micro_batch_size,
+        data_parallel_rank=runtime.data_parallel_rank,
+        data_parallel_size=runtime.layout.data,
+        consumed_samples=consumed_samples,
     )
-    return iter(data_module.make_dataloader(dataset, sampler, num_workers=config.data.num_workers,
-                                            prefetch_factor=config.data.prefetch_factor,
-                                            pin_memory=config.data.pin_memory, seed=o.seed + step))
+    return iter(
+        data_module.make_dataloader(
+            dataset,
+            sampler,
+            num_workers=config.data.num_workers,
+            prefetch_factor=config.data.prefetch_factor,
+            pin_memory=config.data.pin_memory,
+            seed=o.seed + step,
+        )
+    )
 
 
 def prepare_data(config: TrainConfig, tokenizer, runtime: Runtime) -> None:

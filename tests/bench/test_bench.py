@@ -24,6 +24,7 @@ def test_paired_rounds_reverse_the_order_every_other_round():
         def measure():
             calls.append(name)
             return float(len(calls))
+
         return measure
 
     runs = paired({"a": side("a"), "b": side("b")}, repeats=3, warmup=1)
@@ -33,8 +34,14 @@ def test_paired_rounds_reverse_the_order_every_other_round():
 
 def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path):
     out = tmp_path / "result.json"
-    done = subprocess.run([sys.executable, str(GPU_CHECK), "--smoke", "--steps", "1", "--warmup", "1", "--out", str(out)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(GPU_CHECK), "--smoke", "--steps", "1", "--warmup", "1", "--out", str(out)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["tokens_per_s"] > 0 and result["last_loss"] > 0
@@ -42,16 +49,27 @@ def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path):
 
 def test_gpu_check_plan_figures_cover_every_variant(tmp_path):
     plan = tmp_path / "plan.json"
-    done = subprocess.run([sys.executable, str(GPU_CHECK), "--write-plan", str(plan)], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(GPU_CHECK), "--write-plan", str(plan)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     variants = json.loads(plan.read_text())["variants"]
     assert set(variants) == {"local", "grouped_gemm"} and all(0 < v["total_gib"] < 131.3 for v in variants.values())
 
 
 def test_gpu_check_script_without_preparation_exits_2_and_names_the_make_target(tmp_path):
-    done = subprocess.run(["bash", str(GPU_CHECK_SH)], env={**ENV, "GPU_CHECK_DIR": str(tmp_path), "OUT": str(tmp_path)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(GPU_CHECK_SH)],
+        env={**ENV, "GPU_CHECK_DIR": str(tmp_path), "OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "make gpu-check-prepare" in done.stderr
 
 

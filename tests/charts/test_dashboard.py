@@ -22,17 +22,32 @@ SCRAPE_LABELS = {"job", "instance", "namespace", "pod"}  # added by the Promethe
 
 # One step's record as the trainer writes it on a GPU (mfu known), 2 MoE layers of 4 experts.
 RECORD = {
-    "step": 20, "loss": 2.5, "lm_loss": 2.5, "load_balancing_loss": [1.02, 1.05], "z_loss": [0.3, 0.31],
-    "tokens_per_expert": [[100, 120, 90, 90], [80, 100, 110, 110]], "expert_imbalance": [1.2, 1.1],
-    "router_entropy": [1.3, 1.35], "router_entropy_max": 1.38629, "dispatch_time_s": 0.05,
-    "lr": 3e-4, "grad_norm": 0.8, "step_time_s": 1.2, "tokens_per_s": 54613.33, "mfu": 0.31, "peak_memory_gib": 61.2,
+    "step": 20,
+    "loss": 2.5,
+    "lm_loss": 2.5,
+    "load_balancing_loss": [1.02, 1.05],
+    "z_loss": [0.3, 0.31],
+    "tokens_per_expert": [[100, 120, 90, 90], [80, 100, 110, 110]],
+    "expert_imbalance": [1.2, 1.1],
+    "router_entropy": [1.3, 1.35],
+    "router_entropy_max": 1.38629,
+    "dispatch_time_s": 0.05,
+    "lr": 3e-4,
+    "grad_norm": 0.8,
+    "step_time_s": 1.2,
+    "tokens_per_s": 54613.33,
+    "mfu": 0.31,
+    "peak_memory_gib": 61.2,
 }
 
 
 def _dict_keys(path: Path, marker: str) -> list[str | None]:
     """Keys of the dict literal in ``path`` that has the key ``marker`` (None for a ``**`` unpacking)."""
-    found = [node for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == marker for k in node.keys)]
+    found = [
+        node
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == marker for k in node.keys)
+    ]
     assert len(found) == 1, f"expected one dict literal with {marker!r} in {path}"
     return [k.value if isinstance(k, ast.Constant) else None for k in found[0].keys]
 
@@ -60,8 +75,15 @@ def _dashboard_metrics(dashboard: dict) -> set[str]:
 
 def _exported() -> dict[str, set[str]]:
     """Metric name -> label names, from the exporter's text for RECORD."""
-    sink = MetricsSink(rank=0, jsonl=None, prometheus_port=None, tensorboard_dir=None, readiness_file=None,
-                       liveness_file=None, max_steps=10)
+    sink = MetricsSink(
+        rank=0,
+        jsonl=None,
+        prometheus_port=None,
+        tensorboard_dir=None,
+        readiness_file=None,
+        liveness_file=None,
+        max_steps=10,
+    )
     sink.latest = RECORD
     series: dict[str, set[str]] = {}
     for line in sink.prometheus_text().splitlines():
@@ -94,9 +116,23 @@ def test_dashboard_label_matchers_are_exported_labels(dashboard):
 
 
 def test_required_moe_metrics_are_on_the_dashboard(dashboard):
-    required = {"tokens_per_expert", "expert_imbalance", "router_entropy", "router_entropy_max", "dispatch_time_s",
-                "step_time_s", "tokens_per_s", "mfu", "loss", "lm_loss", "load_balancing_loss", "z_loss",
-                "peak_memory_gib", "grad_norm", "lr"}
+    required = {
+        "tokens_per_expert",
+        "expert_imbalance",
+        "router_entropy",
+        "router_entropy_max",
+        "dispatch_time_s",
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "loss",
+        "lm_loss",
+        "load_balancing_loss",
+        "z_loss",
+        "peak_memory_gib",
+        "grad_norm",
+        "lr",
+    }
     missing = {f"moe_train_{key}" for key in required} - _dashboard_metrics(dashboard)
     assert not missing, f"missing from the dashboard: {sorted(missing)}"
 

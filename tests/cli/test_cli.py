@@ -21,8 +21,10 @@ storage:
 """
 EXPECTED = [
     "cluster.instance_groups[1].instance_count: must be at least 1 (got -1; allowed 1 or more)",
-    "storage.lustre.storage_capacity_gib: not a PERSISTENT_2 SSD capacity (got 1000; allowed 1200 or a multiple of 2400 GiB)",
-    "storage.lustre.per_unit_storage_throughput_mb_s_tib: not a PERSISTENT_2 throughput tier (got 300; allowed 125, 250, 500, 1000 MB/s/TiB)",
+    "storage.lustre.storage_capacity_gib: not a PERSISTENT_2 SSD capacity (got 1000; allowed 1200 or a multiple of "
+    "2400 GiB)",
+    "storage.lustre.per_unit_storage_throughput_mb_s_tib: not a PERSISTENT_2 throughput tier (got 300; allowed 125, "
+    "250, 500, 1000 MB/s/TiB)",
 ]
 ENV = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
 
@@ -60,7 +62,10 @@ def test_synth_prints_exactly_what_validate_prints_and_writes_nothing(bad_config
     validate = moe_cdk("validate", "--config", str(bad_config))
     outdir = tmp_path / "out"
     synth = subprocess.run(
-        [PYTHON, "app.py"], cwd=ROOT, capture_output=True, text=True,
+        [PYTHON, "app.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         env=ENV | {"CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps({"config": str(bad_config)})},
     )
     assert synth.returncode == 2
@@ -84,8 +89,16 @@ def test_config_docs_check_detects_a_stale_reference(tmp_path):
 
 def test_slurm_render_takes_the_job_shape_from_the_configuration():
     # The golden file is the container variant for the default configuration's gpu group.
-    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "/fsx/configs/moe-8x1b.yaml",
-                     "--image", "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest")
+    result = moe_cdk(
+        "slurm",
+        "render",
+        "--config",
+        "config/default.yaml",
+        "--train-config",
+        "/fsx/configs/moe-8x1b.yaml",
+        "--image",
+        "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == (ROOT / "tests/golden/sbatch-default.sh").read_text()
 
@@ -97,7 +110,8 @@ def test_slurm_render_needs_an_image_or_local():
 
 
 def test_slurm_render_rejects_an_unknown_group():
-    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local",
-                     "--group", "tpu")
+    result = moe_cdk(
+        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--group", "tpu"
+    )
     assert result.returncode == 2
     assert "  --group: unknown compute group (got 'tpu'; allowed gpu)" in result.stderr

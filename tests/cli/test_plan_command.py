@@ -42,12 +42,26 @@ def test_cli_train_config_option(capsys):
 
 def test_cli_exits_2_when_it_does_not_fit(capsys):
     path = str(ROOT / "config/default.yaml")
-    assert run_cli("--config", path, "--set", "parallel.expert=1", "--set", "parallel.tensor=1", "--set", "parallel.expert_tensor=1") == 2
+    assert (
+        run_cli(
+            "--config",
+            path,
+            "--set",
+            "parallel.expert=1",
+            "--set",
+            "parallel.tensor=1",
+            "--set",
+            "parallel.expert_tensor=1",
+        )
+        == 2
+    )
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()
     assert lines[0] == f"{path}: 1 problem(s)"
-    assert lines[1].startswith("  training.profile: training/configs/mixtral-8x7b.yaml does not fit in device memory (got ")
+    assert lines[1].startswith(
+        "  training.profile: training/configs/mixtral-8x7b.yaml does not fit in device memory (got "
+    )
 
 
 def test_cli_exits_2_on_an_invalid_configuration(tmp_path, capsys):

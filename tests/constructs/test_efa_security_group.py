@@ -23,16 +23,24 @@ def template() -> Template:
 
 
 def test_self_referencing_all_traffic_ingress(template):
-    template.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
-        "IpProtocol": "-1", "SourceSecurityGroupId": {"Fn::GetAtt": [Match.string_like_regexp("Efa"), "GroupId"]},
-        "GroupId": {"Fn::GetAtt": [Match.string_like_regexp("Efa"), "GroupId"]},
-    })
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "IpProtocol": "-1",
+            "SourceSecurityGroupId": {"Fn::GetAtt": [Match.string_like_regexp("Efa"), "GroupId"]},
+            "GroupId": {"Fn::GetAtt": [Match.string_like_regexp("Efa"), "GroupId"]},
+        },
+    )
 
 
 def test_self_referencing_all_traffic_egress(template):
-    template.has_resource_properties("AWS::EC2::SecurityGroupEgress", {
-        "IpProtocol": "-1", "DestinationSecurityGroupId": {"Fn::GetAtt": [Match.string_like_regexp("Efa"), "GroupId"]},
-    })
+    template.has_resource_properties(
+        "AWS::EC2::SecurityGroupEgress",
+        {
+            "IpProtocol": "-1",
+            "DestinationSecurityGroupId": {"Fn::GetAtt": [Match.string_like_regexp("Efa"), "GroupId"]},
+        },
+    )
 
 
 def test_internet_egress_is_limited_to_the_listed_ports(template):

@@ -26,24 +26,50 @@ from moe_cdk.core.problems import ConfigError
 
 GROUPS = (
     EksInstanceGroup(name="system", role=EksNodeRole.SYSTEM, instance_type="ml.m5.2xlarge", instance_count=2),
-    EksInstanceGroup(name="gpu", instance_type="ml.p5en.48xlarge", instance_count=2, labels={"moe-cdk/pool": "training"}),
+    EksInstanceGroup(
+        name="gpu", instance_type="ml.p5en.48xlarge", instance_count=2, labels={"moe-cdk/pool": "training"}
+    ),
     # Custom taints need deep health checks off (HyperPod EKS prerequisites).
-    EksInstanceGroup(name="tainted", instance_type="ml.p5en.48xlarge", instance_count=1, deep_health_checks=False,
-                     labels={"moe-cdk/pool": "training"}, taints=(Taint(key="nvidia.com/gpu"),)),
+    EksInstanceGroup(
+        name="tainted",
+        instance_type="ml.p5en.48xlarge",
+        instance_count=1,
+        deep_health_checks=False,
+        labels={"moe-cdk/pool": "training"},
+        taints=(Taint(key="nvidia.com/gpu"),),
+    ),
 )
 
 
 def _build(*, groups=GROUPS, **overrides):
     app = cdk.App()
-    stack = cdk.Stack(app, "T", env=cdk.Environment(region="us-east-2"),
-                      synthesizer=lifecycle_synthesizer("sagemaker-${AWS::AccountId}-us-east-2-t", "bundle1"))
-    vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0123456789abcdef0", availability_zones=["us-east-2a"],
-                                      private_subnet_ids=["subnet-0123456789abcdef0"])
+    stack = cdk.Stack(
+        app,
+        "T",
+        env=cdk.Environment(region="us-east-2"),
+        synthesizer=lifecycle_synthesizer("sagemaker-${AWS::AccountId}-us-east-2-t", "bundle1"),
+    )
+    vpc = ec2.Vpc.from_vpc_attributes(
+        stack,
+        "Vpc",
+        vpc_id="vpc-0123456789abcdef0",
+        availability_zones=["us-east-2a"],
+        private_subnet_ids=["subnet-0123456789abcdef0"],
+    )
     group = ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")
     cluster = eks.Cluster.from_cluster_attributes(stack, "Eks", cluster_name="t")
-    props = dict(cluster_name="t", eks_cluster=cluster, instance_groups=groups, subnet=vpc.private_subnets[0],
-                 security_group=group, lifecycle_scripts_directory=str(ROOT / "lifecycle_scripts"),
-                 region="us-east-2") | overrides
+    props = (
+        dict(
+            cluster_name="t",
+            eks_cluster=cluster,
+            instance_groups=groups,
+            subnet=vpc.private_subnets[0],
+            security_group=group,
+            lifecycle_scripts_directory=str(ROOT / "lifecycle_scripts"),
+            region="us-east-2",
+        )
+        | overrides
+    )
     hyperpod = HyperPodEksCluster(stack, "Cluster", HyperPodEksClusterProps(**props))
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, stack, hyperpod
@@ -68,13 +94,17 @@ def _groups(template: Template) -> dict[str, dict]:
 
 def test_eks_orchestrator_with_automatic_recovery(built):
     template, cluster_arn = built
-    template.has_resource_properties("AWS::SageMaker::Cluster", {
-        "NodeRecovery": "Automatic", "Orchestrator": {"Eks": {"ClusterArn": cluster_arn}}})
+    template.has_resource_properties(
+        "AWS::SageMaker::Cluster", {"NodeRecovery": "Automatic", "Orchestrator": {"Eks": {"ClusterArn": cluster_arn}}}
+    )
 
 
 def test_labels_and_taints_reach_the_nodes(template):
     config = _groups(template)["tainted"]["KubernetesConfig"]
-    assert config == {"Labels": {"moe-cdk/pool": "training"}, "Taints": [{"Key": "nvidia.com/gpu", "Effect": "NoSchedule"}]}
+    assert config == {
+        "Labels": {"moe-cdk/pool": "training"},
+        "Taints": [{"Key": "nvidia.com/gpu", "Effect": "NoSchedule"}],
+    }
 
 
 def test_accelerator_groups_get_deep_health_checks_and_system_groups_do_not(template):
@@ -85,19 +115,33 @@ def test_accelerator_groups_get_deep_health_checks_and_system_groups_do_not(temp
 
 def test_nodes_may_assign_pod_addresses_and_use_pod_identity(built):
     template, cluster_arn = built
-    statements = [s for p in template.find_resources("AWS::IAM::Policy").values()
-                  for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    statements = [
+        s
+        for p in template.find_resources("AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
     actions = {a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
-    assert {"ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses", "eks-auth:AssumeRoleForPodIdentity",
-            "ecr:BatchGetImage"} <= actions
+    assert {
+        "ec2:AssignPrivateIpAddresses",
+        "ec2:UnassignPrivateIpAddresses",
+        "eks-auth:AssumeRoleForPodIdentity",
+        "ecr:BatchGetImage",
+    } <= actions
     pod_identity = next(s for s in statements if s["Action"] == "eks-auth:AssumeRoleForPodIdentity")
     assert pod_identity["Resource"] == cluster_arn
 
 
 def test_training_operator_addon_with_its_pod_identity(template):
-    template.has_resource_properties("AWS::EKS::Addon", {
-        "AddonName": "amazon-sagemaker-hyperpod-training-operator", "ClusterName": "t",
-        "PodIdentityAssociations": [Match.object_like({"ServiceAccount": "hp-training-operator-controller-manager"})]})
+    template.has_resource_properties(
+        "AWS::EKS::Addon",
+        {
+            "AddonName": "amazon-sagemaker-hyperpod-training-operator",
+            "ClusterName": "t",
+            "PodIdentityAssociations": [
+                Match.object_like({"ServiceAccount": "hp-training-operator-controller-manager"})
+            ],
+        },
+    )
 
 
 def test_training_operator_waits_for_the_hyperpod_cluster(template):
@@ -121,12 +165,21 @@ def test_a_system_group_is_required():
 
 
 def test_bad_labels_and_taints_are_reported():
-    group = EksInstanceGroup(name="gpu", instance_type="ml.p5en.48xlarge", instance_count=1, deep_health_checks=False,
-                             labels={"bad key!": "x", "ok": "bad value!"}, taints=(Taint(key="-bad"),))
+    group = EksInstanceGroup(
+        name="gpu",
+        instance_type="ml.p5en.48xlarge",
+        instance_count=1,
+        deep_health_checks=False,
+        labels={"bad key!": "x", "ok": "bad value!"},
+        taints=(Taint(key="-bad"),),
+    )
     with pytest.raises(ConfigError) as error:
         _build(groups=(GROUPS[0], group))
     assert [p.split(":")[0] for p in error.value.errors] == [
-        "instance_groups[1].labels", "instance_groups[1].labels.ok", "instance_groups[1].taints[0].key"]
+        "instance_groups[1].labels",
+        "instance_groups[1].labels.ok",
+        "instance_groups[1].taints[0].key",
+    ]
 
 
 def test_taints_on_a_group_with_deep_health_checks_are_refused():
@@ -143,8 +196,9 @@ def test_a_group_without_deep_health_checks_asks_for_none(template):
 
 
 def test_reserved_label_and_taint_prefixes_are_refused():
-    group = dataclasses.replace(GROUPS[2], labels={"kubernetes.io/pool": "x"},
-                                taints=(Taint(key="sagemaker.amazonaws.com/mine"),))
+    group = dataclasses.replace(
+        GROUPS[2], labels={"kubernetes.io/pool": "x"}, taints=(Taint(key="sagemaker.amazonaws.com/mine"),)
+    )
     with pytest.raises(ConfigError) as error:
         _build(groups=(GROUPS[0], group))
     assert all(": uses a prefix reserved for system use (got " in p for p in error.value.errors)

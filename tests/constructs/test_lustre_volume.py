@@ -17,8 +17,16 @@ from moe_cdk.core.problems import ConfigError
 
 
 def _props(cluster=None, **overrides) -> LustreVolumeProps:
-    values = dict(cluster=cluster, file_system_id="fs-0123456789abcdef0", dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
-                  mount_name="abcdefgh", storage_capacity_gib=4800) | overrides
+    values = (
+        dict(
+            cluster=cluster,
+            file_system_id="fs-0123456789abcdef0",
+            dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
+            mount_name="abcdefgh",
+            storage_capacity_gib=4800,
+        )
+        | overrides
+    )
     return LustreVolumeProps(**values)
 
 
@@ -29,12 +37,22 @@ def synthesized():
     stack = cdk.Stack(app, "T", env=cdk.Environment(region="us-east-2"))
     vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-east-2a", "us-east-2b"], nat_gateways=1)
     clients = ec2.SecurityGroup(stack, "Clients", vpc=vpc)
-    lustre = LustreStorage(stack, "Lustre", LustreStorageProps(vpc=vpc, client_security_group=clients,
-                                                                availability_zone="us-east-2a"))
-    cluster = eks.Cluster.from_cluster_attributes(stack, "Eks", cluster_name="t", kubectl_provider=eks.KubectlProvider.from_kubectl_provider_attributes(
-        stack, "Kubectl", service_token="arn:aws:lambda:us-east-2:123456789012:function:kubectl"))
-    LustreVolume(stack, "Volume", _props(cluster, file_system_id=lustre.file_system_id, dns_name=lustre.dns_name,
-                                         mount_name=lustre.mount_name))
+    lustre = LustreStorage(
+        stack, "Lustre", LustreStorageProps(vpc=vpc, client_security_group=clients, availability_zone="us-east-2a")
+    )
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack,
+        "Eks",
+        cluster_name="t",
+        kubectl_provider=eks.KubectlProvider.from_kubectl_provider_attributes(
+            stack, "Kubectl", service_token="arn:aws:lambda:us-east-2:123456789012:function:kubectl"
+        ),
+    )
+    LustreVolume(
+        stack,
+        "Volume",
+        _props(cluster, file_system_id=lustre.file_system_id, dns_name=lustre.dns_name, mount_name=lustre.mount_name),
+    )
     template = Template.from_stack(stack).to_json()
     (resource,) = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
     fsx_id = next(iter(resources_of_type(template, "AWS::FSx::FileSystem")))
@@ -45,7 +63,11 @@ def test_volume_names_the_file_system_by_reference(synthesized):
     manifest, fsx_id = synthesized
     parts = manifest["Fn::Join"][1]
     references = [p for p in parts if isinstance(p, dict)]
-    assert references == [{"Ref": fsx_id}, {"Fn::GetAtt": [fsx_id, "DNSName"]}, {"Fn::GetAtt": [fsx_id, "LustreMountName"]}]
+    assert references == [
+        {"Ref": fsx_id},
+        {"Fn::GetAtt": [fsx_id, "DNSName"]},
+        {"Fn::GetAtt": [fsx_id, "LustreMountName"]},
+    ]
 
 
 def test_volume_uses_the_fsx_csi_driver_read_write_many(synthesized):

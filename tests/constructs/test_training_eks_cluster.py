@@ -25,8 +25,17 @@ def _build(*, nag=False, **overrides):
     vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-east-2a", "us-east-2b"], nat_gateways=1)
     vpc.add_flow_log("FlowLog")
     nodes = ec2.SecurityGroup(stack, "Nodes", vpc=vpc)
-    props = dict(cluster_name="t", vpc=vpc, subnets=vpc.private_subnets, node_security_group=nodes,
-                 instance_types=TYPES, hyperpod_chart_directory=str(STANDIN_CHART)) | overrides
+    props = (
+        dict(
+            cluster_name="t",
+            vpc=vpc,
+            subnets=vpc.private_subnets,
+            node_security_group=nodes,
+            instance_types=TYPES,
+            hyperpod_chart_directory=str(STANDIN_CHART),
+        )
+        | overrides
+    )
     cluster = TrainingEksCluster(stack, "Eks", TrainingEksClusterProps(**props))
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
@@ -46,8 +55,11 @@ def _eks(template: Template) -> dict:
 
 
 def _chart_values(template: Template, chart: str) -> dict:
-    charts = [r["Properties"] for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
-              if r["Properties"].get("Chart") == chart]
+    charts = [
+        r["Properties"]
+        for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
+        if r["Properties"].get("Chart") == chart
+    ]
     assert len(charts) == 1, f"{chart}: {len(charts)} releases"
     return json.loads(charts[0]["Values"])
 
@@ -100,20 +112,27 @@ def test_required_addons_are_installed(built):
 def test_addon_versions_can_be_pinned():
     _, stack, _ = _build(addon_versions={"vpc-cni": "v1.19.2-eksbuild.1"})
     Template.from_stack(stack).has_resource_properties(
-        "AWS::EKS::Addon", {"AddonName": "vpc-cni", "AddonVersion": "v1.19.2-eksbuild.1"})
+        "AWS::EKS::Addon", {"AddonName": "vpc-cni", "AddonVersion": "v1.19.2-eksbuild.1"}
+    )
 
 
 def test_container_insights_is_an_option_with_its_own_role():
     _, stack, _ = _build(container_insights=True)
-    Template.from_stack(stack).has_resource_properties("AWS::EKS::Addon", {
-        "AddonName": "amazon-cloudwatch-observability",
-        "PodIdentityAssociations": [Match.object_like({"ServiceAccount": "cloudwatch-agent"})]})
+    Template.from_stack(stack).has_resource_properties(
+        "AWS::EKS::Addon",
+        {
+            "AddonName": "amazon-cloudwatch-observability",
+            "PodIdentityAssociations": [Match.object_like({"ServiceAccount": "cloudwatch-agent"})],
+        },
+    )
 
 
 def test_efa_plugin_runs_on_exactly_the_configured_efa_types(built):
     values = _chart_values(built[1], "aws-efa-k8s-device-plugin")
-    assert values["supportedInstanceLabels"] == {"keys": ["node.kubernetes.io/instance-type"],
-                                                 "values": ["ml.p4de.24xlarge", "ml.p5en.48xlarge", "ml.trn2.48xlarge"]}
+    assert values["supportedInstanceLabels"] == {
+        "keys": ["node.kubernetes.io/instance-type"],
+        "values": ["ml.p4de.24xlarge", "ml.p5en.48xlarge", "ml.trn2.48xlarge"],
+    }
 
 
 def test_nvidia_plugin_runs_on_exactly_the_gpu_types(built):
@@ -124,10 +143,17 @@ def test_nvidia_plugin_runs_on_exactly_the_gpu_types(built):
 
 def test_neuron_plugin_only_with_trainium_groups():
     _, stack, _ = _build(instance_types=("ml.m5.2xlarge", "ml.p5en.48xlarge"))
-    charts = {r["Properties"]["Release"] for r in resources_of_type(Template.from_stack(stack).to_json(),
-                                                                   "Custom::AWSCDK-EKS-HelmChart").values()}
-    assert charts == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter", "prometheus-node-exporter",
-                      "hyperpod-dependencies"}
+    charts = {
+        r["Properties"]["Release"]
+        for r in resources_of_type(Template.from_stack(stack).to_json(), "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+    assert charts == {
+        "nvidia-device-plugin",
+        "aws-efa-k8s-device-plugin",
+        "dcgm-exporter",
+        "prometheus-node-exporter",
+        "hyperpod-dependencies",
+    }
 
 
 def test_charts_are_pinned_to_the_catalog_versions(built):
@@ -141,9 +167,11 @@ def test_charts_are_pinned_to_the_catalog_versions(built):
 def test_hyperpod_chart_is_staged_as_an_asset(tmp_path):
     (tmp_path / "Chart.yaml").write_text("apiVersion: v2\nname: hyperpod-helm-chart\nversion: 0.1.0\n")
     _, stack, _ = _build(hyperpod_chart_directory=str(tmp_path))
-    (release,) = [r["Properties"] for r in resources_of_type(Template.from_stack(stack).to_json(),
-                                                             "Custom::AWSCDK-EKS-HelmChart").values()
-                  if r["Properties"]["Release"] == "hyperpod-dependencies"]
+    (release,) = [
+        r["Properties"]
+        for r in resources_of_type(Template.from_stack(stack).to_json(), "Custom::AWSCDK-EKS-HelmChart").values()
+        if r["Properties"]["Release"] == "hyperpod-dependencies"
+    ]
     assert "ChartAssetURL" in release
     assert json.loads(release["Values"]) == eks_rules.HYPERPOD_CHART_VALUES
 
@@ -152,22 +180,37 @@ def test_missing_hyperpod_chart_is_a_synth_error(tmp_path):
     with pytest.raises(ConfigError) as error:
         _build(hyperpod_chart_directory=str(tmp_path / "not-staged"))
     (message,) = error.value.errors
-    assert message.startswith("hyperpod_chart_directory: has no Chart.yaml: AWS's HyperPod dependencies chart is not staged")
+    assert message.startswith(
+        "hyperpod_chart_directory: has no Chart.yaml: AWS's HyperPod dependencies chart is not staged"
+    )
     assert "make hyperpod-chart" in message
 
 
 def test_nodes_and_control_plane_can_reach_each_other(built):
     rules = built[1].find_resources("AWS::EC2::SecurityGroupIngress")
-    assert {(r["Properties"]["IpProtocol"], r["Properties"].get("FromPort")) for r in rules.values()} >= {("tcp", 443), ("-1", None)}
+    assert {(r["Properties"]["IpProtocol"], r["Properties"].get("FromPort")) for r in rules.values()} >= {
+        ("tcp", 443),
+        ("-1", None),
+    }
 
 
 def test_bad_props_are_all_reported():
     with pytest.raises(ConfigError) as error:
-        _build(endpoint_access=EndpointAccess.PUBLIC_AND_PRIVATE, public_access_cidrs=["0.0.0.0/0", "nope"],
-               kubernetes_version="1.20", addon_versions={"bogus": "1"}, instance_types=("ml.x9.huge",))
+        _build(
+            endpoint_access=EndpointAccess.PUBLIC_AND_PRIVATE,
+            public_access_cidrs=["0.0.0.0/0", "nope"],
+            kubernetes_version="1.20",
+            addon_versions={"bogus": "1"},
+            instance_types=("ml.x9.huge",),
+        )
     problems = error.value.errors
     assert [p.split(":")[0] for p in problems] == [
-        "public_access_cidrs[0]", "public_access_cidrs[1]", "addon_versions.bogus", "kubernetes_version", "instance_types[0]"]
+        "public_access_cidrs[0]",
+        "public_access_cidrs[1]",
+        "addon_versions.bogus",
+        "kubernetes_version",
+        "instance_types[0]",
+    ]
     assert "opens the API to the internet" in problems[0]
 
 

@@ -21,12 +21,16 @@ def test_dockerfile_pins_match_the_train_extra():
         name = _requirement_name(requirement)
         if name == "torch":
             continue  # the base image's CUDA build of torch is used, not the CPU wheel the tests use
-        assert in_dockerfile.get(name) == requirement, f"{name}: Dockerfile {in_dockerfile.get(name)!r} vs pyproject {requirement!r}"
+        assert in_dockerfile.get(name) == requirement, (
+            f"{name}: Dockerfile {in_dockerfile.get(name)!r} vs pyproject {requirement!r}"
+        )
 
 
 def test_base_image_is_a_pinned_deep_learning_container():
     (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
-    assert re.fullmatch(r"763104351884\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com/pytorch-training:\d+\.\d+\.\d+-gpu-\S+", base)
+    assert re.fullmatch(
+        r"763104351884\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com/pytorch-training:\d+\.\d+\.\d+-gpu-\S+", base
+    )
 
 
 def test_entry_point_is_moe_train():

@@ -22,8 +22,13 @@ ARN = "arn:aws:eks:us-east-2:123456789012:cluster/t"
 def _build(**overrides):
     app = cdk.App()
     stack = cdk.Stack(app, "T", env=cdk.Environment(region="us-east-2"))
-    vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0123456789abcdef0", availability_zones=["us-east-2a", "us-east-2b"],
-                                      private_subnet_ids=["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"])
+    vpc = ec2.Vpc.from_vpc_attributes(
+        stack,
+        "Vpc",
+        vpc_id="vpc-0123456789abcdef0",
+        availability_zones=["us-east-2a", "us-east-2b"],
+        private_subnet_ids=["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+    )
     group = ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")
     props = dict(name="t", cluster_arn=ARN, subnets=vpc.private_subnets, security_group=group) | overrides
     observability = TrainingObservability(stack, "Observability", TrainingObservabilityProps(**props))
@@ -57,7 +62,10 @@ def test_annotated_pods_and_node_metrics_are_scraped():
     assert set(jobs) == {"kubernetes-pods", "kubelet", "cadvisor"}
     keep = jobs["kubernetes-pods"]["relabel_configs"][0]
     assert (keep["action"], keep["source_labels"], keep["regex"]) == (
-        "keep", ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "true")
+        "keep",
+        ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+        "true",
+    )
     assert config["global"]["scrape_interval"] == "30s"
 
 
@@ -66,8 +74,10 @@ def test_grafana_may_query_only_this_workspace(template):
     statements = [s for p in policies.values() for s in p["Properties"]["PolicyDocument"]["Statement"]]
     query = next(s for s in statements if "aps:QueryMetrics" in s["Action"])
     assert query["Resource"]["Fn::GetAtt"][1] == "Arn"
-    template.has_resource_properties("AWS::Grafana::Workspace", {
-        "PermissionType": "CUSTOMER_MANAGED", "AccountAccessType": "CURRENT_ACCOUNT", "DataSources": ["PROMETHEUS"]})
+    template.has_resource_properties(
+        "AWS::Grafana::Workspace",
+        {"PermissionType": "CUSTOMER_MANAGED", "AccountAccessType": "CURRENT_ACCOUNT", "DataSources": ["PROMETHEUS"]},
+    )
 
 
 def test_scrape_interval_below_the_minimum_is_refused():

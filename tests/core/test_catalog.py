@@ -13,16 +13,24 @@ def test_ec2_and_sagemaker_names_give_the_same_spec(name):
     assert catalog.lookup(name) is catalog.lookup(f"ml.{name}") is not None
 
 
-@pytest.mark.parametrize(("name", "figures"), [
-    ("ml.p5en.48xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 141, 16, 192)),
-    ("ml.p5.48xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 80, 32, 192)),
-    ("ml.p4de.24xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 80, 4, 96)),
-    ("ml.trn2.48xlarge", (AcceleratorKind.TRAINIUM, 16, 96, 16, 192)),
-])
+@pytest.mark.parametrize(
+    ("name", "figures"),
+    [
+        ("ml.p5en.48xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 141, 16, 192)),
+        ("ml.p5.48xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 80, 32, 192)),
+        ("ml.p4de.24xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 80, 4, 96)),
+        ("ml.trn2.48xlarge", (AcceleratorKind.TRAINIUM, 16, 96, 16, 192)),
+    ],
+)
 def test_accelerator_figures(name, figures):
     spec = catalog.lookup(name)
-    assert (spec.accelerator_kind, spec.accelerator_count, spec.accelerator_memory_gb,
-            spec.efa_interfaces, spec.vcpus) == figures
+    assert (
+        spec.accelerator_kind,
+        spec.accelerator_count,
+        spec.accelerator_memory_gb,
+        spec.efa_interfaces,
+        spec.vcpus,
+    ) == figures
 
 
 def test_accelerator_memory_in_gib_converts_the_published_gigabytes():
@@ -42,16 +50,23 @@ def test_unknown_type_is_none_and_its_message_lists_the_known_ones():
 
 # What torch.cuda.get_device_name() says on each catalog GPU type.
 CUDA_NAMES = {"H200": "NVIDIA H200", "H100": "NVIDIA H100 80GB HBM3", "A100": "NVIDIA A100-SXM4-80GB"}
-ACCELERATED = sorted({spec.ec2_name: spec for name in catalog.known_instance_types()
-                      if (spec := catalog.lookup(name)).is_accelerated}.values(), key=lambda spec: spec.ec2_name)
+ACCELERATED = sorted(
+    {
+        spec.ec2_name: spec for name in catalog.known_instance_types() if (spec := catalog.lookup(name)).is_accelerated
+    }.values(),
+    key=lambda spec: spec.ec2_name,
+)
 
 
 @pytest.mark.parametrize("spec", ACCELERATED, ids=lambda spec: spec.ec2_name)
 def test_device_name_and_model_lookups_give_the_same_peak(spec):
     # moe-cdk plan looks the peak up by model, the trainer's MFU by CUDA device name: one figure for both.
     # Trainium has no CUDA name; its model name stands in.
-    device_name = CUDA_NAMES[spec.accelerator_model] if spec.accelerator_kind is AcceleratorKind.NVIDIA_GPU \
+    device_name = (
+        CUDA_NAMES[spec.accelerator_model]
+        if spec.accelerator_kind is AcceleratorKind.NVIDIA_GPU
         else spec.accelerator_model
+    )
     peak = catalog.peak_bf16_tflops(spec.accelerator_model)
     assert peak is not None and catalog.peak_bf16_tflops_for_device(device_name) == peak
 

@@ -53,8 +53,10 @@ def pods(job: dict) -> list[dict]:
         templates = [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
     else:
         templates = [r["template"] for r in job["spec"]["replicaSpecs"]]
-    return [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", **t["metadata"]}, "spec": t["spec"]}
-            for t in templates]
+    return [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", **t["metadata"]}, "spec": t["spec"]}
+        for t in templates
+    ]
 
 
 def container(job: dict) -> dict:
@@ -127,7 +129,9 @@ def test_probes_watch_the_files_the_trainer_is_told_to_write(spec):
 
 
 def test_liveness_probe_command_fails_on_a_stale_file(spec, tmp_path):
-    command = container(render_pytorchjob(dataclasses.replace(spec, stall_timeout_s=60)))["livenessProbe"]["exec"]["command"]
+    command = container(render_pytorchjob(dataclasses.replace(spec, stall_timeout_s=60)))["livenessProbe"]["exec"][
+        "command"
+    ]
     alive = tmp_path / "alive"
     alive.touch()
     script = command[-1].replace("/tmp/moe-train/alive", str(alive))
@@ -138,8 +142,10 @@ def test_liveness_probe_command_fails_on_a_stale_file(spec, tmp_path):
 
 def test_tolerations_match_the_group_taints():
     data = yaml.safe_load(CONFIG.read_text())
-    data["cluster"]["instance_groups"][1] |= {"deep_health_checks": False,
-                                              "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}
+    data["cluster"]["instance_groups"][1] |= {
+        "deep_health_checks": False,
+        "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+    }
     pod = pods(render_pytorchjob(job_spec_from_config(parse_config(data), image=IMAGE)))[0]["spec"]
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -159,13 +165,22 @@ def test_metrics_port_is_annotated_for_the_scraper(spec):
     assert metadata["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9410"}
 
 
-@pytest.mark.parametrize("instance_type", ["ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge"])
+@pytest.mark.parametrize(
+    "instance_type", ["ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge"]
+)
 def test_efa_and_device_requests_follow_the_instance_type(instance_type):
     spec = catalog.lookup(instance_type)
-    resources = container(render_pytorchjob(job_spec_from_config(config_with_compute(instance_type), image=IMAGE)))["resources"]
-    device = "nvidia.com/gpu" if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else "aws.amazon.com/neuron"
-    assert resources["limits"] == resources["requests"] == {device: spec.accelerator_count,
-                                                            "vpc.amazonaws.com/efa": spec.efa_interfaces}
+    resources = container(render_pytorchjob(job_spec_from_config(config_with_compute(instance_type), image=IMAGE)))[
+        "resources"
+    ]
+    device = (
+        "nvidia.com/gpu" if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else "aws.amazon.com/neuron"
+    )
+    assert (
+        resources["limits"]
+        == resources["requests"]
+        == {device: spec.accelerator_count, "vpc.amazonaws.com/efa": spec.efa_interfaces}
+    )
 
 
 def test_no_efa_resource_without_efa_devices(spec):
@@ -176,8 +191,10 @@ def test_no_efa_resource_without_efa_devices(spec):
 def test_a_group_without_accelerators_is_refused():
     with pytest.raises(ConfigError) as error:
         job_spec_from_config(config_with_compute("ml.m5.2xlarge", require_efa=False), image=IMAGE)
-    assert error.value.errors == ["--group: group gpu has no accelerators to train on "
-                                  "(got 'ml.m5.2xlarge'; allowed a GPU or Trainium compute group)"]
+    assert error.value.errors == [
+        "--group: group gpu has no accelerators to train on "
+        "(got 'ml.m5.2xlarge'; allowed a GPU or Trainium compute group)"
+    ]
 
 
 def test_hyperpod_job_detects_hangs_from_the_progress_line(spec, caplog):
@@ -185,11 +202,19 @@ def test_hyperpod_job_detects_hangs_from_the_progress_line(spec, caplog):
     rules = {r["name"]: r for r in job["spec"]["runPolicy"]["logMonitoringConfiguration"]}
     assert rules["JobHangingDetection"]["expectedRecurringFrequencyInSeconds"] == 900
     # The pattern matches the progress line the trainer really logs at every record.
-    sink = MetricsSink(rank=0, jsonl=None, prometheus_port=None, tensorboard_dir=None, readiness_file=None,
-                       liveness_file=None, max_steps=5000)
+    sink = MetricsSink(
+        rank=0,
+        jsonl=None,
+        prometheus_port=None,
+        tensorboard_dir=None,
+        readiness_file=None,
+        liveness_file=None,
+        max_steps=5000,
+    )
     with caplog.at_level(logging.INFO, logger="moe_cdk.training.metrics"):
-        sink.write({"step": 120, "loss": 2.314, "tokens_per_s": 51234.0, "expert_imbalance": [1.21],
-                    "dispatch_time_s": 0.0032})
+        sink.write(
+            {"step": 120, "loss": 2.314, "tokens_per_s": 51234.0, "expert_imbalance": [1.21], "dispatch_time_s": 0.0032}
+        )
     assert re.match(rules["JobHangingDetection"]["logPattern"], caplog.messages[-1])
     assert job["spec"]["replicaSpecs"][0]["replicas"] == 2 and job["spec"]["nprocPerNode"] == "8"
 
@@ -208,12 +233,42 @@ def test_more_nodes_than_the_group_has_is_refused(config):
 
 def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
     out = tmp_path / "job.yaml"
-    ok = subprocess.run([sys.executable, "-m", "moe_cdk.cli.moe_cdk", "eks", "render", "--config", str(CONFIG),
-                         "--image", IMAGE, "--output", str(out)], capture_output=True, text=True, cwd=ROOT)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moe_cdk.cli.moe_cdk",
+            "eks",
+            "render",
+            "--config",
+            str(CONFIG),
+            "--image",
+            IMAGE,
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert ok.returncode == 0, ok.stderr
     assert yaml.safe_load(out.read_text())["kind"] == "PyTorchJob"
-    bad = subprocess.run([sys.executable, "-m", "moe_cdk.cli.moe_cdk", "eks", "render", "--config",
-                          str(ROOT / "config/default.yaml"), "--image", IMAGE], capture_output=True, text=True, cwd=ROOT)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moe_cdk.cli.moe_cdk",
+            "eks",
+            "render",
+            "--config",
+            str(ROOT / "config/default.yaml"),
+            "--image",
+            IMAGE,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert bad.returncode == 2
     assert "cluster.orchestrator: eks render needs an EKS configuration (got 'slurm'; allowed eks)" in bad.stderr
     assert "Traceback" not in bad.stderr
@@ -221,11 +276,27 @@ def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
 
 def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_restarted(data_prefix, tmp_path):
     spec = EksJobSpec(
-        name="rejected", namespace="default", image=IMAGE, nodes=1, instance_type="ml.p5en.48xlarge",
-        devices_per_node=2, device_resource="nvidia.com/gpu", efa_per_node=0, train_config=str(TINY),
-        num_experts=4, expert_parallel=2,
-        train_args=("--set", f"data.prefixes=[{data_prefix}]", "--set", f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]",
-                    "--checkpoint-dir", str(tmp_path / "ckpt"), *MEGATRON_REJECTS))
+        name="rejected",
+        namespace="default",
+        image=IMAGE,
+        nodes=1,
+        instance_type="ml.p5en.48xlarge",
+        devices_per_node=2,
+        device_resource="nvidia.com/gpu",
+        efa_per_node=0,
+        train_config=str(TINY),
+        num_experts=4,
+        expert_parallel=2,
+        train_args=(
+            "--set",
+            f"data.prefixes=[{data_prefix}]",
+            "--set",
+            f"data.prepare_from=[{ROOT / 'training/configs/tiny-corpus.txt'}]",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            *MEGATRON_REJECTS,
+        ),
+    )
     job = render_pytorchjob(spec)
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]
     pod = master["template"]["spec"]["containers"][0]
@@ -233,8 +304,13 @@ def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_re
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # What the training operator sets in a Master pod of a job with nprocPerNode.
-    kubeflow = {"PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"], "PET_NNODES": "1", "PET_NODE_RANK": "0",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    kubeflow = {
+        "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"],
+        "PET_NNODES": "1",
+        "PET_NODE_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     command = [str(Path(sys.executable).parent / pod["command"][0]), *pod["args"]]
     result = subprocess.run(command, env={**ENV, **kubeflow}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-4000:]

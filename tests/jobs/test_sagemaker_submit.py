@@ -45,7 +45,11 @@ OPTIONS = SubmitOptions(run_name="moe-run")
 
 @pytest.fixture()
 def sagemaker(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "t"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "t",
+    }.items():
         monkeypatch.setenv(key, value)
     client = boto3.client("sagemaker", region_name="us-east-2")
     with Stubber(client) as stubber:
@@ -54,7 +58,11 @@ def sagemaker(monkeypatch):
 
 
 def _input_shape():
-    return boto3.client("sagemaker", region_name="us-east-2").meta.service_model.operation_model("CreateTrainingJob").input_shape
+    return (
+        boto3.client("sagemaker", region_name="us-east-2")
+        .meta.service_model.operation_model("CreateTrainingJob")
+        .input_shape
+    )
 
 
 @pytest.mark.parametrize("input_mode", ["fsx", "s3"])
@@ -65,8 +73,10 @@ def test_request_validates_against_the_service_model(input_mode):
 
 def test_checkpoints_go_to_one_prefix_per_run_at_the_trainers_path():
     request = build_request(CONFIG, OUTPUTS, OPTIONS)
-    assert request["CheckpointConfig"] == {"S3Uri": "s3://moe-data-123456789012-us-east-2-moe-tj/checkpoints/moe-run/",
-                                           "LocalPath": "/opt/ml/checkpoints"}
+    assert request["CheckpointConfig"] == {
+        "S3Uri": "s3://moe-data-123456789012-us-east-2-moe-tj/checkpoints/moe-run/",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
     args = request["AlgorithmSpecification"]["ContainerArguments"]
     assert args[args.index("--checkpoint-dir") + 1] == "/opt/ml/checkpoints"
 
@@ -74,8 +84,11 @@ def test_checkpoints_go_to_one_prefix_per_run_at_the_trainers_path():
 def test_fsx_input_reads_the_datasets_folder_of_the_file_system():
     channel = build_request(CONFIG, OUTPUTS, OPTIONS)["InputDataConfig"][0]
     assert channel["DataSource"]["FileSystemDataSource"] == {
-        "FileSystemId": "fs-0123456789abcdef0", "FileSystemAccessMode": "ro", "FileSystemType": "FSxLustre",
-        "DirectoryPath": "/abcdefgh/datasets"}
+        "FileSystemId": "fs-0123456789abcdef0",
+        "FileSystemAccessMode": "ro",
+        "FileSystemType": "FSxLustre",
+        "DirectoryPath": "/abcdefgh/datasets",
+    }
 
 
 def test_profile_paths_under_fsx_datasets_are_mapped_into_the_channel():
@@ -87,23 +100,34 @@ def test_profile_paths_under_fsx_datasets_are_mapped_into_the_channel():
 def test_job_shape_vpc_and_limits_come_from_configuration_and_outputs():
     request = build_request(CONFIG, OUTPUTS, SubmitOptions(run_name="moe-run", max_runtime_hours=672, retries=3))
     assert request["ResourceConfig"] == {"InstanceType": "ml.p5en.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 500}
-    assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-0123456789abcdef0"], "Subnets": ["subnet-0123456789abcdef0"]}
+    assert request["VpcConfig"] == {
+        "SecurityGroupIds": ["sg-0123456789abcdef0"],
+        "Subnets": ["subnet-0123456789abcdef0"],
+    }
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 28 * 24 * 3600}
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": 3}
 
 
 def test_spot_sets_the_wait_limit():
-    request = build_request(CONFIG, OUTPUTS, SubmitOptions(run_name="r", spot=True, max_runtime_hours=10, max_wait_hours=20))
+    request = build_request(
+        CONFIG, OUTPUTS, SubmitOptions(run_name="r", spot=True, max_runtime_hours=10, max_wait_hours=20)
+    )
     assert request["EnableManagedSpotTraining"] is True
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 36000, "MaxWaitTimeInSeconds": 72000}
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (SubmitOptions(run_name="r", max_runtime_hours=700), "--max-runtime-hours: out of range (got 700;"),
-    (SubmitOptions(run_name="r", spot=True, max_runtime_hours=10, max_wait_hours=5), "--max-wait-hours: Spot needs a wait"),
-    (SubmitOptions(run_name="bad_name"), "--run-name: not a usable job name (got 'bad_name';"),
-    (SubmitOptions(run_name="r", retries=0), "--retries: out of range (got 0; allowed 1 to 30)"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (SubmitOptions(run_name="r", max_runtime_hours=700), "--max-runtime-hours: out of range (got 700;"),
+        (
+            SubmitOptions(run_name="r", spot=True, max_runtime_hours=10, max_wait_hours=5),
+            "--max-wait-hours: Spot needs a wait",
+        ),
+        (SubmitOptions(run_name="bad_name"), "--run-name: not a usable job name (got 'bad_name';"),
+        (SubmitOptions(run_name="r", retries=0), "--retries: out of range (got 0; allowed 1 to 30)"),
+    ],
+)
 def test_bad_options_are_rejected_by_flag(options, message):
     with pytest.raises(ConfigError) as caught:
         build_request(CONFIG, OUTPUTS, options)
@@ -111,22 +135,45 @@ def test_bad_options_are_rejected_by_flag(options, message):
 
 
 def test_metric_regexes_match_the_trainers_log_line(caplog):
-    record = {"step": 12, "loss": 4.0725, "tokens_per_s": 11197.4, "expert_imbalance": [2.0, 1.5], "dispatch_time_s": 0.0003}
+    record = {
+        "step": 12,
+        "loss": 4.0725,
+        "tokens_per_s": 11197.4,
+        "expert_imbalance": [2.0, 1.5],
+        "dispatch_time_s": 0.0003,
+    }
     with caplog.at_level(logging.INFO, logger="moe_cdk.training.metrics"):
-        MetricsSink(rank=0, jsonl=None, prometheus_port=None, tensorboard_dir=None, readiness_file=None,
-                    liveness_file=None, max_steps=100).write(record)
+        MetricsSink(
+            rank=0,
+            jsonl=None,
+            prometheus_port=None,
+            tensorboard_dir=None,
+            readiness_file=None,
+            liveness_file=None,
+            max_steps=100,
+        ).write(record)
     line = caplog.records[-1].getMessage()
     found = {d["Name"]: re.search(d["Regex"], line).group(1) for d in METRIC_DEFINITIONS}
-    assert found == {"train:loss": "4.0725", "train:tokens_per_s": "11197", "train:expert_imbalance": "2.00",
-                     "train:dispatch_ms": "0.3"}
+    assert found == {
+        "train:loss": "4.0725",
+        "train:tokens_per_s": "11197",
+        "train:expert_imbalance": "2.00",
+        "train:dispatch_ms": "0.3",
+    }
 
 
 def _described(name, status, secondary, reason=None):
-    response = {"TrainingJobName": name, "TrainingJobArn": f"arn:aws:sagemaker:us-east-2:123456789012:training-job/{name}",
-                "TrainingJobStatus": status, "SecondaryStatus": secondary,
-                "AlgorithmSpecification": {"TrainingInputMode": "File"}, "ModelArtifacts": {"S3ModelArtifacts": "s3://b/m"},
-                "ResourceConfig": {"InstanceType": "ml.p5en.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 500},
-                "StoppingCondition": {"MaxRuntimeInSeconds": 86400}, "CreationTime": "2026-11-30T00:00:00Z"}
+    response = {
+        "TrainingJobName": name,
+        "TrainingJobArn": f"arn:aws:sagemaker:us-east-2:123456789012:training-job/{name}",
+        "TrainingJobStatus": status,
+        "SecondaryStatus": secondary,
+        "AlgorithmSpecification": {"TrainingInputMode": "File"},
+        "ModelArtifacts": {"S3ModelArtifacts": "s3://b/m"},
+        "ResourceConfig": {"InstanceType": "ml.p5en.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 500},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
+        "CreationTime": "2026-11-30T00:00:00Z",
+    }
     if reason:
         response["FailureReason"] = reason
     return response
@@ -135,10 +182,15 @@ def _described(name, status, secondary, reason=None):
 def _expect_job(stubber, index, states):
     request = build_request(CONFIG, OUTPUTS, OPTIONS, job_index=index)
     name = request["TrainingJobName"]
-    stubber.add_response("create_training_job", {"TrainingJobArn": f"arn:aws:sagemaker:us-east-2:123456789012:training-job/{name}"},
-                         request)
+    stubber.add_response(
+        "create_training_job",
+        {"TrainingJobArn": f"arn:aws:sagemaker:us-east-2:123456789012:training-job/{name}"},
+        request,
+    )
     for status, secondary, *reason in states:
-        stubber.add_response("describe_training_job", _described(name, status, secondary, *reason), {"TrainingJobName": name})
+        stubber.add_response(
+            "describe_training_job", _described(name, status, secondary, *reason), {"TrainingJobName": name}
+        )
     if states[-1][0] in ("Completed", "Stopped"):
         # The waiter's success states return no response, so run_chain describes the ended job once more.
         stubber.add_response("describe_training_job", _described(name, *states[-1]), {"TrainingJobName": name})
@@ -147,10 +199,16 @@ def _expect_job(stubber, index, states):
 def test_chain_continues_past_the_runtime_limit_on_the_same_checkpoints_and_stops_when_complete(sagemaker):
     client, stubber = sagemaker
     _expect_job(stubber, 1, [("InProgress", "Training"), ("Stopped", "MaxRuntimeExceeded")])
-    _expect_job(stubber, 2, [("InProgress", "Training"), ("Failed", "Failed", "AlgorithmError: node lost, exit code: 138")])
+    _expect_job(
+        stubber, 2, [("InProgress", "Training"), ("Failed", "Failed", "AlgorithmError: node lost, exit code: 138")]
+    )
     _expect_job(stubber, 3, [("Completed", "Completed")])
     outcomes = run_chain(client, CONFIG, OUTPUTS, OPTIONS, max_jobs=10, poll_seconds=0, log=lambda m: None)
-    assert [(o.job_name, o.continue_chain) for o in outcomes] == [("moe-run-01", True), ("moe-run-02", True), ("moe-run-03", False)]
+    assert [(o.job_name, o.continue_chain) for o in outcomes] == [
+        ("moe-run-01", True),
+        ("moe-run-02", True),
+        ("moe-run-03", False),
+    ]
 
 
 def test_chain_stops_on_a_configuration_error(sagemaker):
@@ -170,8 +228,12 @@ def test_chain_stops_after_max_jobs(sagemaker):
 
 def test_waiting_describes_the_job_until_it_ends_and_returns_its_final_description(sagemaker):
     client, stubber = sagemaker
-    for status, secondary in [("InProgress", "Training"), ("Stopping", "Stopping"), ("Stopped", "MaxRuntimeExceeded"),
-                              ("Stopped", "MaxRuntimeExceeded")]:
+    for status, secondary in [
+        ("InProgress", "Training"),
+        ("Stopping", "Stopping"),
+        ("Stopped", "MaxRuntimeExceeded"),
+        ("Stopped", "MaxRuntimeExceeded"),
+    ]:
         stubber.add_response("describe_training_job", _described("j", status, secondary), {"TrainingJobName": "j"})
     assert wait_for_job(client, "j", poll_seconds=0)["SecondaryStatus"] == "MaxRuntimeExceeded"
 
@@ -199,8 +261,12 @@ def test_the_waiter_polls_at_the_chosen_interval_for_as_long_as_a_job_can_last(s
 
 def test_an_api_error_while_waiting_is_raised(sagemaker):
     client, stubber = sagemaker
-    stubber.add_client_error("describe_training_job", service_error_code="ValidationException",
-                             service_message="Requested resource not found.", expected_params={"TrainingJobName": "j"})
+    stubber.add_client_error(
+        "describe_training_job",
+        service_error_code="ValidationException",
+        service_message="Requested resource not found.",
+        expected_params={"TrainingJobName": "j"},
+    )
     with pytest.raises(WaiterError, match="ValidationException"):
         wait_for_job(client, "j", poll_seconds=0)
 
@@ -220,9 +286,24 @@ def test_dry_run_prints_a_valid_request_without_credentials(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps({"moe-tj-training-job": OUTPUTS}))
-    result = subprocess.run([str(ROOT / ".venv/bin/moe-cdk"), "sagemaker", "submit", "--config", "config/training-job.yaml",
-                             "--outputs-file", str(path), "--run-name", "dry", "--dry-run"],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv/bin/moe-cdk"),
+            "sagemaker",
+            "submit",
+            "--config",
+            "config/training-job.yaml",
+            "--outputs-file",
+            str(path),
+            "--run-name",
+            "dry",
+            "--dry-run",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     request = json.loads(result.stdout)
     validate_parameters(request, _input_shape())
@@ -230,7 +311,14 @@ def test_dry_run_prints_a_valid_request_without_credentials(tmp_path):
 
 
 def test_submit_rejects_a_slurm_configuration():
-    result = subprocess.run([str(ROOT / ".venv/bin/moe-cdk"), "sagemaker", "submit", "--config", "config/default.yaml",
-                             "--dry-run"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [str(ROOT / ".venv/bin/moe-cdk"), "sagemaker", "submit", "--config", "config/default.yaml", "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
-    assert "  cluster.orchestrator: submit needs a training-job configuration (got 'slurm'; allowed training-job)" in result.stderr
+    assert (
+        "  cluster.orchestrator: submit needs a training-job configuration (got 'slurm'; allowed training-job)"
+        in result.stderr
+    )

@@ -34,18 +34,32 @@ TINY = ROOT / "training/configs/tiny.yaml"
 CORPUS = ROOT / "training/configs/tiny-corpus.txt"
 
 DEFAULT_SPEC = SlurmJobSpec(
-    job_name="moe-8x1b", nodes=2, tasks_per_node=8, gpus_per_node=8, partition="gpu", constraint="efa",
-    exclusive=True, time_limit="48:00:00",
-    container_image="123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest", container_mounts="/fsx:/fsx",
+    job_name="moe-8x1b",
+    nodes=2,
+    tasks_per_node=8,
+    gpus_per_node=8,
+    partition="gpu",
+    constraint="efa",
+    exclusive=True,
+    time_limit="48:00:00",
+    container_image="123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest",
+    container_mounts="/fsx:/fsx",
     train_config="/fsx/configs/moe-8x1b.yaml",
 )
 LOCAL_SPEC = SlurmJobSpec(
-    job_name="moe-tiny", nodes=2, tasks_per_node=1, partition="ci", time_limit="00:10:00", local=True,
-    train_config="training/configs/tiny.yaml", train_args=("--set", "parallel.expert=2", "--max-steps", "40"),
+    job_name="moe-tiny",
+    nodes=2,
+    tasks_per_node=1,
+    partition="ci",
+    time_limit="00:10:00",
+    local=True,
+    train_config="training/configs/tiny.yaml",
+    train_args=("--set", "parallel.expert=2", "--max-steps", "40"),
 )
 
 
 # -- golden files -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("name", "spec"), [("sbatch-default.sh", DEFAULT_SPEC), ("sbatch-local.sh", LOCAL_SPEC)])
 def test_golden_sbatch_script(name, spec):
@@ -72,8 +86,10 @@ def test_local_script_has_no_gpus_container_or_efa():
 
 
 def test_enroot_image_separates_the_registry_with_a_hash():
-    assert enroot_image("123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest") == \
-        "123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:latest"
+    assert (
+        enroot_image("123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest")
+        == "123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:latest"
+    )
     assert enroot_image("nvcr.io/nvidia/pytorch:24.07-py3") == "nvcr.io#nvidia/pytorch:24.07-py3"
     for unchanged in ("ubuntu:22.04", "library/ubuntu", "/fsx/images/moe.sqsh", "nvcr.io#nvidia/pytorch:24.07-py3"):
         assert enroot_image(unchanged) == unchanged
@@ -81,15 +97,32 @@ def test_enroot_image_separates_the_registry_with_a_hash():
 
 # -- validation -----------------------------------------------------------------------------------
 
+
 def test_spec_problems_are_keyed_and_all_reported():
-    bad = SlurmJobSpec(job_name="a b", nodes=0, tasks_per_node=0, time_limit="48h", signal_lead_seconds=0,
-                       container_image="img", local=True, train_config="c.yaml", master_port=70000)
+    bad = SlurmJobSpec(
+        job_name="a b",
+        nodes=0,
+        tasks_per_node=0,
+        time_limit="48h",
+        signal_lead_seconds=0,
+        container_image="img",
+        local=True,
+        train_config="c.yaml",
+        master_port=70000,
+    )
     with pytest.raises(ValueError) as raised:
         render_sbatch(bad)
     lines = [line.strip() for line in str(raised.value).splitlines()[1:]]
     keys = [line.split(":", 1)[0] for line in lines]
-    assert keys == ["job_name", "nodes", "tasks_per_node", "time_limit", "signal_lead_seconds",
-                    "container_image", "master_port"]
+    assert keys == [
+        "job_name",
+        "nodes",
+        "tasks_per_node",
+        "time_limit",
+        "signal_lead_seconds",
+        "container_image",
+        "master_port",
+    ]
     assert "nodes: too few (got 0; allowed 1 or more)" in lines
     assert all(re.fullmatch(r"\w+: .+ \(got .+; allowed .+\)", line) for line in lines), lines
 
@@ -101,17 +134,29 @@ def test_spec_needs_a_container_or_local():
 
 @pytest.mark.parametrize("limit", ["10", "10:00", "48:00:00", "2-00", "2-12:30", "2-12:30:00", "UNLIMITED"])
 def test_spec_accepts_slurm_time_formats(limit):
-    assert SlurmJobSpec(job_name="j", nodes=1, tasks_per_node=1, time_limit=limit, train_config="c.yaml",
-                        local=True, signal_lead_seconds=1).problems() == []
+    assert (
+        SlurmJobSpec(
+            job_name="j",
+            nodes=1,
+            tasks_per_node=1,
+            time_limit=limit,
+            train_config="c.yaml",
+            local=True,
+            signal_lead_seconds=1,
+        ).problems()
+        == []
+    )
 
 
 def test_spec_signal_lead_must_fit_in_the_time_limit():
     spec = SlurmJobSpec(job_name="j", nodes=1, tasks_per_node=1, time_limit="5", train_config="c.yaml", local=True)
-    assert [str(p) for p in spec.problems()] == ["signal_lead_seconds: not shorter than time_limit (got 300; allowed less than 300 "
-                               "(time_limit '5'))"]
+    assert [str(p) for p in spec.problems()] == [
+        "signal_lead_seconds: not shorter than time_limit (got 300; allowed less than 300 (time_limit '5'))"
+    ]
 
 
 # -- a real two-node Slurm -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def slurm():
@@ -145,14 +190,32 @@ class TinyJob:
         self.metrics = root / "metrics.jsonl"
         self.checkpoints = root / "checkpoints"
         spec = SlurmJobSpec(
-            job_name="moe-tiny", nodes=2, tasks_per_node=1, time_limit="00:10:00", local=True, python=PYTHON,
-            train_config=str(TINY), output=str(root / "job-%j.out"), master_port=_free_port(),
-            train_args=("--set", "parallel.expert=2",
-                        "--set", f"data.prefixes=[{root / 'data' / 'tiny_text_document'}]",
-                        "--set", f"data.prepare_from=[{CORPUS}]",
-                        "--max-steps", str(max_steps), "--save-interval", "5",
-                        "--checkpoint-dir", str(self.checkpoints), "--metrics-file", str(self.metrics),
-                        *extra_args),
+            job_name="moe-tiny",
+            nodes=2,
+            tasks_per_node=1,
+            time_limit="00:10:00",
+            local=True,
+            python=PYTHON,
+            train_config=str(TINY),
+            output=str(root / "job-%j.out"),
+            master_port=_free_port(),
+            train_args=(
+                "--set",
+                "parallel.expert=2",
+                "--set",
+                f"data.prefixes=[{root / 'data' / 'tiny_text_document'}]",
+                "--set",
+                f"data.prepare_from=[{CORPUS}]",
+                "--max-steps",
+                str(max_steps),
+                "--save-interval",
+                "5",
+                "--checkpoint-dir",
+                str(self.checkpoints),
+                "--metrics-file",
+                str(self.metrics),
+                *extra_args,
+            ),
             **spec_fields,
         )
         self.spec = spec
@@ -219,9 +282,18 @@ def test_slurm_local_script_trains_on_two_nodes(slurm, tmp_path):
 
 def test_slurm_constraint_efa_runs_and_unknown_feature_is_rejected(slurm, tmp_path):
     # /bin/true stands in for the interpreter: the rendered script runs end to end in a second.
-    spec = SlurmJobSpec(job_name="efa-check", nodes=2, tasks_per_node=1, constraint="efa", time_limit="1",
-                        signal_lead_seconds=10, local=True, python="/bin/true", train_config="none.yaml",
-                        output=str(tmp_path / "job-%j.out"))
+    spec = SlurmJobSpec(
+        job_name="efa-check",
+        nodes=2,
+        tasks_per_node=1,
+        constraint="efa",
+        time_limit="1",
+        signal_lead_seconds=10,
+        local=True,
+        python="/bin/true",
+        train_config="none.yaml",
+        output=str(tmp_path / "job-%j.out"),
+    )
     script = tmp_path / "job.sh"
     script.write_text(render_sbatch(spec))
     job_id = slurm.submit(script)
@@ -238,8 +310,17 @@ def test_slurm_permanent_failure_is_not_requeued(slurm, tmp_path):
     fake = tmp_path / "fake-python"
     fake.write_text("#!/bin/sh\nexit 2\n")  # the trainer's "bad configuration" exit
     fake.chmod(0o755)
-    spec = SlurmJobSpec(job_name="bad-config", nodes=2, tasks_per_node=1, time_limit="1", signal_lead_seconds=10,
-                        local=True, python=str(fake), train_config="none.yaml", output=str(tmp_path / "job-%j.out"))
+    spec = SlurmJobSpec(
+        job_name="bad-config",
+        nodes=2,
+        tasks_per_node=1,
+        time_limit="1",
+        signal_lead_seconds=10,
+        local=True,
+        python=str(fake),
+        train_config="none.yaml",
+        output=str(tmp_path / "job-%j.out"),
+    )
     script = tmp_path / "job.sh"
     script.write_text(render_sbatch(spec))
     job_id = slurm.submit(script)
@@ -310,8 +391,11 @@ def _write_credentials(home: Path, path: str) -> Path:
     """Run the rendered script's write_enroot_credentials for REGISTRY with HOME=home."""
     script = render_sbatch(DEFAULT_SPEC)
     function = re.search(r"^write_enroot_credentials\(\) \{\n.*?^\}\n", script, re.MULTILINE | re.DOTALL).group(0)
-    subprocess.run(["bash", "-c", f"set -euo pipefail\n{function}write_enroot_credentials {REGISTRY} us-east-2"],
-                   env={"HOME": str(home), "PATH": path}, check=True)
+    subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n{function}write_enroot_credentials {REGISTRY} us-east-2"],
+        env={"HOME": str(home), "PATH": path},
+        check=True,
+    )
     return home / ".config/enroot/.credentials"
 
 
@@ -334,8 +418,11 @@ def test_enroot_credentials_give_curl_the_ecr_token(tmp_path):
     assert credentials.stat().st_mode & 0o777 == 0o600
     evaluated = tmp_path / "netrc"
     line = credentials.read_text()
-    evaluated.write_text(subprocess.run(["sh", "-c", f"echo {line}"], env={"PATH": path}, capture_output=True,
-                                        text=True, check=True).stdout)
+    evaluated.write_text(
+        subprocess.run(
+            ["sh", "-c", f"echo {line}"], env={"PATH": path}, capture_output=True, text=True, check=True
+        ).stdout
+    )
     seen = []
 
     class Registry(BaseHTTPRequestHandler):
@@ -350,8 +437,19 @@ def test_enroot_credentials_give_curl_the_ecr_token(tmp_path):
     server = HTTPServer(("127.0.0.1", 0), Registry)
     threading.Thread(target=server.handle_request, daemon=True).start()
     port = server.server_address[1]
-    subprocess.run(["curl", "-sf", "--netrc-file", str(evaluated), "--resolve", f"{REGISTRY}:{port}:127.0.0.1",
-                    f"http://{REGISTRY}:{port}/v2/"], check=True, timeout=30)
+    subprocess.run(
+        [
+            "curl",
+            "-sf",
+            "--netrc-file",
+            str(evaluated),
+            "--resolve",
+            f"{REGISTRY}:{port}:127.0.0.1",
+            f"http://{REGISTRY}:{port}/v2/",
+        ],
+        check=True,
+        timeout=30,
+    )
     server.server_close()
     assert seen == ["Basic " + base64.b64encode(b"AWS:tok3n").decode()]
 
@@ -364,7 +462,8 @@ def test_enroot_credentials_keep_other_registries_and_replace_their_own(tmp_path
     credentials = _write_credentials(home, "/usr/bin:/bin")
     _write_credentials(home, "/usr/bin:/bin")
     assert credentials.read_text() == other + (
-        f"machine {REGISTRY} login AWS password $(aws ecr get-login-password --region us-east-2)\n")
+        f"machine {REGISTRY} login AWS password $(aws ecr get-login-password --region us-east-2)\n"
+    )
 
 
 def test_images_outside_ecr_get_no_credentials_step():

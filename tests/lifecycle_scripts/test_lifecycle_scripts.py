@@ -47,11 +47,18 @@ PARAMS = {
     "controller_group": "controller",
     "login_group": "login",
     "worker_groups": [
-        {"instance_group_name": "gpu", "partition_name": "gpu", "instance_type": "ml.p5en.48xlarge",
-         "features": ["efa", "p5en", "gpu"]},
+        {
+            "instance_group_name": "gpu",
+            "partition_name": "gpu",
+            "instance_type": "ml.p5en.48xlarge",
+            "features": ["efa", "p5en", "gpu"],
+        },
     ],
-    "fsx_lustre": {"dns_name_parameter": DNS_PARAMETER, "mount_name_parameter": MOUNT_NAME_PARAMETER,
-                   "mount_point": "/fsx"},
+    "fsx_lustre": {
+        "dns_name_parameter": DNS_PARAMETER,
+        "mount_name_parameter": MOUNT_NAME_PARAMETER,
+        "mount_point": "/fsx",
+    },
     "container_runtime": {"enroot_data_dir": "/opt/dlami/nvme/enroot", "pyxis": True},
 }
 
@@ -60,14 +67,31 @@ def resource_config(gpu_group: str = "gpu") -> dict:
     return {
         "ClusterConfig": {"ClusterArn": "arn:aws:sagemaker:us-east-2:111122223333:cluster/abc", "ClusterName": "moe"},
         "InstanceGroups": [
-            {"Name": "controller", "InstanceType": "ml.m5.2xlarge", "Instances": [
-                {"InstanceName": "controller-1", "AgentIpAddress": "10.0.1.10", "CustomerIpAddress": "10.0.64.10",
-                 "InstanceId": "i-0123"}]},
-            {"Name": "login", "InstanceType": "ml.m5.2xlarge", "Instances": [
-                {"InstanceName": "login-1", "CustomerIpAddress": "10.0.64.12", "InstanceId": "i-0789"}]},
-            {"Name": gpu_group, "InstanceType": "ml.p5en.48xlarge", "Instances": [
-                {"InstanceName": "gpu-1", "CustomerIpAddress": "10.0.64.11", "InstanceId": "i-0456"},
-                {"InstanceName": "gpu-2", "CustomerIpAddress": "10.0.64.13", "InstanceId": "i-0abc"}]},
+            {
+                "Name": "controller",
+                "InstanceType": "ml.m5.2xlarge",
+                "Instances": [
+                    {
+                        "InstanceName": "controller-1",
+                        "AgentIpAddress": "10.0.1.10",
+                        "CustomerIpAddress": "10.0.64.10",
+                        "InstanceId": "i-0123",
+                    }
+                ],
+            },
+            {
+                "Name": "login",
+                "InstanceType": "ml.m5.2xlarge",
+                "Instances": [{"InstanceName": "login-1", "CustomerIpAddress": "10.0.64.12", "InstanceId": "i-0789"}],
+            },
+            {
+                "Name": gpu_group,
+                "InstanceType": "ml.p5en.48xlarge",
+                "Instances": [
+                    {"InstanceName": "gpu-1", "CustomerIpAddress": "10.0.64.11", "InstanceId": "i-0456"},
+                    {"InstanceName": "gpu-2", "CustomerIpAddress": "10.0.64.13", "InstanceId": "i-0abc"},
+                ],
+            },
         ],
     }
 
@@ -152,8 +176,9 @@ exit 0
 class Sandbox:
     """A node's file system, a copy of lifecycle_scripts/ and stubbed commands."""
 
-    def __init__(self, base: Path, instance_id: str | None = "i-0456", params: dict | None = None,
-                 resource: dict | None = None):
+    def __init__(
+        self, base: Path, instance_id: str | None = "i-0456", params: dict | None = None, resource: dict | None = None
+    ):
         self.base = base
         self.root = base / "root"
         self.lc = base / "lc"
@@ -201,8 +226,9 @@ class Sandbox:
         return env
 
     def run(self, *command: str, **extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(list(command), cwd=self.base, env=self.env(**extra), capture_output=True,
-                              text=True, timeout=60, check=False)
+        return subprocess.run(
+            list(command), cwd=self.base, env=self.env(**extra), capture_output=True, text=True, timeout=60, check=False
+        )
 
     def on_create(self, **extra: str) -> subprocess.CompletedProcess:
         return self.run("bash", str(self.lc / "on_create.sh"), **extra)
@@ -241,7 +267,9 @@ def compute_run(tmp_path_factory) -> tuple[Sandbox, subprocess.CompletedProcess]
 
 def test_compute_node_mounts_fsx_with_lustre_options(compute_run):
     box, _ = compute_run
-    assert box.calls("mount -t") == [f"mount -t lustre -o noatime,flock,_netdev fs.example@tcp:/abcdefgh {box.root}/fsx"]
+    assert box.calls("mount -t") == [
+        f"mount -t lustre -o noatime,flock,_netdev fs.example@tcp:/abcdefgh {box.root}/fsx"
+    ]
 
 
 def test_compute_node_reads_fsx_names_from_ssm(compute_run):
@@ -346,7 +374,8 @@ def test_controller_includes_pyxis_in_its_plugstack_and_reconfigures(tmp_path):
     box.write("opt/slurm/etc/plugstack.conf", "# HyperPod's plugstack.conf\n")
     succeeded(box.on_create())
     assert box.read("opt/slurm/etc/plugstack.conf") == (
-        f"# HyperPod's plugstack.conf\ninclude {box.root}/opt/slurm/etc/plugstack.conf.d/pyxis.conf\n")
+        f"# HyperPod's plugstack.conf\ninclude {box.root}/opt/slurm/etc/plugstack.conf.d/pyxis.conf\n"
+    )
     assert box.calls("scontrol") == ["scontrol reconfigure"]
 
 
@@ -365,7 +394,8 @@ def test_controller_registers_the_feature_trigger_once(tmp_path):
     succeeded(box.on_create())
     assert box.calls("strigger --set") == [
         f"strigger --set --reconfig --flags=PERM --program=/usr/bin/env MOE_LC_ROOT={box.root} /bin/bash "
-        f"{box.lc}/slurm_features.sh --reapply"]
+        f"{box.lc}/slurm_features.sh --reapply"
+    ]
 
 
 def test_login_node_configures_enroot_but_not_features(tmp_path):
@@ -424,7 +454,10 @@ def test_efa_feature_dropped_when_fi_info_fails(sandbox):
 def test_enroot_warns_when_nvme_is_not_mounted(sandbox):
     (sandbox.state / "mounts").write_text("")
     result = succeeded(sandbox.on_create())
-    assert "WARNING: /opt/dlami/nvme is not a mount point, so /opt/dlami/nvme/enroot is on the ROOT VOLUME" in result.stdout
+    assert (
+        "WARNING: /opt/dlami/nvme is not a mount point, so /opt/dlami/nvme/enroot is on the ROOT VOLUME"
+        in result.stdout
+    )
 
 
 def test_missing_enroot_fails_without_downloading(sandbox):
@@ -450,9 +483,14 @@ def test_invalid_parameters_stop_before_any_change(sandbox):
 
 
 def sourced_env(shell: str, **preset: str) -> dict:
-    result = subprocess.run([shell, "-c", '. "$1" && env', "sh", str(SCRIPTS / "efa_env.sh")],
-                            env={"PATH": os.environ["PATH"], **preset}, capture_output=True, text=True,
-                            timeout=30, check=True)
+    result = subprocess.run(
+        [shell, "-c", '. "$1" && env', "sh", str(SCRIPTS / "efa_env.sh")],
+        env={"PATH": os.environ["PATH"], **preset},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
 
 
@@ -480,26 +518,40 @@ def test_efa_env_works_in_posix_sh():
 
 
 def test_node_info_describes_compute_node(sandbox):
-    result = succeeded(sandbox.node_info(str(sandbox.root / "opt/ml/config/resource_config.json"),
-                                         str(sandbox.lc / "provisioning_parameters.json")))
+    result = succeeded(
+        sandbox.node_info(
+            str(sandbox.root / "opt/ml/config/resource_config.json"), str(sandbox.lc / "provisioning_parameters.json")
+        )
+    )
     assert result.stdout.splitlines() == [
-        "NODE_GROUP=gpu", "NODE_ROLE=compute", "PARTITION=gpu", "FEATURES=efa,p5en,gpu",
-        "INSTANCE_TYPE=ml.p5en.48xlarge", "INSTANCE_ID=i-0456", "LUSTRE_EFA_INTERFACES=0",
+        "NODE_GROUP=gpu",
+        "NODE_ROLE=compute",
+        "PARTITION=gpu",
+        "FEATURES=efa,p5en,gpu",
+        "INSTANCE_TYPE=ml.p5en.48xlarge",
+        "INSTANCE_ID=i-0456",
+        "LUSTRE_EFA_INTERFACES=0",
     ]
 
 
 def test_node_info_finds_node_by_ip(tmp_path):
     box = Sandbox(tmp_path, instance_id=None)
-    result = succeeded(box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
-                                     str(box.lc / "provisioning_parameters.json"), MOE_LC_IPS="10.0.64.13"))
+    result = succeeded(
+        box.node_info(
+            str(box.root / "opt/ml/config/resource_config.json"),
+            str(box.lc / "provisioning_parameters.json"),
+            MOE_LC_IPS="10.0.64.13",
+        )
+    )
     assert "NODE_ROLE=compute" in result.stdout.splitlines()
     assert "INSTANCE_ID=i-0abc" in result.stdout.splitlines()
 
 
 def test_node_info_rejects_unknown_group(tmp_path):
     box = Sandbox(tmp_path, resource=resource_config(gpu_group="gpu2"))
-    result = box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
-                           str(box.lc / "provisioning_parameters.json"))
+    result = box.node_info(
+        str(box.root / "opt/ml/config/resource_config.json"), str(box.lc / "provisioning_parameters.json")
+    )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "instance group: not in provisioning_parameters.json (got 'gpu2'; allowed controller, login, gpu)"
@@ -508,11 +560,15 @@ def test_node_info_rejects_unknown_group(tmp_path):
 
 def test_node_info_rejects_unknown_node(tmp_path):
     box = Sandbox(tmp_path, instance_id=None)
-    result = box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
-                           str(box.lc / "provisioning_parameters.json"), MOE_LC_IPS="192.168.1.1")
+    result = box.node_info(
+        str(box.root / "opt/ml/config/resource_config.json"),
+        str(box.lc / "provisioning_parameters.json"),
+        MOE_LC_IPS="192.168.1.1",
+    )
     assert result.returncode == 2
-    assert result.stderr.startswith("node: not found in resource_config.json (got instance id 'unknown', "
-                                    "addresses 192.168.1.1; allowed")
+    assert result.stderr.startswith(
+        "node: not found in resource_config.json (got instance id 'unknown', addresses 192.168.1.1; allowed"
+    )
 
 
 def test_check_accepts_the_fixture(sandbox):
@@ -563,8 +619,9 @@ def test_shellcheck_passes():
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (the Makefile installs it for `make test`)")
     shell_scripts = [str(p) for p in script_files() if p.suffix == ".sh"]
-    result = subprocess.run([shellcheck, "-x", *shell_scripts], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, check=False)
+    result = subprocess.run(
+        [shellcheck, "-x", *shell_scripts], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -592,22 +649,33 @@ def eks_resource_config() -> dict:
     return {
         "ClusterConfig": {"ClusterArn": "arn:aws:sagemaker:us-east-2:111122223333:cluster/eks", "ClusterName": "moe"},
         "InstanceGroups": [
-            {"Name": "accelerated", "InstanceType": "ml.p5en.48xlarge", "Instances": [
-                {"InstanceName": "accelerated-1", "CustomerIpAddress": "10.0.80.11", "InstanceId": "i-0e01"}]},
-            {"Name": "system", "InstanceType": "ml.m5.2xlarge", "Instances": [
-                {"InstanceName": "system-1", "CustomerIpAddress": "10.0.80.21", "InstanceId": "i-0e02"}]},
+            {
+                "Name": "accelerated",
+                "InstanceType": "ml.p5en.48xlarge",
+                "Instances": [
+                    {"InstanceName": "accelerated-1", "CustomerIpAddress": "10.0.80.11", "InstanceId": "i-0e01"}
+                ],
+            },
+            {
+                "Name": "system",
+                "InstanceType": "ml.m5.2xlarge",
+                "Instances": [{"InstanceName": "system-1", "CustomerIpAddress": "10.0.80.21", "InstanceId": "i-0e02"}],
+            },
         ],
     }
 
 
 AL2_TEMPLATE = "etc/eks/containerd/containerd-config.toml"
 AL2023_DROP_IN = "etc/systemd/system/containerd.service.d/10-moe-cdk-root.conf"
-OS_RELEASE = {"al2": 'NAME="Amazon Linux"\nVERSION="2"\nID="amzn"\nVERSION_ID="2"\n',
-              "al2023": 'NAME="Amazon Linux"\nVERSION="2023"\nID="amzn"\nVERSION_ID="2023"\n'}
+OS_RELEASE = {
+    "al2": 'NAME="Amazon Linux"\nVERSION="2"\nID="amzn"\nVERSION_ID="2"\n',
+    "al2023": 'NAME="Amazon Linux"\nVERSION="2023"\nID="amzn"\nVERSION_ID="2023"\n',
+}
 
 
-def eks_sandbox(base: Path, instance_id: str = "i-0e01", config: str | None = STOCK_CONTAINERD_CONFIG,
-                os: str | None = None) -> Sandbox:
+def eks_sandbox(
+    base: Path, instance_id: str = "i-0e01", config: str | None = STOCK_CONTAINERD_CONFIG, os: str | None = None
+) -> Sandbox:
     """The sandbox of EKS node accelerated-1, with the AMI's containerd config.toml unless config is None,
     and, for os "al2" or "al2023", that EKS AMI's os-release and containerd files (AL2's bootstrap template;
     AL2023's config.toml as nodeadm writes it)."""
@@ -639,17 +707,28 @@ def test_eks_fixture_passes_check(tmp_path):
     assert succeeded(box.node_info("--check", str(box.lc / "provisioning_parameters.json"))).stdout.startswith("OK: ")
 
 
-@pytest.mark.parametrize("instance_id, group, features, instance_type", [
-    ("i-0e01", "accelerated", "efa,p5en,gpu", "ml.p5en.48xlarge"),
-    ("i-0e02", "system", "m5,cpu", "ml.m5.2xlarge"),
-])
+@pytest.mark.parametrize(
+    "instance_id, group, features, instance_type",
+    [
+        ("i-0e01", "accelerated", "efa,p5en,gpu", "ml.p5en.48xlarge"),
+        ("i-0e02", "system", "m5,cpu", "ml.m5.2xlarge"),
+    ],
+)
 def test_eks_node_info_makes_every_group_a_worker(tmp_path, instance_id, group, features, instance_type):
     box = eks_sandbox(tmp_path, instance_id=instance_id)
-    result = succeeded(box.node_info(str(box.root / "opt/ml/config/resource_config.json"),
-                                     str(box.lc / "provisioning_parameters.json")))
+    result = succeeded(
+        box.node_info(
+            str(box.root / "opt/ml/config/resource_config.json"), str(box.lc / "provisioning_parameters.json")
+        )
+    )
     assert result.stdout.splitlines() == [
-        f"NODE_GROUP={group}", "NODE_ROLE=worker", "PARTITION=", f"FEATURES={features}",
-        f"INSTANCE_TYPE={instance_type}", f"INSTANCE_ID={instance_id}", "LUSTRE_EFA_INTERFACES=0",
+        f"NODE_GROUP={group}",
+        "NODE_ROLE=worker",
+        "PARTITION=",
+        f"FEATURES={features}",
+        f"INSTANCE_TYPE={instance_type}",
+        f"INSTANCE_ID={instance_id}",
+        "LUSTRE_EFA_INTERFACES=0",
     ]
 
 
@@ -698,8 +777,10 @@ def test_eks_node_falls_back_to_sagemaker_volume_without_nvme(tmp_path):
     assert box.read(CONTAINERD_CONFIG) == with_root(STOCK_CONTAINERD_CONFIG, "/opt/sagemaker/containerd")
     assert (box.root / "opt/sagemaker/containerd").is_dir()
     assert not (box.root / "opt/dlami/nvme/containerd").exists()
-    assert ("WARNING: /opt/dlami/nvme is not a mount point, so containerd data goes to /opt/sagemaker/containerd "
-            "(container_runtime.fallback_data_dir) instead of /opt/dlami/nvme/containerd") in result.stdout
+    assert (
+        "WARNING: /opt/dlami/nvme is not a mount point, so containerd data goes to /opt/sagemaker/containerd "
+        "(container_runtime.fallback_data_dir) instead of /opt/dlami/nvme/containerd"
+    ) in result.stdout
     assert box.calls("systemctl restart") == ["systemctl restart containerd"]
 
 
@@ -754,8 +835,9 @@ def test_check_rejects_fsx_lustre_on_eks(tmp_path):
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert line.startswith('fsx_lustre: not used on EKS (got {"dns_name_parameter": "/moe-cdk/moe/fsx/dns-name"')
-    assert line.endswith("; allowed null when workload_manager is 'eks': the FSx CSI driver mounts FSx for Lustre "
-                         "into pods)")
+    assert line.endswith(
+        "; allowed null when workload_manager is 'eks': the FSx CSI driver mounts FSx for Lustre into pods)"
+    )
 
 
 def test_check_rejects_controller_group_on_eks(tmp_path):
@@ -793,7 +875,10 @@ def test_eks_al2023_overrides_the_root_on_containerds_command_line(tmp_path):
     succeeded(box.on_create())
     assert box.read(CONTAINERD_CONFIG) == STOCK_CONTAINERD_CONFIG  # nodeadm's file stays nodeadm's
     assert box.read(AL2023_DROP_IN).splitlines()[1:] == [
-        "[Service]", "ExecStart=", "ExecStart=/usr/bin/containerd --root /opt/dlami/nvme/containerd"]
+        "[Service]",
+        "ExecStart=",
+        "ExecStart=/usr/bin/containerd --root /opt/dlami/nvme/containerd",
+    ]
     assert box.calls("systemctl daemon-reload") and box.calls("systemctl restart") == ["systemctl restart containerd"]
 
 
@@ -832,10 +917,13 @@ def test_efa_file_system_adds_efa_interfaces_to_lnet_before_mounting(tmp_path):
     box = efa_file_system_sandbox(tmp_path)
     succeeded(box.on_create())
     calls = [c for c in box.calls() if c.startswith(("lnetctl", "mount -t"))]
-    assert calls == ["lnetctl lnet configure", "lnetctl net show --net efa",
-                     "lnetctl net add --net efa --if rdmap0s6 --peer-credits 32",
-                     "lnetctl net add --net efa --if rdmap1s6 --peer-credits 32",
-                     "mount -t lustre -o noatime,flock,_netdev fs.example@tcp:/abcdefgh " + str(box.root / "fsx")]
+    assert calls == [
+        "lnetctl lnet configure",
+        "lnetctl net show --net efa",
+        "lnetctl net add --net efa --if rdmap0s6 --peer-credits 32",
+        "lnetctl net add --net efa --if rdmap1s6 --peer-credits 32",
+        "mount -t lustre -o noatime,flock,_netdev fs.example@tcp:/abcdefgh " + str(box.root / "fsx"),
+    ]
 
 
 def test_efa_interfaces_already_in_lnet_are_not_added_again(tmp_path):
@@ -863,4 +951,4 @@ def test_check_rejects_efa_interfaces_of_an_unknown_group(sandbox):
     sandbox.write_params(params)
     result = sandbox.node_info("--check", str(sandbox.lc / "provisioning_parameters.json"))
     assert result.returncode == 2
-    assert result.stderr.startswith("fsx_lustre.efa_interfaces: invalid (got {\"nope\": 8}")
+    assert result.stderr.startswith('fsx_lustre.efa_interfaces: invalid (got {"nope": 8}')

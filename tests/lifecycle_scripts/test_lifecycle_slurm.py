@@ -89,12 +89,23 @@ def test_features_survive_reconfigure_through_the_controllers_trigger(box, slurm
 @pytest.fixture
 def standin_plugin(tmp_path) -> Path:
     if not SPANK_HEADER.is_file():
-        install = ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "--no-install-recommends", "libslurm-dev"]
+        install = [
+            "apt-get",
+            "-o",
+            "DPkg::Lock::Timeout=300",
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "libslurm-dev",
+        ]
         subprocess.run(install, capture_output=True, check=False)
     assert SPANK_HEADER.is_file(), "libslurm-dev (Slurm's spank.h) is needed: make system-packages installs it"
     plugin = tmp_path / "spank_standin.so"
-    subprocess.run([shutil.which("gcc") or "cc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(plugin),
-                    str(STANDIN_SOURCE)], check=True, capture_output=True)
+    subprocess.run(
+        [shutil.which("gcc") or "cc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(plugin), str(STANDIN_SOURCE)],
+        check=True,
+        capture_output=True,
+    )
     return plugin
 
 
@@ -109,8 +120,14 @@ def test_pyxis_registered_on_the_controller_loads_on_every_configless_node(box, 
     before = slurm.run("srun", "-N2", "--container-image=x", "true", timeout=60)
     assert before.returncode != 0 and "unrecognized option" in before.stderr
     register_standin_pyxis(box, slurm, standin_plugin)
-    job = slurm.run("srun", "-N2", "--container-image=123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1",
-                    "printenv", "MOE_STANDIN_IMAGE", timeout=60)
+    job = slurm.run(
+        "srun",
+        "-N2",
+        "--container-image=123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1",
+        "printenv",
+        "MOE_STANDIN_IMAGE",
+        timeout=60,
+    )
     assert job.returncode == 0, job.stderr + slurm.log_tail(20)
     assert job.stdout.split() == ["123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1"] * 2
 
@@ -123,9 +140,17 @@ def test_batch_script_asks_for_auto_resume_on_hyperpod_nodes_only(tmp_path, box,
     marker.mkdir()
     logs = {}
     for name, folder in (("hyperpod", marker), ("elsewhere", tmp_path / "absent")):
-        spec = SlurmJobSpec(job_name=name, nodes=2, tasks_per_node=1, partition="ci", time_limit="00:10:00",
-                            container_image="localhost:5000/moe:1", train_config="moe.yaml", requeue=False,
-                            hyperpod_marker=str(folder))
+        spec = SlurmJobSpec(
+            job_name=name,
+            nodes=2,
+            tasks_per_node=1,
+            partition="ci",
+            time_limit="00:10:00",
+            container_image="localhost:5000/moe:1",
+            train_config="moe.yaml",
+            requeue=False,
+            hyperpod_marker=str(folder),
+        )
         script = tmp_path / f"{name}.sh"
         script.write_text(render_sbatch(spec))
         job = slurm.submit(script)

@@ -11,8 +11,9 @@ SPECS = [catalog.lookup(t) for t in ("ml.m5.2xlarge", "ml.p5en.48xlarge", "ml.p5
 
 
 def test_docs_table_is_generated_from_the_module():
-    assert (ROOT / "docs/eks-software.md").read_text() == eks_rules.reference_table(), \
+    assert (ROOT / "docs/eks-software.md").read_text() == eks_rules.reference_table(), (
         "docs/eks-software.md is stale; run `make docs`"
+    )
 
 
 def test_every_chart_is_pinned():
@@ -29,8 +30,11 @@ def test_gpu_and_neuron_selectors_split_by_accelerator():
 
 
 def test_plugins_tolerate_hyperpod_health_taint():
-    for values in (eks_rules.nvidia_plugin_values(SPECS), eks_rules.efa_plugin_values(SPECS),
-                   eks_rules.dcgm_exporter_values(SPECS)):
+    for values in (
+        eks_rules.nvidia_plugin_values(SPECS),
+        eks_rules.efa_plugin_values(SPECS),
+        eks_rules.dcgm_exporter_values(SPECS),
+    ):
         assert eks_rules.HEALTH_TAINT_TOLERATION in values["tolerations"]
 
 
@@ -41,8 +45,11 @@ def test_dcgm_exporter_is_annotated_for_the_scraper():
 
 def test_plugins_tolerate_the_configured_taints():
     custom = {"key": "moe-cdk/dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
-    for values in (eks_rules.nvidia_plugin_values(SPECS, [custom]), eks_rules.efa_plugin_values(SPECS, [custom]),
-                   eks_rules.dcgm_exporter_values(SPECS, [custom])):
+    for values in (
+        eks_rules.nvidia_plugin_values(SPECS, [custom]),
+        eks_rules.efa_plugin_values(SPECS, [custom]),
+        eks_rules.dcgm_exporter_values(SPECS, [custom]),
+    ):
         assert custom in values["tolerations"]
 
 

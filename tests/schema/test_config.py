@@ -28,6 +28,7 @@ def errors_for(mutate) -> list[str]:
 
 def _set(path: str, value):
     """A mutation that sets a dotted path (list indices as numbers) in the parsed YAML."""
+
     def mutate(data):
         *parents, last = path.split(".")
         node = data
@@ -37,6 +38,7 @@ def _set(path: str, value):
             node[int(last)] = value
         else:
             node[last] = value
+
     return mutate
 
 
@@ -45,70 +47,158 @@ def _associations(*pairs):
 
 
 INVALID = [
-    pytest.param(_set("storage.lustre.storage_capacity_gib", 1000),
-                 "storage.lustre.storage_capacity_gib: not a PERSISTENT_2 SSD capacity (got 1000;", id="capacity-1000"),
-    pytest.param(_set("storage.lustre.storage_capacity_gib", 3600),
-                 "storage.lustre.storage_capacity_gib: not a PERSISTENT_2 SSD capacity (got 3600;", id="capacity-3600"),
-    pytest.param(_set("storage.lustre.per_unit_storage_throughput_mb_s_tib", 300),
-                 "storage.lustre.per_unit_storage_throughput_mb_s_tib: not a PERSISTENT_2 throughput tier (got 300;",
-                 id="throughput-300"),
-    pytest.param(_set("storage.data_repository.associations", _associations(*[(f"/d{i}", f"d{i}") for i in range(9)])),
-                 "storage.data_repository.associations: too many data repository associations", id="nine-dras"),
-    pytest.param(_set("storage.data_repository.associations", _associations(("/data", "a"), ("/data", "b"))),
-                 "storage.data_repository.associations[1].file_system_path: overlaps associations[0].file_system_path",
-                 id="duplicate-dra-path"),
-    pytest.param(_set("storage.data_repository.associations", _associations(("/data", "a"), ("/data/sub", "b"))),
-                 "storage.data_repository.associations[1].file_system_path: overlaps", id="nested-dra-path"),
-    pytest.param(_set("storage.data_repository.associations", _associations(("/a", "data"), ("/b", "data"))),
-                 "storage.data_repository.associations[1].s3_prefix: overlaps associations[0].s3_prefix", id="duplicate-prefix"),
-    pytest.param(_set("storage.data_repository.associations.0.imported_file_chunk_size_mib", 600000),
-                 "storage.data_repository.associations[0].imported_file_chunk_size_mib: out of range (got 600000;",
-                 id="chunk-size"),
-    pytest.param(_set("storage.data_repository.associations.0.auto_import_events", ["NEW", "RENAMED"]),
-                 "storage.data_repository.associations[0].auto_import_events[1]: unknown value (got 'RENAMED'; allowed NEW, CHANGED, DELETED)",
-                 id="unknown-event"),
-    pytest.param(_set("cluster.availability_zone", "us-west-2a"),
-                 "cluster.availability_zone: not an availability zone of the region (got 'us-west-2a';", id="zone-outside-region"),
-    pytest.param(_set("cluster.instance_groups.2.instance_type", "ml.p9.96xlarge"),
-                 "cluster.instance_groups[2].instance_type: unknown instance type (got 'ml.p9.96xlarge';", id="unknown-instance"),
-    pytest.param(_set("cluster.instance_groups.2.instance_type", "ml.m5.24xlarge"),
-                 "cluster.instance_groups[2].instance_type: has no EFA, and EFA is required", id="compute-without-efa"),
-    pytest.param(_set("cluster.instance_groups.2.instance_count", -2),
-                 "cluster.instance_groups[2].instance_count: must be at least 1 (got -2;", id="negative-count"),
-    pytest.param(_set("cluster.instance_groups.2.instance_count", "two"),
-                 "cluster.instance_groups[2].instance_count: wrong type (got 'two'; allowed an integer)", id="count-not-int"),
-    pytest.param(_set("cluster.instance_groups.2.name", "gpu_nodes"),
-                 "cluster.instance_groups[2].name: not a valid instance group name (got 'gpu_nodes';", id="group-name"),
-    pytest.param(_set("cluster.instance_groups.1.name", "controller"),
-                 "cluster.instance_groups[1].name: duplicate group name (got 'controller';", id="duplicate-group"),
-    pytest.param(_set("cluster.instance_groups.0.instance_count", 2),
-                 "cluster.instance_groups: needs exactly one controller group with instance_count 1", id="two-controllers"),
-    pytest.param(_set("cluster.orchestrator", "pbs"),
-                 "cluster.orchestrator: unknown value (got 'pbs'; allowed slurm, eks, training-job)", id="orchestrator"),
-    pytest.param(_set("storage.lustre.storage_capacity_gb", 4800),
-                 "storage.lustre.storage_capacity_gb: unknown key (got 'storage_capacity_gb'; allowed storage_capacity_gib,",
-                 id="unknown-key"),
-    pytest.param(lambda d: d["cluster"].pop("availability_zone"),
-                 "cluster.availability_zone: required key is missing", id="missing-key"),
-    pytest.param(lambda d: d["storage"]["lustre"].update(efa_enabled=True, storage_capacity_gib=19200, availability_zone="us-east-2b"),
-                 "storage.lustre.availability_zone: an EFA-enabled file system must be in the cluster's zone (got 'us-east-2b'; allowed us-east-2a)",
-                 id="efa-fs-other-zone"),
-    pytest.param(lambda d: d["storage"]["lustre"].update(efa_enabled=True, storage_capacity_gib=4800),
-                 "storage.lustre.storage_capacity_gib: must be a multiple of 19200 GiB for an EFA-enabled file system at 250 MB/s/TiB",
-                 id="efa-capacity"),
-    pytest.param(lambda d: (d["network"].update(vpc_cidr="10.0.0.0/17"), d["storage"]["lustre"].update(availability_zone="us-east-2b")),
-                 "network.vpc_cidr: too small for 2 zone(s) of one /24 public and one /18 private subnet", id="vpc-too-small"),
-    pytest.param(_set("network.vpc_cidr", "10.0.0.300/16"),
-                 "network.vpc_cidr: not an IPv4 CIDR block (got '10.0.0.300/16';", id="bad-cidr"),
-    pytest.param(_set("network.flow_log_retention_days", 100),
-                 "network.flow_log_retention_days: not a CloudWatch Logs retention (got 100;", id="retention"),
+    pytest.param(
+        _set("storage.lustre.storage_capacity_gib", 1000),
+        "storage.lustre.storage_capacity_gib: not a PERSISTENT_2 SSD capacity (got 1000;",
+        id="capacity-1000",
+    ),
+    pytest.param(
+        _set("storage.lustre.storage_capacity_gib", 3600),
+        "storage.lustre.storage_capacity_gib: not a PERSISTENT_2 SSD capacity (got 3600;",
+        id="capacity-3600",
+    ),
+    pytest.param(
+        _set("storage.lustre.per_unit_storage_throughput_mb_s_tib", 300),
+        "storage.lustre.per_unit_storage_throughput_mb_s_tib: not a PERSISTENT_2 throughput tier (got 300;",
+        id="throughput-300",
+    ),
+    pytest.param(
+        _set("storage.data_repository.associations", _associations(*[(f"/d{i}", f"d{i}") for i in range(9)])),
+        "storage.data_repository.associations: too many data repository associations",
+        id="nine-dras",
+    ),
+    pytest.param(
+        _set("storage.data_repository.associations", _associations(("/data", "a"), ("/data", "b"))),
+        "storage.data_repository.associations[1].file_system_path: overlaps associations[0].file_system_path",
+        id="duplicate-dra-path",
+    ),
+    pytest.param(
+        _set("storage.data_repository.associations", _associations(("/data", "a"), ("/data/sub", "b"))),
+        "storage.data_repository.associations[1].file_system_path: overlaps",
+        id="nested-dra-path",
+    ),
+    pytest.param(
+        _set("storage.data_repository.associations", _associations(("/a", "data"), ("/b", "data"))),
+        "storage.data_repository.associations[1].s3_prefix: overlaps associations[0].s3_prefix",
+        id="duplicate-prefix",
+    ),
+    pytest.param(
+        _set("storage.data_repository.associations.0.imported_file_chunk_size_mib", 600000),
+        "storage.data_repository.associations[0].imported_file_chunk_size_mib: out of range (got 600000;",
+        id="chunk-size",
+    ),
+    pytest.param(
+        _set("storage.data_repository.associations.0.auto_import_events", ["NEW", "RENAMED"]),
+        "storage.data_repository.associations[0].auto_import_events[1]: unknown value (got 'RENAMED'; allowed NEW, "
+        "CHANGED, DELETED)",
+        id="unknown-event",
+    ),
+    pytest.param(
+        _set("cluster.availability_zone", "us-west-2a"),
+        "cluster.availability_zone: not an availability zone of the region (got 'us-west-2a';",
+        id="zone-outside-region",
+    ),
+    pytest.param(
+        _set("cluster.instance_groups.2.instance_type", "ml.p9.96xlarge"),
+        "cluster.instance_groups[2].instance_type: unknown instance type (got 'ml.p9.96xlarge';",
+        id="unknown-instance",
+    ),
+    pytest.param(
+        _set("cluster.instance_groups.2.instance_type", "ml.m5.24xlarge"),
+        "cluster.instance_groups[2].instance_type: has no EFA, and EFA is required",
+        id="compute-without-efa",
+    ),
+    pytest.param(
+        _set("cluster.instance_groups.2.instance_count", -2),
+        "cluster.instance_groups[2].instance_count: must be at least 1 (got -2;",
+        id="negative-count",
+    ),
+    pytest.param(
+        _set("cluster.instance_groups.2.instance_count", "two"),
+        "cluster.instance_groups[2].instance_count: wrong type (got 'two'; allowed an integer)",
+        id="count-not-int",
+    ),
+    pytest.param(
+        _set("cluster.instance_groups.2.name", "gpu_nodes"),
+        "cluster.instance_groups[2].name: not a valid instance group name (got 'gpu_nodes';",
+        id="group-name",
+    ),
+    pytest.param(
+        _set("cluster.instance_groups.1.name", "controller"),
+        "cluster.instance_groups[1].name: duplicate group name (got 'controller';",
+        id="duplicate-group",
+    ),
+    pytest.param(
+        _set("cluster.instance_groups.0.instance_count", 2),
+        "cluster.instance_groups: needs exactly one controller group with instance_count 1",
+        id="two-controllers",
+    ),
+    pytest.param(
+        _set("cluster.orchestrator", "pbs"),
+        "cluster.orchestrator: unknown value (got 'pbs'; allowed slurm, eks, training-job)",
+        id="orchestrator",
+    ),
+    pytest.param(
+        _set("storage.lustre.storage_capacity_gb", 4800),
+        "storage.lustre.storage_capacity_gb: unknown key (got 'storage_capacity_gb'; allowed storage_capacity_gib,",
+        id="unknown-key",
+    ),
+    pytest.param(
+        lambda d: d["cluster"].pop("availability_zone"),
+        "cluster.availability_zone: required key is missing",
+        id="missing-key",
+    ),
+    pytest.param(
+        lambda d: d["storage"]["lustre"].update(
+            efa_enabled=True, storage_capacity_gib=19200, availability_zone="us-east-2b"
+        ),
+        "storage.lustre.availability_zone: an EFA-enabled file system must be in the cluster's zone (got 'us-east-2b'; "
+        "allowed us-east-2a)",
+        id="efa-fs-other-zone",
+    ),
+    pytest.param(
+        lambda d: d["storage"]["lustre"].update(efa_enabled=True, storage_capacity_gib=4800),
+        "storage.lustre.storage_capacity_gib: must be a multiple of 19200 GiB for an EFA-enabled file system at 250 "
+        "MB/s/TiB",
+        id="efa-capacity",
+    ),
+    pytest.param(
+        lambda d: (
+            d["network"].update(vpc_cidr="10.0.0.0/17"),
+            d["storage"]["lustre"].update(availability_zone="us-east-2b"),
+        ),
+        "network.vpc_cidr: too small for 2 zone(s) of one /24 public and one /18 private subnet",
+        id="vpc-too-small",
+    ),
+    pytest.param(
+        _set("network.vpc_cidr", "10.0.0.300/16"),
+        "network.vpc_cidr: not an IPv4 CIDR block (got '10.0.0.300/16';",
+        id="bad-cidr",
+    ),
+    pytest.param(
+        _set("network.flow_log_retention_days", 100),
+        "network.flow_log_retention_days: not a CloudWatch Logs retention (got 100;",
+        id="retention",
+    ),
     pytest.param(_set("region", "mars-1"), "region: not a Region name (got 'mars-1';", id="region"),
-    pytest.param(_set("network.existing_vpc", {"vpc_id": "vpc-0123456789abcdef0", "vpc_cidr_block": "10.1.0.0/16",
-                                              "private_subnets": [{"subnet_id": "subnet-0123456789abcdef0", "availability_zone": "us-east-2b"}]}),
-                 "network.existing_vpc.private_subnets: no subnet in a zone the deployment uses (got ['us-east-2b']; allowed a subnet in us-east-2a)",
-                 id="existing-vpc-zone"),
-    pytest.param(_set("storage.data_repository.bucket_name", "My_Bucket"),
-                 "storage.data_repository.bucket_name: not a valid S3 bucket name (got 'My_Bucket';", id="bucket-name"),
+    pytest.param(
+        _set(
+            "network.existing_vpc",
+            {
+                "vpc_id": "vpc-0123456789abcdef0",
+                "vpc_cidr_block": "10.1.0.0/16",
+                "private_subnets": [{"subnet_id": "subnet-0123456789abcdef0", "availability_zone": "us-east-2b"}],
+            },
+        ),
+        "network.existing_vpc.private_subnets: no subnet in a zone the deployment uses (got ['us-east-2b']; allowed a "
+        "subnet in us-east-2a)",
+        id="existing-vpc-zone",
+    ),
+    pytest.param(
+        _set("storage.data_repository.bucket_name", "My_Bucket"),
+        "storage.data_repository.bucket_name: not a valid S3 bucket name (got 'My_Bucket';",
+        id="bucket-name",
+    ),
 ]
 
 
@@ -142,6 +232,7 @@ def test_all_errors_are_reported_together():
         data["storage"]["lustre"]["per_unit_storage_throughput_mb_s_tib"] = 300
         data["cluster"]["instance_groups"][2]["instance_type"] = "ml.nope"
         data["network"]["flow_log_retention_days"] = 2
+
     keys = {line.split(":")[0] for line in errors_for(mutate)}
     assert keys == {
         "storage.lustre.storage_capacity_gib",
@@ -165,13 +256,17 @@ def test_missing_file_is_a_config_error(tmp_path):
 
 
 def test_reference_docs_are_up_to_date():
-    assert (ROOT / "docs/configuration.md").read_text() == reference_docs(), \
+    assert (ROOT / "docs/configuration.md").read_text() == reference_docs(), (
         "docs/configuration.md is stale: run `make docs`"
+    )
 
 
 def _config_classes():
-    return [obj for obj in vars(config_module).values()
-            if dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__]
+    return [
+        obj
+        for obj in vars(config_module).values()
+        if dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__
+    ]
 
 
 @pytest.mark.parametrize("cls", _config_classes(), ids=lambda c: c.__name__)
@@ -182,13 +277,17 @@ def test_every_configuration_key_is_documented(cls):
 
 def test_accounting_database_without_continuous_provisioning_is_refused():
     data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
-    data["cluster"]["accounting_database"] = {"endpoint": "db.example.com",
-                                              "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:db"}
+    data["cluster"]["accounting_database"] = {
+        "endpoint": "db.example.com",
+        "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:db",
+    }
     with pytest.raises(ConfigError) as caught:
         parse_config(data)
-    assert caught.value.errors == ["cluster.accounting_database: an external accounting database needs continuous node "
-                                   "provisioning (got 'standard'; allowed node_provisioning_mode continuous (and no "
-                                   "slurm_config_strategy))"]
+    assert caught.value.errors == [
+        "cluster.accounting_database: an external accounting database needs continuous node "
+        "provisioning (got 'standard'; allowed node_provisioning_mode continuous (and no "
+        "slurm_config_strategy))"
+    ]
 
 
 def test_continuous_provisioning_refuses_a_slurm_config_strategy():
@@ -218,7 +317,9 @@ def test_eks_nodes_count_the_primary_interfaces_addresses():
 
     cards = catalog.lookup("ml.p5.48xlarge").efa_interfaces
     assert (node_ip_addresses(network_cards=cards, eks=False), node_ip_addresses(network_cards=cards, eks=True)) == (
-        32, 81)  # HyperPod's figures
+        32,
+        81,
+    )  # HyperPod's figures
 
 
 def test_efa_file_system_without_an_efa_client_is_refused():
@@ -240,4 +341,5 @@ def test_efa_file_system_connection_limit_is_checked():
         parse_config(data)
     assert [e for e in caught.value.errors if e.startswith("storage.lustre.efa_enabled")] == [
         "storage.lustre.efa_enabled: more EFA connections than one file system accepts (got 1032; allowed at most "
-        "1024 (8 per P5-family node by default))"]
+        "1024 (8 per P5-family node by default))"
+    ]

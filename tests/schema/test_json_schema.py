@@ -17,8 +17,9 @@ from moe_cdk.training.config import SCHEMA_FILE as TRAINER_SCHEMA_FILE, train_co
 PROFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "training/configs").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("argv", [["--check", SCHEMA_FILE], ["--trainer", "--check", TRAINER_SCHEMA_FILE]],
-                         ids=["deployment", "trainer"])
+@pytest.mark.parametrize(
+    "argv", [["--check", SCHEMA_FILE], ["--trainer", "--check", TRAINER_SCHEMA_FILE]], ids=["deployment", "trainer"]
+)
 def test_shipped_schema_is_current(argv, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["config-schema", *argv]) == 0, "stale JSON Schema: run `make docs`"
@@ -34,12 +35,16 @@ def test_every_trainer_profile_meets_the_schema(path):
     jsonschema.Draft202012Validator(train_config_schema()).validate(yaml.safe_load((ROOT / path).read_text()))
 
 
-@pytest.mark.parametrize("change", [
-    lambda d: d.update(unknown_key=1),
-    lambda d: d["cluster"].update(orchestrator="nomad"),
-    lambda d: d["cluster"]["instance_groups"][0].update(instance_count="two"),
-    lambda d: d["cluster"]["instance_groups"][0].pop("instance_type"),
-], ids=["unknown key", "unknown enum value", "wrong type", "missing key"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d.update(unknown_key=1),
+        lambda d: d["cluster"].update(orchestrator="nomad"),
+        lambda d: d["cluster"]["instance_groups"][0].update(instance_count="two"),
+        lambda d: d["cluster"]["instance_groups"][0].pop("instance_type"),
+    ],
+    ids=["unknown key", "unknown enum value", "wrong type", "missing key"],
+)
 def test_schema_refuses_what_the_loader_refuses(change):
     data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
     change(data)

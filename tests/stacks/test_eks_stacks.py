@@ -15,8 +15,11 @@ from moe_cdk.stacks.deployment import build_app, summary_lines
 
 @pytest.fixture(scope="module")
 def assembly(tmp_path_factory):
-    return build_app(with_staged_chart(load_config(ROOT / "config/eks-p5en.yaml")), outdir=str(tmp_path_factory.mktemp("cdk.out")),
-                     cloudformation_validation=False).synth()
+    return build_app(
+        with_staged_chart(load_config(ROOT / "config/eks-p5en.yaml")),
+        outdir=str(tmp_path_factory.mktemp("cdk.out")),
+        cloudformation_validation=False,
+    ).synth()
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,9 @@ def test_eks_and_hyperpod_stacks_join_network_and_storage(templates):
 
 def test_fsx_volume_is_the_storage_stack_file_system(templates):
     (manifest,) = resources_of_type(templates["moe-eks-eks"], "Custom::AWSCDK-EKS-KubernetesResource").values()
-    outputs = [p["Fn::GetStackOutput"] for p in manifest["Properties"]["Manifest"]["Fn::Join"][1] if isinstance(p, dict)]
+    outputs = [
+        p["Fn::GetStackOutput"] for p in manifest["Properties"]["Manifest"]["Fn::Join"][1] if isinstance(p, dict)
+    ]
     assert [o["StackName"] for o in outputs] == ["moe-eks-storage"] * 3
     assert "fsx.csi.aws.com" in json.dumps(manifest)
 

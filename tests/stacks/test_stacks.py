@@ -26,9 +26,14 @@ def test_file_system_is_in_the_cluster_zone(default_synth, default_config):
     (fs,) = resources_of_type(templates["moe-storage"], "AWS::FSx::FileSystem").values()
     (subnet_reference,) = fs["Properties"]["SubnetIds"]
     network = templates["moe-network"]
-    (output,) = [o for o in network["Outputs"].values() if o.get("Export", {}).get("Name") == subnet_reference["Fn::ImportValue"]]
+    (output,) = [
+        o for o in network["Outputs"].values() if o.get("Export", {}).get("Name") == subnet_reference["Fn::ImportValue"]
+    ]
     subnet_logical_id = output["Value"]["Ref"]
-    assert network["Resources"][subnet_logical_id]["Properties"]["AvailabilityZone"] == default_config.cluster.availability_zone
+    assert (
+        network["Resources"][subnet_logical_id]["Properties"]["AvailabilityZone"]
+        == default_config.cluster.availability_zone
+    )
 
 
 def test_lustre_ports_are_opened_to_the_node_security_group(default_synth):
@@ -64,8 +69,20 @@ def test_cdk_nag_checks_every_synth(default_config, tmp_path):
 def assert_cfn_lint_clean(region: str, *templates: Path) -> None:
     # W3010 (hard-coded availability zone) is the design: capacity and the file system are
     # pinned to one zone on purpose. W3005 fires on DependsOn that CDK generates itself.
-    result = subprocess.run([str(ROOT / ".venv/bin/cfn-lint"), "--regions", region, "--ignore-checks", "W3010", "W3005",
-                             "--", *map(str, templates)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv/bin/cfn-lint"),
+            "--regions",
+            region,
+            "--ignore-checks",
+            "W3010",
+            "W3005",
+            "--",
+            *map(str, templates),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -86,8 +103,13 @@ def test_synth_is_deterministic(default_synth, default_config, tmp_path):
 def test_cdk_cli_and_python_app_write_the_same_templates(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
     cli = tmp_path / "cli"
-    subprocess.run([str(ROOT / ".venv/cdk-cli/node_modules/.bin/cdk"), "synth", "--quiet", "--output", str(cli)],
-                   cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run(
+        [str(ROOT / ".venv/cdk-cli/node_modules/.bin/cdk"), "synth", "--quiet", "--output", str(cli)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     direct = tmp_path / "direct"
     subprocess.run([PYTHON, "app.py"], cwd=ROOT, env=env | {"CDK_OUTDIR": str(direct)}, check=True, capture_output=True)
     names = sorted(p.name for p in cli.glob("*.template.json"))
@@ -96,8 +118,10 @@ def test_cdk_cli_and_python_app_write_the_same_templates(tmp_path):
         assert (cli / name).read_bytes() == (direct / name).read_bytes(), name
 
 
-ACCOUNTING = {"endpoint": "slurmdb.cluster-abc.us-east-2.rds.amazonaws.com",
-              "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:slurmdb-AbCdEf"}
+ACCOUNTING = {
+    "endpoint": "slurmdb.cluster-abc.us-east-2.rds.amazonaws.com",
+    "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:slurmdb-AbCdEf",
+}
 
 
 def test_accounting_database_synthesizes_what_cloudformation_accepts(tmp_path):
@@ -110,11 +134,26 @@ def test_accounting_database_synthesizes_what_cloudformation_accepts(tmp_path):
     template = read_json(tmp_path / "moe-cluster.template.json")
     (cluster,) = resources_of_type(template, "AWS::SageMaker::Cluster").values()
     assert cluster["Properties"]["NodeProvisioningMode"] == "Continuous"
-    assert cluster["Properties"]["Orchestrator"] == {"Slurm": {"AccountingDatabase": {
-        "Endpoint": ACCOUNTING["endpoint"], "SecretArn": ACCOUNTING["secret_arn"], "Name": "slurm_acct_db", "Port": 3306}}}
-    statements = [s for p in resources_of_type(template, "AWS::IAM::Policy").values()
-                  for s in p["Properties"]["PolicyDocument"]["Statement"]]
-    assert {"Action": "secretsmanager:GetSecretValue", "Effect": "Allow", "Resource": ACCOUNTING["secret_arn"]} in statements
+    assert cluster["Properties"]["Orchestrator"] == {
+        "Slurm": {
+            "AccountingDatabase": {
+                "Endpoint": ACCOUNTING["endpoint"],
+                "SecretArn": ACCOUNTING["secret_arn"],
+                "Name": "slurm_acct_db",
+                "Port": 3306,
+            }
+        }
+    }
+    statements = [
+        s
+        for p in resources_of_type(template, "AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    assert {
+        "Action": "secretsmanager:GetSecretValue",
+        "Effect": "Allow",
+        "Resource": ACCOUNTING["secret_arn"],
+    } in statements
     assert_cfn_lint_clean(config.region, tmp_path / "moe-cluster.template.json")
 
 
@@ -129,8 +168,12 @@ def test_subnets_and_security_groups_in_use_are_strong_references(default_synth)
         text = json.dumps(templates[consumer])
         assert "Fn::GetStackOutput" not in text
         imported = set(re.findall(r'"Fn::ImportValue": "([^"]+)"', text))
-        types = {network[(v.get("Ref") or v["Fn::GetAtt"][0])]["Type"] for name, v in exported.items() if name in imported}
-        assert types == {"AWS::EC2::Subnet", "AWS::EC2::SecurityGroup"} | ({"AWS::EC2::VPC"} if consumer == "moe-storage" else set())
+        types = {
+            network[(v.get("Ref") or v["Fn::GetAtt"][0])]["Type"] for name, v in exported.items() if name in imported
+        }
+        assert types == {"AWS::EC2::Subnet", "AWS::EC2::SecurityGroup"} | (
+            {"AWS::EC2::VPC"} if consumer == "moe-storage" else set()
+        )
 
 
 def _storage_resources(tmp_path, change) -> dict:
@@ -148,8 +191,11 @@ def test_file_system_key_and_security_group_are_retained_together(default_synth)
     # A retained file system keeps using its security group: deleting the group under it fails
     # the stack deletion with DependencyViolation.
     resources = default_synth[1]["moe-storage"]["Resources"]
-    fsx_group = next(r for r in _by_type(resources, "AWS::EC2::SecurityGroup")
-                     if r["Properties"]["GroupDescription"].startswith("FSx for Lustre servers"))
+    fsx_group = next(
+        r
+        for r in _by_type(resources, "AWS::EC2::SecurityGroup")
+        if r["Properties"]["GroupDescription"].startswith("FSx for Lustre servers")
+    )
     for resource in (*_by_type(resources, "AWS::FSx::FileSystem"), *_by_type(resources, "AWS::KMS::Key"), fsx_group):
         assert resource.get("DeletionPolicy") == "Retain", resource["Type"]
 
@@ -163,6 +209,8 @@ def test_file_system_can_be_deleted_with_the_stack(tmp_path):
 def test_a_redeploy_after_destroy_adopts_the_retained_buckets(tmp_path):
     resources = _storage_resources(tmp_path, lambda storage: storage.update(adopt_retained_buckets=True))
     assert _by_type(resources, "AWS::S3::Bucket") == []
-    paths = [json.dumps(a["Properties"]["DataRepositoryPath"])
-             for a in _by_type(resources, "AWS::FSx::DataRepositoryAssociation")]
+    paths = [
+        json.dumps(a["Properties"]["DataRepositoryPath"])
+        for a in _by_type(resources, "AWS::FSx::DataRepositoryAssociation")
+    ]
     assert paths and all("moe-data-" in p and "-us-east-2-moe/" in p for p in paths)

@@ -24,11 +24,31 @@ CASES = {
     "8-experts": (1, ["moe.num_experts=8"]),
     "dropout": (1, ["model.dropout=0.1"]),
     "recompute-core-attn": (1, ["recompute.granularity=selective", "recompute.modules=[core_attn]"]),
-    "mla": (1, ["model.multi_latent_attention=true", "model.qk_layernorm=true", "model.kv_lora_rank=32",
-                "model.qk_head_dim=24", "model.qk_pos_emb_head_dim=8", "model.v_head_dim=16"]),
-    "mla-query-latent": (1, ["model.multi_latent_attention=true", "model.qk_layernorm=true", "model.q_lora_rank=48",
-                             "model.kv_lora_rank=32", "model.qk_head_dim=16", "model.qk_pos_emb_head_dim=8",
-                             "model.v_head_dim=32", "model.hidden_size=128", "model.ffn_hidden_size=256"]),
+    "mla": (
+        1,
+        [
+            "model.multi_latent_attention=true",
+            "model.qk_layernorm=true",
+            "model.kv_lora_rank=32",
+            "model.qk_head_dim=24",
+            "model.qk_pos_emb_head_dim=8",
+            "model.v_head_dim=16",
+        ],
+    ),
+    "mla-query-latent": (
+        1,
+        [
+            "model.multi_latent_attention=true",
+            "model.qk_layernorm=true",
+            "model.q_lora_rank=48",
+            "model.kv_lora_rank=32",
+            "model.qk_head_dim=16",
+            "model.qk_pos_emb_head_dim=8",
+            "model.v_head_dim=32",
+            "model.hidden_size=128",
+            "model.ffn_hidden_size=256",
+        ],
+    ),
     "dense-first-layer": (1, ["model.num_layers=3", "model.dense_layers=1", "model.dense_ffn_hidden_size=256"]),
     "TP2-SP": (2, ["parallel.tensor=2"]),
     "EP2": (2, ["parallel.expert=2"]),
@@ -37,8 +57,14 @@ CASES = {
 
 
 def measured(nproc: int, overrides: list[str]) -> int:
-    done = subprocess.run([*python(nproc, ports=range(29300, 29501)), str(PROBE), str(TINY), *overrides], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*python(nproc, ports=range(29300, 29501)), str(PROBE), str(TINY), *overrides],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])["saved_bytes"]
 
@@ -47,7 +73,8 @@ def measured(nproc: int, overrides: list[str]) -> int:
 def test_plan_activation_model_is_within_10_percent_of_the_saved_tensors(case):
     nproc, overrides = CASES[case]
     train = load_train_config(TINY, overrides)
-    planned = activation_bytes(train, plan_layout(train, nproc), vocab_size=257, bytes_per_element=4,
-                               fused_attention=False, on_gpu=False)
+    planned = activation_bytes(
+        train, plan_layout(train, nproc), vocab_size=257, bytes_per_element=4, fused_attention=False, on_gpu=False
+    )
     saved = measured(nproc, overrides)
     assert abs(planned - saved) / saved <= 0.10, f"plan {planned:,.0f} bytes, saved {saved:,} bytes"

@@ -44,16 +44,18 @@ ID = r'(?:"((?:[^"\\]|\\.)*)"|(?!(?:graph|node|edge) )([^\s"<\[\]]+))'
 
 def labels(dot: str) -> dict[str, str]:
     """Node id -> label (with real newlines)."""
-    return {(m.group(1) or m.group(2)): (m.group(3) or m.group(4) or "").replace("\\n", "\n").replace("\\l", "\n")
-            for m in re.finditer(rf'^\s*{ID} \[label={ID}', dot, re.M)}
+    return {
+        (m.group(1) or m.group(2)): (m.group(3) or m.group(4) or "").replace("\\n", "\n").replace("\\l", "\n")
+        for m in re.finditer(rf"^\s*{ID} \[label={ID}", dot, re.M)
+    }
 
 
 def edges(dot: str) -> set[tuple[str, str, str]]:
     """(tail label first line, head label first line, edge label) for every edge."""
     first = {node: label.split("\n")[0] for node, label in labels(dot).items()}
     found = set()
-    for m in re.finditer(rf'^\s*{ID} -> {ID}(?: \[([^\n]*)\])?;?$', dot, re.M):
-        edge_label = re.search(rf'label={ID}', m.group(5) or "")
+    for m in re.finditer(rf"^\s*{ID} -> {ID}(?: \[([^\n]*)\])?;?$", dot, re.M):
+        edge_label = re.search(rf"label={ID}", m.group(5) or "")
         text = (edge_label.group(1) or edge_label.group(2) or "").replace("\\n", " ") if edge_label else ""
         found.add((first[m.group(1) or m.group(2)], first[m.group(3) or m.group(4)], text))
     return found
@@ -68,13 +70,26 @@ def test_one_cluster_per_stack(dot):
 
 def test_labels_come_from_template_properties(dot):
     text = "\n".join(labels(dot).values())
-    for expected in ("FSx for Lustre PERSISTENT_2 4800 GiB, 250 MB/s/TiB",
-                     "gpu 2× ml.p5en.48xlarge", "controller 1× ml.m5.2xlarge", "login 1× ml.m5.2xlarge",
-                     "/datasets ← datasets", "/checkpoints ↔ checkpoints",
-                     "Private subnet us-east-2a (/18)", "Interface endpoints ×7",
-                     "sagemaker.api", "ecr.dkr", "ssmmessages",
-                     "EFA security group", "S3 data bucket", "Lifecycle bucket", "S3 access-log bucket",
-                     "SSM parameters ×2", "Training image (ECR asset)", "KMS key"):
+    for expected in (
+        "FSx for Lustre PERSISTENT_2 4800 GiB, 250 MB/s/TiB",
+        "gpu 2× ml.p5en.48xlarge",
+        "controller 1× ml.m5.2xlarge",
+        "login 1× ml.m5.2xlarge",
+        "/datasets ← datasets",
+        "/checkpoints ↔ checkpoints",
+        "Private subnet us-east-2a (/18)",
+        "Interface endpoints ×7",
+        "sagemaker.api",
+        "ecr.dkr",
+        "ssmmessages",
+        "EFA security group",
+        "S3 data bucket",
+        "Lifecycle bucket",
+        "S3 access-log bucket",
+        "SSM parameters ×2",
+        "Training image (ECR asset)",
+        "KMS key",
+    ):
         assert expected in text, expected
     assert "VPC 10.0.0.0/16" in dot
 
@@ -132,8 +147,10 @@ def test_main_writes_both_files(cdk_out, tmp_path, capsys):
 def test_missing_cdk_out_exits_2(tmp_path, capsys):
     assert main(["--cdk-out", str(tmp_path / "cdk.out"), "--output", str(tmp_path / "a.png")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["moe-cdk diagram: 1 problem(s)", f"  --cdk-out: no synthesized app (got '{tmp_path / 'cdk.out'}'; "
-                   "allowed a folder written by make synth)"]
+    assert err == [
+        "moe-cdk diagram: 1 problem(s)",
+        f"  --cdk-out: no synthesized app (got '{tmp_path / 'cdk.out'}'; allowed a folder written by make synth)",
+    ]
 
 
 def test_missing_dot_exits_2(cdk_out, tmp_path, capsys, monkeypatch):
@@ -151,19 +168,43 @@ def test_the_dot_source_is_the_graphviz_graph(cdk_out, dot):
 def test_index_follows_references_within_and_across_stacks():
     """Ref, Fn::GetAtt and Fn::Sub within a stack; Fn::ImportValue (an export name spelled with Fn::Join on one side
     and Fn::Sub on the other) and Fn::GetStackOutput across stacks."""
-    network = Stack("net", "us-east-2", {
-        "Resources": {"Vpc": {"Type": "AWS::EC2::VPC"},
-                      "Group": {"Type": "AWS::EC2::SecurityGroup", "Properties": {"VpcId": {"Ref": "Vpc"}}}},
-        "Outputs": {"GroupId": {"Value": {"Fn::GetAtt": ["Group", "GroupId"]},
-                                "Export": {"Name": {"Fn::Join": ["", ["net-", {"Ref": "AWS::Region"}]]}}},
-                    "VpcId": {"Value": {"Ref": "Vpc"}}}}, {})
-    storage = Stack("storage", "us-east-2", {"Resources": {
-        "Key": {"Type": "AWS::KMS::Key"},
-        "Fs": {"Type": "AWS::FSx::FileSystem", "Properties": {
-            "SecurityGroupIds": [{"Fn::ImportValue": {"Fn::Sub": "net-${AWS::Region}"}}],
-            "SubnetIds": [{"Fn::GetStackOutput": {"StackName": "net", "OutputName": "VpcId"}}],
-            "Tags": [{"Key": "Name", "Value": {"Fn::Sub": "${Key.Arn}-fs"}}],
-            "KmsKeyId": {"Ref": "Key"}}}}}, {})
+    network = Stack(
+        "net",
+        "us-east-2",
+        {
+            "Resources": {
+                "Vpc": {"Type": "AWS::EC2::VPC"},
+                "Group": {"Type": "AWS::EC2::SecurityGroup", "Properties": {"VpcId": {"Ref": "Vpc"}}},
+            },
+            "Outputs": {
+                "GroupId": {
+                    "Value": {"Fn::GetAtt": ["Group", "GroupId"]},
+                    "Export": {"Name": {"Fn::Join": ["", ["net-", {"Ref": "AWS::Region"}]]}},
+                },
+                "VpcId": {"Value": {"Ref": "Vpc"}},
+            },
+        },
+        {},
+    )
+    storage = Stack(
+        "storage",
+        "us-east-2",
+        {
+            "Resources": {
+                "Key": {"Type": "AWS::KMS::Key"},
+                "Fs": {
+                    "Type": "AWS::FSx::FileSystem",
+                    "Properties": {
+                        "SecurityGroupIds": [{"Fn::ImportValue": {"Fn::Sub": "net-${AWS::Region}"}}],
+                        "SubnetIds": [{"Fn::GetStackOutput": {"StackName": "net", "OutputName": "VpcId"}}],
+                        "Tags": [{"Key": "Name", "Value": {"Fn::Sub": "${Key.Arn}-fs"}}],
+                        "KmsKeyId": {"Ref": "Key"},
+                    },
+                },
+            }
+        },
+        {},
+    )
     ix = Index([network, storage])
     fs = ix.resources[("storage", "Fs")]
     assert fs.refs["SecurityGroupIds"] == [("net", "Group")]

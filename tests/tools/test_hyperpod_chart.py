@@ -22,9 +22,22 @@ def upstream(tmp_path_factory):
     chart = repo / eks_rules.HYPERPOD_CHART_PATH
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: hyperpod-helm-chart\nversion: 0.1.0\n")
-    (chart / "templates/namespace.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: aws-hyperpod\n")
+    (chart / "templates/namespace.yaml").write_text(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: aws-hyperpod\n"
+    )
     git("init", "--quiet", cwd=repo)
-    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "--quiet", "--allow-empty", "-m", "base", cwd=repo)
+    git(
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@example.com",
+        "commit",
+        "--quiet",
+        "--allow-empty",
+        "-m",
+        "base",
+        cwd=repo,
+    )
     git("add", ".", cwd=repo)
     git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "--quiet", "-m", "chart", cwd=repo)
     git("config", "uploadpack.allowReachableSHA1InWant", "true", cwd=repo)

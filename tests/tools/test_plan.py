@@ -20,8 +20,13 @@ MOE_8X1B = ROOT / "training/configs/moe-8x1b.yaml"
 DEFAULT_DATA = yaml.safe_load((ROOT / "config/default.yaml").read_text())
 
 
-def config_with(*, compute: str = "ml.p5en.48xlarge", count: int = 2, orchestrator: str = "slurm",
-                profile: str = "training/configs/mixtral-8x7b.yaml"):
+def config_with(
+    *,
+    compute: str = "ml.p5en.48xlarge",
+    count: int = 2,
+    orchestrator: str = "slurm",
+    profile: str = "training/configs/mixtral-8x7b.yaml",
+):
     """config/default.yaml with its compute group, orchestrator and profile replaced."""
     data = copy.deepcopy(DEFAULT_DATA)
     data["cluster"]["orchestrator"] = orchestrator
@@ -49,7 +54,8 @@ def test_memory_of_a_two_layer_toy_by_hand():
     assert est.parameters_per_device == per_device == 361_280
     # fp32: weight 4, gradient 4, Adam 8; no distributed optimizer.
     assert (est.parameters, est.gradients, est.optimizer) == pytest.approx(
-        (per_device * 4 / GIB, per_device * 4 / GIB, per_device * 8 / GIB))
+        (per_device * 4 / GIB, per_device * 4 / GIB, per_device * 8 / GIB)
+    )
     # Activations per layer, T = 64 x 4 = 256 tokens, 4 bytes each:
     hidden = (8 * 64 + (64 + 2 * 64) + 2 * 64) * 256 * 4  # streams, fused QKV, q and k: 851,968
     scores = 4 * 64 * 64 * 4 * 4  # heads x s^2 x b, unfused: 262,144
@@ -76,8 +82,9 @@ def test_pipeline_stages_hold_their_layers_and_one_table_each():
 
 def test_transformer_engine_attention_keeps_only_softmax_statistics():
     unfused = memory_per_device(load_train_config(TINY), world_size=1, vocab_size=257, device_memory_gib=1.0)
-    fused = memory_per_device(load_train_config(TINY, ["model.spec=transformer_engine"]), world_size=1,
-                              vocab_size=257, device_memory_gib=1.0)
+    fused = memory_per_device(
+        load_train_config(TINY, ["model.spec=transformer_engine"]), world_size=1, vocab_size=257, device_memory_gib=1.0
+    )
     assert (unfused.activations - fused.activations) * GIB == pytest.approx(2 * (262_144 - 4 * 64 * 4 * 4))
     assert fused.attention == "fused"
 
@@ -125,7 +132,8 @@ def test_a_layout_that_does_not_fit_the_world_size_is_a_plan_error():
         plan(config, train_overrides=["parallel.expert_tensor=2"])
     assert caught.value.errors == [
         "training.profile: parallel.expert: expert x expert_tensor x pipeline must divide the world size "
-        "(got '8 x 2 x 1 for 8 processes'; allowed a product dividing 8)"]
+        "(got '8 x 2 x 1 for 8 processes'; allowed a product dividing 8)"
+    ]
 
 
 # ---------------------------------------------------------------------------------- shipped configurations
@@ -167,13 +175,49 @@ def test_json_output_keys():
     result = to_json(plan(load_config(ROOT / "config/default.yaml")))
     json.dumps(result)
     assert set(result) == {
-        "config", "region", "profile", "instance_type", "nodes", "world_size", "accelerator", "vocab_size",
-        "parameters", "layout", "memory_gib", "cost_per_hour_usd", "mfu", "tokens_per_second",
-        "cost_per_billion_tokens_usd", "run_tokens", "estimated_run_hours", "checkpoint", "recommendation", "notes"}
-    assert set(result["memory_gib"]) == {"parameters", "gradients", "optimizer", "activations", "total", "capacity", "fits",
-                                         "precision", "distributed_optimizer", "attention", "recompute"}
-    assert result["layout"] == {"tensor": 2, "pipeline": 1, "virtual_pipeline": None, "expert": 8, "expert_tensor": 1,
-                                "data": 8, "expert_data": 2}
+        "config",
+        "region",
+        "profile",
+        "instance_type",
+        "nodes",
+        "world_size",
+        "accelerator",
+        "vocab_size",
+        "parameters",
+        "layout",
+        "memory_gib",
+        "cost_per_hour_usd",
+        "mfu",
+        "tokens_per_second",
+        "cost_per_billion_tokens_usd",
+        "run_tokens",
+        "estimated_run_hours",
+        "checkpoint",
+        "recommendation",
+        "notes",
+    }
+    assert set(result["memory_gib"]) == {
+        "parameters",
+        "gradients",
+        "optimizer",
+        "activations",
+        "total",
+        "capacity",
+        "fits",
+        "precision",
+        "distributed_optimizer",
+        "attention",
+        "recompute",
+    }
+    assert result["layout"] == {
+        "tensor": 2,
+        "pipeline": 1,
+        "virtual_pipeline": None,
+        "expert": 8,
+        "expert_tensor": 1,
+        "data": 8,
+        "expert_data": 2,
+    }
     # 654 GB at 4,800 GiB x 250 MB/s/TiB = 1,172 MB/s: about 9.3 minutes a save.
     assert result["checkpoint"]["save_s"] == pytest.approx(654e3 / 1171.875, rel=1e-3)
     assert set(result["recommendation"]) == {"orchestrator", "reasons"}
@@ -184,7 +228,9 @@ def test_cost_is_the_sum_of_group_counts_times_price():
     config = load_config(ROOT / "config/default.yaml")
     prices = load_prices()
     expected = sum(g.instance_count * prices[(g.instance_type, config.region)] for g in config.cluster.instance_groups)
-    assert expected == pytest.approx(2 * prices[("ml.m5.2xlarge", "us-east-2")] + 2 * prices[("ml.p5en.48xlarge", "us-east-2")])
+    assert expected == pytest.approx(
+        2 * prices[("ml.m5.2xlarge", "us-east-2")] + 2 * prices[("ml.p5en.48xlarge", "us-east-2")]
+    )
     result = plan(config)
     assert result.cost_per_hour_usd == pytest.approx(expected)
     assert result.cost_per_billion_tokens_usd == pytest.approx(expected / (result.tokens_per_second * 3600) * 1e9)
@@ -195,8 +241,13 @@ def test_prices_file_covers_the_catalog_in_three_regions():
     assert data["source"] and data["retrieved"]
     for entry in data["prices"]:
         assert set(entry) == {"instance_type", "region", "usd_per_hour", "confirmed"}
-    types = {"ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge",
-             *(f"ml.m5.{s}" for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge"))}
+    types = {
+        "ml.p5en.48xlarge",
+        "ml.p5.48xlarge",
+        "ml.p4de.24xlarge",
+        "ml.trn2.48xlarge",
+        *(f"ml.m5.{s}" for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge")),
+    }
     assert set(load_prices()) == {(t, r) for t in types for r in ("us-east-1", "us-east-2", "us-west-2")}
 
 

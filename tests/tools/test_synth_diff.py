@@ -30,10 +30,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _template(**resources) -> dict:
-    return {"Resources": {
-        "CDKMetadata": {"Type": "AWS::CDK::Metadata", "Properties": {"Analytics": "v2:x"}},
-        **resources,
-    }}
+    return {
+        "Resources": {
+            "CDKMetadata": {"Type": "AWS::CDK::Metadata", "Properties": {"Analytics": "v2:x"}},
+            **resources,
+        }
+    }
 
 
 def _resource(type_: str, metadata_path: str = "stack/x/Resource", **properties) -> dict:
@@ -81,10 +83,20 @@ def test_replaced_by_type_change():
 
 def test_replaced_by_replacement_property_including_nested():
     # The registry schema of AWS::EKS::Cluster lists /properties/KubernetesNetworkConfig/ServiceIpv4Cidr.
-    old = _template(Eks=_resource("AWS::EKS::Cluster", Version="1.33",
-                                  KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "172.20.0.0/16"}))
-    new = _template(Eks=_resource("AWS::EKS::Cluster", Version="1.33",
-                                  KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "10.100.0.0/16"}))
+    old = _template(
+        Eks=_resource(
+            "AWS::EKS::Cluster",
+            Version="1.33",
+            KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "172.20.0.0/16"},
+        )
+    )
+    new = _template(
+        Eks=_resource(
+            "AWS::EKS::Cluster",
+            Version="1.33",
+            KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "10.100.0.0/16"},
+        )
+    )
     change = _only(diff_templates({"s": old}, {"s": new}))
     assert change.kind == "replaced"
     assert change.replacement_reasons == ["KubernetesNetworkConfig.ServiceIpv4Cidr"]
@@ -103,7 +115,9 @@ def test_modified_lists_paths_with_old_and_new_values():
     change = _only(diff)
     assert change.kind == "modified" and not change.iam and not change.security_group
     assert {c.path: (c.old, c.new) for c in change.changes} == {
-        "StorageCapacity": (4800, 9600), "Tags[0].Value": ("1", "2")}
+        "StorageCapacity": (4800, 9600),
+        "Tags[0].Value": ("1", "2"),
+    }
     text = render_markdown(diff, "a", "b")
     assert "`StorageCapacity`: `4800` → `9600`" in text
 
@@ -119,10 +133,14 @@ def test_long_values_are_shortened():
 def test_iam_flag():
     policy = {"Statement": [{"Action": "s3:GetObject", "Effect": "Allow", "Resource": "*"}]}
     wider = {"Statement": [{"Action": "s3:*", "Effect": "Allow", "Resource": "*"}]}
-    old = _template(Pol=_resource("AWS::IAM::Policy", PolicyDocument=policy),
-                    Bp=_resource("AWS::S3::BucketPolicy", Bucket="b", PolicyDocument=policy))
-    new = _template(Pol=_resource("AWS::IAM::Policy", PolicyDocument=wider),
-                    Bp=_resource("AWS::S3::BucketPolicy", Bucket="b", PolicyDocument=wider))
+    old = _template(
+        Pol=_resource("AWS::IAM::Policy", PolicyDocument=policy),
+        Bp=_resource("AWS::S3::BucketPolicy", Bucket="b", PolicyDocument=policy),
+    )
+    new = _template(
+        Pol=_resource("AWS::IAM::Policy", PolicyDocument=wider),
+        Bp=_resource("AWS::S3::BucketPolicy", Bucket="b", PolicyDocument=wider),
+    )
     diff = diff_templates({"s": old}, {"s": new})
     assert all(r.iam for r in diff.stacks[0].resources) and diff.iam
     text = render_markdown(diff, "a", "b")
@@ -131,11 +149,16 @@ def test_iam_flag():
 
 def test_security_group_flag():
     rule = {"IpProtocol": "-1", "CidrIp": "10.0.0.0/16"}
-    old = _template(Sg=_resource("AWS::EC2::SecurityGroup", GroupDescription="d", SecurityGroupIngress=[rule]),
-                    Fs=_resource("AWS::SageMaker::Domain", SecurityGroupIds=["sg-1"]))
-    new = _template(Sg=_resource("AWS::EC2::SecurityGroup", GroupDescription="d",
-                                 SecurityGroupIngress=[{**rule, "CidrIp": "0.0.0.0/0"}]),
-                    Fs=_resource("AWS::SageMaker::Domain", SecurityGroupIds=["sg-2"]))
+    old = _template(
+        Sg=_resource("AWS::EC2::SecurityGroup", GroupDescription="d", SecurityGroupIngress=[rule]),
+        Fs=_resource("AWS::SageMaker::Domain", SecurityGroupIds=["sg-1"]),
+    )
+    new = _template(
+        Sg=_resource(
+            "AWS::EC2::SecurityGroup", GroupDescription="d", SecurityGroupIngress=[{**rule, "CidrIp": "0.0.0.0/0"}]
+        ),
+        Fs=_resource("AWS::SageMaker::Domain", SecurityGroupIds=["sg-2"]),
+    )
     diff = diff_templates({"s": old}, {"s": new})
     assert all(r.security_group for r in diff.stacks[0].resources) and not diff.iam
     assert "🔒 security group" in render_markdown(diff, "a", "b")
@@ -144,8 +167,9 @@ def test_security_group_flag():
 def test_access_entry_principal_change_is_a_replacement_and_a_security_change():
     entry = {"ClusterName": {"Ref": "Cluster"}, "Type": "STANDARD", "PrincipalArn": "arn:aws:iam::111122223333:role/a"}
     old = _template(Entry=_resource("AWS::EKS::AccessEntry", **entry))
-    new = _template(Entry=_resource("AWS::EKS::AccessEntry", **{**entry,
-                                                                "PrincipalArn": "arn:aws:iam::111122223333:role/b"}))
+    new = _template(
+        Entry=_resource("AWS::EKS::AccessEntry", **{**entry, "PrincipalArn": "arn:aws:iam::111122223333:role/b"})
+    )
     diff = diff_templates({"s": old}, {"s": new})
     change = _only(diff)
     assert change.kind == "replaced" and change.replacement_reasons == ["PrincipalArn"]
@@ -163,12 +187,14 @@ ACCESS_CHANGES = [  # (type, property, old value, new value)
 ]
 
 
-@pytest.mark.parametrize(("type_", "name", "old", "new"),
-                         [pytest.param(*case, id=f"{case[0]}.{case[1]}") for case in ACCESS_CHANGES])
+@pytest.mark.parametrize(
+    ("type_", "name", "old", "new"), [pytest.param(*case, id=f"{case[0]}.{case[1]}") for case in ACCESS_CHANGES]
+)
 def test_access_changes_are_security_changes(type_, name, old, new):
     """Any change to an access resource, and a policy change on any resource, is an IAM (security) change."""
-    diff = diff_templates({"s": _template(R=_resource(type_, **{name: old}))},
-                          {"s": _template(R=_resource(type_, **{name: new}))})
+    diff = diff_templates(
+        {"s": _template(R=_resource(type_, **{name: old}))}, {"s": _template(R=_resource(type_, **{name: new}))}
+    )
     change = _only(diff)
     assert change.iam and change.security and not change.security_group
 
@@ -179,7 +205,10 @@ def test_outputs_and_parameters_are_a_separate_section():
     diff = diff_templates({"s": old}, {"s": new})
     assert not diff.empty and diff.stacks[0].resources == []
     assert {(s.section, s.name, s.kind) for s in diff.stacks[0].sections} == {
-        ("Outputs", "A", "modified"), ("Outputs", "Gone", "removed"), ("Parameters", "P", "added")}
+        ("Outputs", "A", "modified"),
+        ("Outputs", "Gone", "removed"),
+        ("Parameters", "P", "added"),
+    }
     assert "Parameters and outputs:" in render_markdown(diff, "a", "b")
 
 
@@ -235,8 +264,11 @@ def test_changing_a_create_only_property_is_a_replacement(resource_type):
     """For each type the shipped configurations deploy: a copy of its template with one of the type's
     createOnlyProperties (read from the registry schema here, not through synth_diff) changed is a replacement."""
     schema = PROVIDER_SCHEMA_MANAGER.get_resource_schema(synth_diff.SCHEMA_REGION, resource_type).schema
-    paths = [pointer.split("/")[2:] for pointer in schema.get("createOnlyProperties", [])
-             if pointer.startswith("/properties/") and "*" not in pointer]
+    paths = [
+        pointer.split("/")[2:]
+        for pointer in schema.get("createOnlyProperties", [])
+        if pointer.startswith("/properties/") and "*" not in pointer
+    ]
     if not paths:
         pytest.skip(f"{resource_type}: its registry schema lists no createOnlyProperties (outside list items)")
     config_path, stack, logical_id = DEPLOYED_TYPES[resource_type]
@@ -267,16 +299,32 @@ def counted_schema_reads(monkeypatch) -> Iterator[list[str]]:
 
 
 def test_each_schema_is_read_once_per_run(counted_schema_reads):
-    subnets = [_template(**{name: _resource("AWS::EC2::Subnet", CidrBlock=cidr, VpcId={"Ref": "Vpc"})
-                            for name in ("A", "B")}) for cidr in ("10.0.0.0/18", "10.0.0.0/19")]
+    subnets = [
+        _template(**{name: _resource("AWS::EC2::Subnet", CidrBlock=cidr, VpcId={"Ref": "Vpc"}) for name in ("A", "B")})
+        for cidr in ("10.0.0.0/18", "10.0.0.0/19")
+    ]
     for _ in range(2):
         assert diff_templates({"s": subnets[0]}, {"s": subnets[1]}).count("replaced") == 2
     assert counted_schema_reads == ["AWS::EC2::Subnet"]
 
 
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=test", "-c", "user.email=test@example.com",
-                    "-c", "commit.gpgsign=false", *args], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=test",
+            "-c",
+            "user.email=test@example.com",
+            "-c",
+            "commit.gpgsign=false",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 def _edit(path: Path, old: str, new: str) -> None:
@@ -322,8 +370,9 @@ def test_two_commits(clone, tmp_path, monkeypatch, capsys):
     args = _args("HEAD~1", "--output", str(output))
     assert args.run(args) == 0
     assert capsys.readouterr().out.strip() == f"wrote {output}"
-    base_commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD~1"], capture_output=True,
-                                 text=True, check=True).stdout.strip()
+    base_commit = subprocess.run(
+        ["git", "-C", str(clone), "rev-parse", "HEAD~1"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     base, head = synthesized[base_commit], synthesized[None]
     # Each side ran its own code: rev1 exists only in the removed worktree, rev2 only in the clone.
     assert base["moe-network"]["Description"].startswith("moe-cdk [rev1]")
@@ -354,7 +403,9 @@ def test_bad_ref_exits_2(clone, tmp_path, monkeypatch, capsys):
     assert args.base_ref == "no-such-branch" and args.config == "config/default.yaml"
     assert args.run(args) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "moe-cdk diff: 1 problem(s)", "  BASE_REF: not a revision (got 'no-such-branch'; allowed a commit, branch or tag)"]
+        "moe-cdk diff: 1 problem(s)",
+        "  BASE_REF: not a revision (got 'no-such-branch'; allowed a commit, branch or tag)",
+    ]
     assert not (tmp_path / "diff.md").exists()
     with pytest.raises(ConfigError, match="not a revision"):
         synth_revision("no-such-branch", "config/default.yaml", tmp_path / "out", clone)
@@ -363,8 +414,9 @@ def test_bad_ref_exits_2(clone, tmp_path, monkeypatch, capsys):
 
 def test_invalid_config_exits_2_with_its_errors(clone, tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text((clone / "config/default.yaml").read_text().replace("storage_capacity_gib: 9600",
-                                                                        "storage_capacity_gib: 7"))
+    bad.write_text(
+        (clone / "config/default.yaml").read_text().replace("storage_capacity_gib: 9600", "storage_capacity_gib: 7")
+    )
     monkeypatch.chdir(clone)
     args = _args("HEAD~1", "--config", str(bad))
     assert args.run(args) == 2
@@ -386,4 +438,5 @@ def test_missing_cfn_lint_exits_1_before_synth(clone, monkeypatch, capsys):
     args = _args("HEAD~1")
     assert args.run(args) == 1
     assert capsys.readouterr().err.strip() == (
-        "moe-cdk diff: cfn-lint is not installed (No module named 'cfnlint'); pip install cfn-lint")
+        "moe-cdk diff: cfn-lint is not installed (No module named 'cfnlint'); pip install cfn-lint"
+    )

@@ -15,8 +15,14 @@ PROBE = ROOT / "tests/checkpoint_format_probe.py"
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> dict:
-    done = subprocess.run([sys.executable, str(PROBE), str(tmp_path_factory.mktemp("checkpoint-format"))],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(PROBE), str(tmp_path_factory.mktemp("checkpoint-format"))],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -120,7 +120,9 @@ def test_json_tokenizer_without_an_eod_token_is_an_error(tmp_path):
 
     path = tmp_path / "tokenizer.json"
     Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(path))
-    with pytest.raises(ValueError, match=rf"^tokenizer: no end-of-document token \(got '{path}'; allowed .*'<\|endoftext\|>'"):
+    with pytest.raises(
+        ValueError, match=rf"^tokenizer: no end-of-document token \(got '{path}'; allowed .*'<\|endoftext\|>'"
+    ):
         JsonTokenizer(path)
 
 
@@ -187,9 +189,7 @@ def test_build_gpt_dataset_under_an_initialised_process_group(text_prefix, tmp_p
 
 
 def test_sampler_data_parallel_ranks_partition_each_global_batch():
-    ranks = [
-        ResumableSampler(10, micro_batch_size=2, data_parallel_rank=r, data_parallel_size=2) for r in range(2)
-    ]
+    ranks = [ResumableSampler(10, micro_batch_size=2, data_parallel_rank=r, data_parallel_size=2) for r in range(2)]
     batches = [list(islice(iter(sampler), 3)) for sampler in ranks]
     assert batches[0] == [[0, 1], [4, 5], [8, 9]]
     assert batches[1] == [[2, 3], [6, 7], [0, 1]]
@@ -198,7 +198,9 @@ def test_sampler_data_parallel_ranks_partition_each_global_batch():
 
 def test_sampler_resumes_exactly_from_consumed_samples():
     def sampler(consumed: int = 0) -> ResumableSampler:
-        return ResumableSampler(7, micro_batch_size=3, data_parallel_rank=1, data_parallel_size=2, consumed_samples=consumed)
+        return ResumableSampler(
+            7, micro_batch_size=3, data_parallel_rank=1, data_parallel_size=2, consumed_samples=consumed
+        )
 
     original = iter(first := sampler())
     before = list(islice(original, 2))
@@ -229,7 +231,10 @@ def test_cli_missing_input_exits_2_with_a_formatted_message(tmp_path, capsys):
     missing = tmp_path / "absent.txt"
     code = data_main(["prepare", "--input", str(missing), "--output-prefix", str(tmp_path / "out")])
     assert code == 2
-    assert capsys.readouterr().err == f"moe-data prepare: 1 problem(s)\n  input: no such file (got '{missing}'; allowed an existing file)\n"
+    assert (
+        capsys.readouterr().err
+        == f"moe-data prepare: 1 problem(s)\n  input: no such file (got '{missing}'; allowed an existing file)\n"
+    )
     assert list(tmp_path.iterdir()) == []
 
 

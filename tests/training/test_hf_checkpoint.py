@@ -33,7 +33,14 @@ PROBE = ROOT / "tests/hf_logits_probe.py"
 
 
 def _run(*command: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    result = subprocess.run([*python(nproc, ports=range(29900, 29991)), *command], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [*python(nproc, ports=range(29900, 29991)), *command],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -77,8 +84,16 @@ def imported(request, tmp_path_factory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp(request.param)
     hf_dir = save(request.param, root / "hf-model")
     ckpt, profile = root / "ckpt", root / "profile.yaml"
-    _checkpoint_cli("import-hf", str(hf_dir), "--output", str(ckpt), "--write-config", str(profile),
-                    "--set", f"data.prefixes=[{root / 'data' / 'corpus_document'}]")
+    _checkpoint_cli(
+        "import-hf",
+        str(hf_dir),
+        "--output",
+        str(ckpt),
+        "--write-config",
+        str(profile),
+        "--set",
+        f"data.prefixes=[{root / 'data' / 'corpus_document'}]",
+    )
     return SimpleNamespace(family=request.param, root=root, hf_dir=hf_dir, ckpt=ckpt, profile=profile)
 
 
@@ -86,8 +101,16 @@ def imported(request, tmp_path_factory) -> SimpleNamespace:
 def expert_parallel_2(imported, tokens) -> SimpleNamespace:
     """The import loaded on 2 gloo ranks with parallel.expert 2: its logits, and what it saved back as step-0."""
     saved = imported.root / "saved-at-ep2"
-    logits = _megatron_logits(imported.profile, tokens.path, imported.root / "ep2.pt", "--save", str(saved),
-                              "--set", "parallel.expert=2", nproc=2)
+    logits = _megatron_logits(
+        imported.profile,
+        tokens.path,
+        imported.root / "ep2.pt",
+        "--save",
+        str(saved),
+        "--set",
+        "parallel.expert=2",
+        nproc=2,
+    )
     return SimpleNamespace(logits=logits, saved=saved)
 
 
@@ -113,17 +136,29 @@ def test_imported_logits_are_hf_logits_at_expert_parallel_2(imported, tokens, ex
 
 @pytest.mark.parametrize("imported", ["qwen3_moe"], indirect=True)  # one family: Qwen3-MoE, with its per-head norms
 def test_imported_logits_are_hf_logits_at_tensor_parallel_2(imported, tokens):
-    ours = _megatron_logits(imported.profile, tokens.path, imported.root / "tp2.pt", "--set", "parallel.tensor=2", nproc=2)
+    ours = _megatron_logits(
+        imported.profile, tokens.path, imported.root / "tp2.pt", "--set", "parallel.tensor=2", nproc=2
+    )
     assert (ours - _hf_logits(imported.hf_dir, tokens.ids)).abs().max() < LOGIT_TOLERANCE
 
 
 def test_export_of_a_checkpoint_saved_at_expert_parallel_2_is_bit_exact(imported, expert_parallel_2):
     out = imported.root / "exported-from-ep2"
-    _checkpoint_cli("export-hf", str(expert_parallel_2.saved), "--config", str(imported.profile), "--output", str(out),
-                    "--family", imported.family)
+    _checkpoint_cli(
+        "export-hf",
+        str(expert_parallel_2.saved),
+        "--config",
+        str(imported.profile),
+        "--output",
+        str(out),
+        "--family",
+        imported.family,
+    )
     original, exported = _tensors(imported.hf_dir), _tensors(out)
     assert sorted(exported) == sorted(original)
-    different = [k for k in original if exported[k].dtype != original[k].dtype or not torch.equal(exported[k], original[k])]
+    different = [
+        k for k in original if exported[k].dtype != original[k].dtype or not torch.equal(exported[k], original[k])
+    ]
     assert different == []
 
 
@@ -132,18 +167,38 @@ def test_export_without_the_imported_config_json_writes_the_one_transformers_wro
     config.json, but head_dim where transformers leaves it null (it is then hidden / heads)."""
     out = imported.root / "exported-from-ep2"
     if not out.exists():
-        _checkpoint_cli("export-hf", str(expert_parallel_2.saved), "--config", str(imported.profile), "--output", str(out),
-                        "--family", imported.family)
+        _checkpoint_cli(
+            "export-hf",
+            str(expert_parallel_2.saved),
+            "--config",
+            str(imported.profile),
+            "--output",
+            str(out),
+            "--family",
+            imported.family,
+        )
     written = json.loads((out / "config.json").read_text())
     original = json.loads((imported.hf_dir / "config.json").read_text())
-    disagree = {k: (v, original.get(k)) for k, v in written.items()
-                if k not in ("torch_dtype", "dtype") and v != original.get(k)
-                and not (k == "head_dim" and original.get(k) is None and v == original["hidden_size"] // original["num_attention_heads"])}
+    disagree = {
+        k: (v, original.get(k))
+        for k, v in written.items()
+        if k not in ("torch_dtype", "dtype")
+        and v != original.get(k)
+        and not (
+            k == "head_dim"
+            and original.get(k) is None
+            and v == original["hidden_size"] // original["num_attention_heads"]
+        )
+    }
     assert disagree == {} and written["torch_dtype"] == "float32"
 
 
-TRAINING_LAYOUTS = {"mixtral": "parallel.expert=2", "qwen3_moe": "parallel.pipeline=2", "qwen2_moe": "parallel.tensor=2",
-                    "deepseek_v3": "parallel.expert=2"}
+TRAINING_LAYOUTS = {
+    "mixtral": "parallel.expert=2",
+    "qwen3_moe": "parallel.pipeline=2",
+    "qwen2_moe": "parallel.tensor=2",
+    "deepseek_v3": "parallel.expert=2",
+}
 """Each family trains on 2 ranks under another layout, so that export reads checkpoints saved under each."""
 
 
@@ -153,17 +208,45 @@ def test_training_starts_from_the_import_and_exports_what_it_trained(imported, t
     ckpt = tmp_path / "ckpt"
     shutil.copytree(imported.ckpt, ckpt)
     prefix = tmp_path / "corpus_document"
-    _run("-m", "moe_cdk.cli.data", "prepare", "--input", str(CORPUS), "--output-prefix", str(prefix),
-         "--tokenizer", str(ckpt / "hf" / "tokenizer.json"))
-    trained = _run("-m", "moe_cdk.cli.train", "--config", str(imported.profile), "--checkpoint-dir", str(ckpt),
-                   "--max-steps", "3", "--save-interval", "3", "--metrics-file", str(tmp_path / "metrics.jsonl"),
-                   "--set", f"data.prefixes=[{prefix}]", "--set", "optim.warmup_steps=1",
-                   "--set", TRAINING_LAYOUTS[imported.family], nproc=2)
+    _run(
+        "-m",
+        "moe_cdk.cli.data",
+        "prepare",
+        "--input",
+        str(CORPUS),
+        "--output-prefix",
+        str(prefix),
+        "--tokenizer",
+        str(ckpt / "hf" / "tokenizer.json"),
+    )
+    trained = _run(
+        "-m",
+        "moe_cdk.cli.train",
+        "--config",
+        str(imported.profile),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        "3",
+        "--save-interval",
+        "3",
+        "--metrics-file",
+        str(tmp_path / "metrics.jsonl"),
+        "--set",
+        f"data.prefixes=[{prefix}]",
+        "--set",
+        "optim.warmup_steps=1",
+        "--set",
+        TRAINING_LAYOUTS[imported.family],
+        nproc=2,
+    )
     assert f"resumed from {ckpt / 'step-0'}" in trained.stderr
     assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
     out = tmp_path / "exported"
     _checkpoint_cli("export-hf", str(ckpt), "--config", str(imported.profile), "--output", str(out))
-    assert not torch.equal(_tensors(out)["model.embed_tokens.weight"], _tensors(imported.hf_dir)["model.embed_tokens.weight"])
+    assert not torch.equal(
+        _tensors(out)["model.embed_tokens.weight"], _tensors(imported.hf_dir)["model.embed_tokens.weight"]
+    )
     ours = _megatron_logits(imported.profile, tokens.path, tmp_path / "trained.pt", "--set", f"checkpoint.dir={ckpt}")
     assert (ours - _hf_logits(out, tokens.ids)).abs().max() < LOGIT_TOLERANCE
 
@@ -177,8 +260,9 @@ def mixtral_dir(tmp_path_factory) -> Path:
 
 
 def _import_in_process(hf_dir: Path, tmp_path: Path, capsys) -> tuple[int, str]:
-    code = checkpoint_cli.main(["import-hf", str(hf_dir), "--output", str(tmp_path / "ckpt"),
-                                "--write-config", str(tmp_path / "profile.yaml")])
+    code = checkpoint_cli.main(
+        ["import-hf", str(hf_dir), "--output", str(tmp_path / "ckpt"), "--write-config", str(tmp_path / "profile.yaml")]
+    )
     return code, capsys.readouterr().err
 
 
@@ -190,12 +274,15 @@ def _variant(mixtral_dir: Path, tmp_path: Path, **changes) -> Path:
     return variant
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"tie_word_embeddings": True}, "config.json: tie_word_embeddings"),
-    ({"model_type": "deepseek_v2"}, "config.json: model_type"),
-    ({"sliding_window": 64}, "config.json: sliding_window"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "config.json: rope_scaling"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"tie_word_embeddings": True}, "config.json: tie_word_embeddings"),
+        ({"model_type": "deepseek_v2"}, "config.json: model_type"),
+        ({"sliding_window": 64}, "config.json: sliding_window"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "config.json: rope_scaling"),
+    ],
+)
 def test_import_refuses_a_model_it_cannot_build_and_writes_nothing(mixtral_dir, tmp_path, capsys, change, key):
     code, err = _import_in_process(_variant(mixtral_dir, tmp_path, **change), tmp_path, capsys)
     assert code == 2 and key in err and "Traceback" not in err
@@ -208,7 +295,11 @@ def test_import_names_a_size_missing_from_config_json(tmp_path, capsys):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(config))
     code, err = _import_in_process(tmp_path / "model", tmp_path, capsys)
-    assert code == 2 and "config.json: kv_lora_rank: a required size is missing (got None;" in err and "Traceback" not in err
+    assert (
+        code == 2
+        and "config.json: kv_lora_rank: a required size is missing (got None;" in err
+        and "Traceback" not in err
+    )
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -235,7 +326,8 @@ def test_import_refuses_to_overwrite_a_profile(mixtral_dir, tmp_path, capsys):
 def test_export_refuses_a_folder_that_is_not_empty(imported, tmp_path, capsys):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
-    code = checkpoint_cli.main(["export-hf", str(imported.ckpt), "--config", str(imported.profile),
-                                "--output", str(tmp_path / "out")])
+    code = checkpoint_cli.main(
+        ["export-hf", str(imported.ckpt), "--config", str(imported.profile), "--output", str(tmp_path / "out")]
+    )
     assert code == 2 and "--output: the folder exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]

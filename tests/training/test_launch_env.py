@@ -25,12 +25,25 @@ def write_resource_config(tmp_path: Path, current_host: str, hosts: list[str]) -
 
 def test_torchrun_two_nodes_of_two_processes(no_resource_config):
     environ = {
-        "TORCHELASTIC_RUN_ID": "job-1", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-        "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400",
+        "TORCHELASTIC_RUN_ID": "job-1",
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "29400",
     }
     assert detect(environ, sagemaker_resource_config=no_resource_config) == LaunchEnv(
-        launcher="torchrun", rank=3, world_size=4, local_rank=1, local_world_size=2,
-        node_rank=1, num_nodes=2, master_addr="10.0.0.5", master_port=29400,
+        launcher="torchrun",
+        rank=3,
+        world_size=4,
+        local_rank=1,
+        local_world_size=2,
+        node_rank=1,
+        num_nodes=2,
+        master_addr="10.0.0.5",
+        master_port=29400,
     )
 
 
@@ -42,19 +55,36 @@ def test_torchrun_derives_node_rank_without_group_rank(no_resource_config):
 
 def test_slurm_two_nodes_master_is_first_host_of_node_list(no_resource_config):
     environ = {
-        "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-        "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "p5en-[07-08]",
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_NNODES": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_JOB_NODELIST": "p5en-[07-08]",
     }
     assert detect(environ, sagemaker_resource_config=no_resource_config) == LaunchEnv(
-        launcher="slurm", rank=3, world_size=4, local_rank=1, local_world_size=2,
-        node_rank=1, num_nodes=2, master_addr="p5en-07", master_port=29500,
+        launcher="slurm",
+        rank=3,
+        world_size=4,
+        local_rank=1,
+        local_world_size=2,
+        node_rank=1,
+        num_nodes=2,
+        master_addr="p5en-07",
+        master_port=29500,
     )
 
 
 def test_slurm_without_plain_tasks_per_node_divides_tasks_by_nodes(no_resource_config):
     environ = {
-        "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-        "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NODELIST": "gpu-[1-2]",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NTASKS_PER_NODE": "4(x2)",
+        "SLURM_NODELIST": "gpu-[1-2]",
     }
     env = detect(environ, sagemaker_resource_config=no_resource_config)
     assert (env.local_world_size, env.num_nodes, env.master_addr) == (4, 2, "gpu-1")
@@ -62,9 +92,14 @@ def test_slurm_without_plain_tasks_per_node_divides_tasks_by_nodes(no_resource_c
 
 def test_slurm_master_addr_and_port_override_the_node_list(no_resource_config):
     environ = {
-        "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-        "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "p5en-[07-08]",
-        "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "12345",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "p5en-[07-08]",
+        "MASTER_ADDR": "10.1.2.3",
+        "MASTER_PORT": "12345",
     }
     env = detect(environ, sagemaker_resource_config=no_resource_config)
     assert (env.master_addr, env.master_port) == ("10.1.2.3", 12345)
@@ -104,30 +139,54 @@ def test_expand_hostlist_refuses_a_list_too_large_to_be_a_cluster():
 
 
 def test_malformed_slurm_node_list_is_a_launch_env_error_naming_the_variable(no_resource_config):
-    environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-               "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "p5en-[07-08"}
+    environ = {
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "p5en-[07-08",
+    }
     with pytest.raises(ConfigError) as caught:
         detect(environ, sagemaker_resource_config=no_resource_config)
     assert caught.value.errors == [
         "SLURM_JOB_NODELIST: not a valid Slurm hostlist (got 'p5en-[07-08'; allowed a Slurm hostlist such as "
-        "node[01-04],gpu-7)"]
+        "node[01-04],gpu-7)"
+    ]
 
 
 def test_sagemaker_from_resource_config_file(tmp_path):
     config = write_resource_config(tmp_path, "algo-2", ["algo-2", "algo-1"])
     env = detect({"SM_NUM_GPUS": "8"}, sagemaker_resource_config=config)
     assert env == LaunchEnv(
-        launcher="sagemaker", rank=8, world_size=16, local_rank=0, local_world_size=8,
-        node_rank=1, num_nodes=2, master_addr="algo-1", master_port=29500,
+        launcher="sagemaker",
+        rank=8,
+        world_size=16,
+        local_rank=0,
+        local_world_size=8,
+        node_rank=1,
+        num_nodes=2,
+        master_addr="algo-1",
+        master_port=29500,
     )
 
 
 def test_sagemaker_from_sm_hosts_environment(no_resource_config):
-    environ = {"SM_HOSTS": '["algo-1", "algo-2", "algo-3"]', "SM_CURRENT_HOST": "algo-3",
-               "SM_NUM_GPUS": "0", "SM_NUM_NEURONS": "32"}
+    environ = {
+        "SM_HOSTS": '["algo-1", "algo-2", "algo-3"]',
+        "SM_CURRENT_HOST": "algo-3",
+        "SM_NUM_GPUS": "0",
+        "SM_NUM_NEURONS": "32",
+    }
     env = detect(environ, sagemaker_resource_config=no_resource_config)
     assert (env.launcher, env.node_rank, env.num_nodes, env.local_world_size, env.rank, env.world_size) == (
-        "sagemaker", 2, 3, 32, 64, 96)
+        "sagemaker",
+        2,
+        3,
+        32,
+        64,
+        96,
+    )
 
 
 def test_sagemaker_current_host_not_in_hosts(tmp_path):
@@ -142,17 +201,39 @@ def test_sagemaker_current_host_not_in_hosts(tmp_path):
 def test_kubeflow_worker(no_resource_config):
     environ = {"MASTER_ADDR": "job-master-0", "WORLD_SIZE": "3", "RANK": "1"}
     assert detect(environ, sagemaker_resource_config=no_resource_config) == LaunchEnv(
-        launcher="kubeflow", rank=1, world_size=3, local_rank=0, local_world_size=1,
-        node_rank=1, num_nodes=3, master_addr="job-master-0", master_port=23456,
+        launcher="kubeflow",
+        rank=1,
+        world_size=3,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=1,
+        num_nodes=3,
+        master_addr="job-master-0",
+        master_port=23456,
     )
 
 
 def test_kubeflow_pod_with_nproc_per_node_is_the_node_launcher(no_resource_config):
-    environ = {"PET_NPROC_PER_NODE": "8", "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-master-0",
-               "PET_MASTER_PORT": "23456", "MASTER_ADDR": "job-master-0", "WORLD_SIZE": "2", "RANK": "1"}
+    environ = {
+        "PET_NPROC_PER_NODE": "8",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "job-master-0",
+        "PET_MASTER_PORT": "23456",
+        "MASTER_ADDR": "job-master-0",
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+    }
     assert detect(environ, sagemaker_resource_config=no_resource_config) == LaunchEnv(
-        launcher="kubeflow", rank=8, world_size=16, local_rank=0, local_world_size=8,
-        node_rank=1, num_nodes=2, master_addr="job-master-0", master_port=23456,
+        launcher="kubeflow",
+        rank=8,
+        world_size=16,
+        local_rank=0,
+        local_world_size=8,
+        node_rank=1,
+        num_nodes=2,
+        master_addr="job-master-0",
+        master_port=23456,
     )
 
 
@@ -164,9 +245,18 @@ def test_kubeflow_node_rank_beyond_the_node_count_is_reported(no_resource_config
 
 
 def test_single_process(no_resource_config):
-    assert detect({"PATH": "/usr/bin", "MASTER_PORT": "29511"}, sagemaker_resource_config=no_resource_config) == LaunchEnv(
-        launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1,
-        node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=29511,
+    assert detect(
+        {"PATH": "/usr/bin", "MASTER_PORT": "29511"}, sagemaker_resource_config=no_resource_config
+    ) == LaunchEnv(
+        launcher="single",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=29511,
     )
 
 
@@ -176,11 +266,24 @@ def test_single_process_without_a_port_takes_a_free_one(no_resource_config):
 
 
 def test_torch_env_gives_env_init_variables_as_strings():
-    env = LaunchEnv(launcher="torchrun", rank=3, world_size=4, local_rank=1, local_world_size=2,
-                    node_rank=1, num_nodes=2, master_addr="10.0.0.5", master_port=29400)
+    env = LaunchEnv(
+        launcher="torchrun",
+        rank=3,
+        world_size=4,
+        local_rank=1,
+        local_world_size=2,
+        node_rank=1,
+        num_nodes=2,
+        master_addr="10.0.0.5",
+        master_port=29400,
+    )
     assert env.torch_env() == {
-        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400",
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "29400",
     }
 
 
@@ -199,8 +302,15 @@ def test_rank_not_below_world_size_message(no_resource_config):
 
 
 def test_every_problem_is_reported_at_once(no_resource_config):
-    environ = {"SLURM_PROCID": "-1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-               "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "", "MASTER_PORT": "70000"}
+    environ = {
+        "SLURM_PROCID": "-1",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "",
+        "MASTER_PORT": "70000",
+    }
     with pytest.raises(ConfigError) as caught:
         detect(environ, sagemaker_resource_config=no_resource_config)
     assert caught.value.errors == [

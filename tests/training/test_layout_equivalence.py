@@ -28,8 +28,16 @@ from trainer_runs import data_prefix, final_parameters, records, run_training  #
 
 # 4 layers so that PP2 x VPP2 has one layer per chunk; micro-batches of 2 so that every
 # layout has at least two micro-batches per step where the interleaved schedule needs them.
-MODEL = ("--set", "model.num_layers=4", "--set", "optim.micro_batch_size=2", "--set", "checkpoint.keep_last=3",
-         "--set", "optim.warmup_steps=2")
+MODEL = (
+    "--set",
+    "model.num_layers=4",
+    "--set",
+    "optim.micro_batch_size=2",
+    "--set",
+    "checkpoint.keep_last=3",
+    "--set",
+    "optim.warmup_steps=2",
+)
 
 LAYOUTS = {
     "DP2": (2, ()),
@@ -50,8 +58,17 @@ PARAM_ATOL = 2e-5
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data_prefix) -> Path:
     run_dir = tmp_path_factory.mktemp("reference")
-    result = run_training(run_dir, data_prefix, *MODEL, "--max-steps", "5", "--save-interval", "3",
-                          "--set", "checkpoint.save_initial=true")
+    result = run_training(
+        run_dir,
+        data_prefix,
+        *MODEL,
+        "--max-steps",
+        "5",
+        "--save-interval",
+        "3",
+        "--set",
+        "checkpoint.save_initial=true",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -60,8 +77,17 @@ def _run_from(reference: Path, step: int, run_dir: Path, data_prefix: str, layou
     nproc, overrides = LAYOUTS[layout]
     shutil.copytree(reference / f"ckpt/step-{step}", run_dir / f"ckpt/step-{step}")
     sets = [arg for override in overrides for arg in ("--set", override)]
-    result = run_training(run_dir, data_prefix, *MODEL, *sets, "--max-steps", str(max_steps),
-                          "--save-interval", str(max_steps), nproc=nproc)
+    result = run_training(
+        run_dir,
+        data_prefix,
+        *MODEL,
+        *sets,
+        "--max-steps",
+        str(max_steps),
+        "--save-interval",
+        str(max_steps),
+        nproc=nproc,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resumed from {run_dir / f'ckpt/step-{step}'}" in result.stderr
     (run_dir / "stderr.txt").write_text(result.stderr)
@@ -75,8 +101,14 @@ def run_of(layout: str, start: int, reference: Path, data_prefix: str, tmp_path_
     """One run per layout and starting step, shared by the tests that read it."""
     key = (layout, start)
     if key not in _runs:
-        _runs[key] = _run_from(reference, start, tmp_path_factory.mktemp(f"{layout}-from-{start}"), data_prefix,
-                               layout, max_steps=start + (3 if start == 0 else 2))
+        _runs[key] = _run_from(
+            reference,
+            start,
+            tmp_path_factory.mktemp(f"{layout}-from-{start}"),
+            data_prefix,
+            layout,
+            max_steps=start + (3 if start == 0 else 2),
+        )
     return _runs[key]
 
 

@@ -11,8 +11,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from moe_cdk.training.metrics import MetricsSink, peak_tflops_for
 
-RECORD = {"step": 3, "loss": 2.5, "tokens_per_s": 1000.0, "dispatch_time_s": 0.01, "mfu": None,
-          "tokens_per_expert": [[10, 30], [20, 20]], "expert_imbalance": [1.5, 1.0], "router_entropy": [0.6, 0.69]}
+RECORD = {
+    "step": 3,
+    "loss": 2.5,
+    "tokens_per_s": 1000.0,
+    "dispatch_time_s": 0.01,
+    "mfu": None,
+    "tokens_per_expert": [[10, 30], [20, 20]],
+    "expert_imbalance": [1.5, 1.0],
+    "router_entropy": [0.6, 0.69],
+}
 
 
 def _free_port() -> int:
@@ -22,8 +30,17 @@ def _free_port() -> int:
 
 
 def _sink(tmp_path, rank=0, **kwargs) -> MetricsSink:
-    options = dict(jsonl=None, prometheus_port=None, tensorboard_dir=None, readiness_file=None,
-                   liveness_file=None, max_steps=10) | kwargs
+    options = (
+        dict(
+            jsonl=None,
+            prometheus_port=None,
+            tensorboard_dir=None,
+            readiness_file=None,
+            liveness_file=None,
+            max_steps=10,
+        )
+        | kwargs
+    )
     return MetricsSink(rank=rank, **options)
 
 
@@ -46,8 +63,11 @@ def test_prometheus_endpoint_serves_the_latest_record(tmp_path):
     lines = body.splitlines()
     assert "moe_train_loss 2.5" in lines
     # prometheus_client writes labels in name order and every value as a float: {expert="1",layer="0"} 30.0.
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(body) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
     assert samples[("moe_train_tokens_per_expert", (("expert", "1"), ("layer", "0")))] == 30
     assert 'moe_train_expert_imbalance{layer="0"} 1.5' in lines
     assert not any(line.startswith("moe_train_mfu") for line in lines)
@@ -65,7 +85,9 @@ def test_prometheus_text_has_gauges_with_help_and_nothing_before_the_first_recor
 
 
 def test_probe_files_are_touched_on_every_rank(tmp_path):
-    sink = _sink(tmp_path, rank=1, readiness_file=str(tmp_path / "probe/ready"), liveness_file=str(tmp_path / "probe/alive"))
+    sink = _sink(
+        tmp_path, rank=1, readiness_file=str(tmp_path / "probe/ready"), liveness_file=str(tmp_path / "probe/alive")
+    )
     sink.write(RECORD)
     assert (tmp_path / "probe/ready").is_file() and (tmp_path / "probe/alive").is_file()
 
@@ -76,10 +98,18 @@ def test_other_ranks_write_no_records(tmp_path):
     assert not (tmp_path / "m.jsonl").exists()
 
 
-@pytest.mark.parametrize("name, tflops", [
-    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
-    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("Tesla T4", None)])
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("Tesla T4", None),
+    ],
+)
 def test_peak_figure_matches_the_part_not_a_substring_of_it(name, tflops):
     # An H100 PCIe or NVL part must not get the SXM part's 989 TFLOP/s.
     assert peak_tflops_for(name) == tflops
-

@@ -1,4 +1,5 @@
-"""Our adapter over megatron-core's TransformerConfig and the CPU compatibility layer, against the real megatron code."""
+"""Our adapter over megatron-core's TransformerConfig and the CPU compatibility layer, against the real megatron
+code."""
 
 from __future__ import annotations
 
@@ -23,9 +24,15 @@ def test_transformer_config_keeps_every_value_we_set():
 def test_a_value_megatron_would_rewrite_is_an_error(monkeypatch):
     original = model_module.transformer_config_kwargs
     # megatron fills num_query_groups in when it is None: the adapter must refuse that.
-    monkeypatch.setattr(model_module, "transformer_config_kwargs",
-                        lambda config, on_gpu: {**original(config, on_gpu=on_gpu), "num_query_groups": None})
-    with pytest.raises(ConfigError, match=r"megatron-core: TransformerConfig changed values moe-cdk set \(got 'num_query_groups: None -> 4'"):
+    monkeypatch.setattr(
+        model_module,
+        "transformer_config_kwargs",
+        lambda config, on_gpu: {**original(config, on_gpu=on_gpu), "num_query_groups": None},
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"megatron-core: TransformerConfig changed values moe-cdk set \(got 'num_query_groups: None -> 4'",
+    ):
         build_transformer_config(TINY, on_gpu=False)
 
 

@@ -15,8 +15,17 @@ from moe_cdk.training.exit_codes import EXIT_FAILED_RETRYABLE, KUBEFLOW_RETRYABL
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.node_launcher import run_node
 
-NODE = LaunchEnv(launcher="kubeflow", rank=4, world_size=8, local_rank=0, local_world_size=2, node_rank=2,
-                 num_nodes=4, master_addr="10.0.0.1", master_port=23456)
+NODE = LaunchEnv(
+    launcher="kubeflow",
+    rank=4,
+    world_size=8,
+    local_rank=0,
+    local_world_size=2,
+    node_rank=2,
+    num_nodes=4,
+    master_addr="10.0.0.1",
+    master_port=23456,
+)
 
 
 def python(code: str) -> list[str]:
@@ -28,11 +37,21 @@ def test_each_rank_gets_torchrun_variables(tmp_path):
         import json, os
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
         open(os.path.join({str(tmp_path)!r}, os.environ["LOCAL_RANK"]), "w").write(json.dumps({{k: os.environ[k] for k in keys}}))
-    """
+    """  # noqa: E501
     assert run_node(NODE, python(code)) == 0
     seen = [json.loads((tmp_path / str(i)).read_text()) for i in range(2)]
-    assert seen == [{"RANK": str(4 + i), "WORLD_SIZE": "8", "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": "2",
-                     "GROUP_RANK": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "23456"} for i in range(2)]
+    assert seen == [
+        {
+            "RANK": str(4 + i),
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": str(i),
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "2",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "23456",
+        }
+        for i in range(2)
+    ]
 
 
 def test_a_failing_rank_s_exit_code_is_kept():
@@ -68,7 +87,7 @@ def test_sigterm_reaches_every_rank_and_their_exit_code_is_returned(tmp_path):
         import signal, sys, time
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         time.sleep(600)
-    """
+    """  # noqa: E501
     launcher = f"""
         import sys
         from moe_cdk.training.launch_env import LaunchEnv
@@ -90,7 +109,7 @@ def test_ranks_are_terminated_when_the_launcher_is_killed(tmp_path):
         import os, signal, sys, time
         signal.signal(signal.SIGTERM, lambda *_: (open({str(tmp_path)!r} + f"/term-{{os.getpid()}}", "w").close(), sys.exit(143)))
         time.sleep(600)
-    """
+    """  # noqa: E501
     launcher = f"""
         import sys
         from moe_cdk.training.launch_env import LaunchEnv

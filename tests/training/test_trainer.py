@@ -45,7 +45,9 @@ def test_metrics_hold_tokens_per_expert_for_every_layer(single_run):
 def test_moe_figures_are_per_step_when_records_are_sparse(tmp_path, data_prefix, single_run):
     # Records every 2 steps: expert load is the average over the 2 steps (each expert's count
     # rounded), so it reads as it would with a record at every step, not twice as high.
-    result = run_training(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4", "--set", "metrics.log_interval=2")
+    result = run_training(
+        tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4", "--set", "metrics.log_interval=2"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     sparse = records(tmp_path)
     assert [r["step"] for r in sparse] == [2, 4]
@@ -71,8 +73,19 @@ def test_only_the_last_two_complete_checkpoints_are_kept(single_run):
 
 
 def test_two_processes_with_expert_parallel_2_train(tmp_path, data_prefix, single_run):
-    result = run_training(tmp_path, data_prefix, "--max-steps", "10", "--save-interval", "10",
-                          "--set", "parallel.expert=2", "--set", "data.num_workers=1", nproc=2)
+    result = run_training(
+        tmp_path,
+        data_prefix,
+        "--max-steps",
+        "10",
+        "--save-interval",
+        "10",
+        "--set",
+        "parallel.expert=2",
+        "--set",
+        "data.num_workers=1",
+        nproc=2,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [r["loss"] for r in records(tmp_path)]
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.5
@@ -80,18 +93,39 @@ def test_two_processes_with_expert_parallel_2_train(tmp_path, data_prefix, singl
 
 def test_kubeflow_pod_starts_one_rank_per_device_and_trains(tmp_path, data_prefix, single_run):
     # What a PyTorchJob pod with nprocPerNode: "2" sees: one process, the node described by PET_*.
-    pod_env = {**ENV, "PET_NPROC_PER_NODE": "2", "PET_NNODES": "1", "PET_NODE_RANK": "0",
-               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(29600 + random.randint(301, 600))}
-    result = subprocess.run(train_command(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4",
-                                          "--set", "parallel.expert=2"), cwd=ROOT, env=pod_env,
-                            capture_output=True, text=True, timeout=600)
+    pod_env = {
+        **ENV,
+        "PET_NPROC_PER_NODE": "2",
+        "PET_NNODES": "1",
+        "PET_NODE_RANK": "0",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(29600 + random.randint(301, 600)),
+    }
+    result = subprocess.run(
+        train_command(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4", "--set", "parallel.expert=2"),
+        cwd=ROOT,
+        env=pod_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4]
 
 
 def test_allgather_dispatcher_with_capacity_factor_trains(tmp_path, data_prefix, single_run):
-    result = run_training(tmp_path, data_prefix, "--max-steps", "3", "--save-interval", "3",
-                          "--set", "moe.token_dispatcher=allgather", "--set", "moe.capacity_factor=1.0")
+    result = run_training(
+        tmp_path,
+        data_prefix,
+        "--max-steps",
+        "3",
+        "--save-interval",
+        "3",
+        "--set",
+        "moe.token_dispatcher=allgather",
+        "--set",
+        "moe.capacity_factor=1.0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
 
@@ -101,11 +135,19 @@ def test_core_attention_recompute_with_dropout_trains_the_same_losses(tmp_path, 
     # recomputed attention dropout draws the same mask and the step is the same.
     common = ("--max-steps", "3", "--save-interval", "3", "--set", "model.dropout=0.1")
     plain = run_training(tmp_path / "plain", data_prefix, *common)
-    recomputed = run_training(tmp_path / "recompute", data_prefix, *common, "--set", "recompute.granularity=selective",
-                              "--set", "recompute.modules=[core_attn]")
+    recomputed = run_training(
+        tmp_path / "recompute",
+        data_prefix,
+        *common,
+        "--set",
+        "recompute.granularity=selective",
+        "--set",
+        "recompute.modules=[core_attn]",
+    )
     assert plain.returncode == recomputed.returncode == 0, recomputed.stderr[-3000:]
     assert [r["loss"] for r in records(tmp_path / "recompute")] == pytest.approx(
-        [r["loss"] for r in records(tmp_path / "plain")], rel=1e-6)
+        [r["loss"] for r in records(tmp_path / "plain")], rel=1e-6
+    )
 
 
 def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_run):
@@ -195,13 +237,31 @@ def test_layout_that_does_not_fit_the_world_size_exits_2(tmp_path, data_prefix):
 
 def test_missing_dataset_and_tokenizer_exit_2_before_training(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "moe_cdk.cli.train", "--config", str(TINY),
-         "--set", f"data.prefixes=[{tmp_path / 'absent_document'}]", "--set", "data.prepare_from=[]",
-         "--set", f"data.tokenizer={tmp_path / 'tokenizer.json'}"],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "moe_cdk.cli.train",
+            "--config",
+            str(TINY),
+            "--set",
+            f"data.prefixes=[{tmp_path / 'absent_document'}]",
+            "--set",
+            "data.prepare_from=[]",
+            "--set",
+            f"data.tokenizer={tmp_path / 'tokenizer.json'}",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"  data.tokenizer: no such file (got '{tmp_path / 'tokenizer.json'}';" in result.stderr
-    assert f"  data.prefixes[0]: dataset files missing (.bin, .idx) (got '{tmp_path / 'absent_document'}';" in result.stderr
+    assert (
+        f"  data.prefixes[0]: dataset files missing (.bin, .idx) (got '{tmp_path / 'absent_document'}';"
+        in result.stderr
+    )
 
 
 def test_deepseek_style_routing_trains_and_moves_the_expert_bias(tmp_path, data_prefix, single_run):
@@ -248,8 +308,13 @@ def _shrunk(profile: str, out: Path) -> Path:
     import yaml
 
     tiny, source = yaml.safe_load(TINY.read_text()), yaml.safe_load((ROOT / profile).read_text())
-    model = source["model"] | {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 32,
-                               "seq_length": 64}
+    model = source["model"] | {
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "ffn_hidden_size": 32,
+        "seq_length": 64,
+    }
     if model.get("multi_latent_attention"):
         # Query/key heads wider than the value heads, as in the profile.
         model |= {"kv_lora_rank": 32, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}
@@ -260,12 +325,16 @@ def _shrunk(profile: str, out: Path) -> Path:
     model.pop("vocab_size", None)  # the byte tokenizer's 256 rows
     if model.get("dense_layers"):
         model["dense_ffn_hidden_size"] = 96  # wider than the experts, as in the profile
-    moe = source["moe"] | ({"shared_expert_ffn_hidden_size": 64} if "shared_expert_ffn_hidden_size" in source["moe"] else {})
+    moe = source["moe"] | (
+        {"shared_expert_ffn_hidden_size": 64} if "shared_expert_ffn_hidden_size" in source["moe"] else {}
+    )
     out.write_text(yaml.safe_dump(tiny | {"model": model, "moe": moe}))
     return out
 
 
-@pytest.mark.parametrize("profile", ["training/configs/qwen3-30b-a3b.yaml", "training/configs/deepseek-v3-style-16b.yaml"])
+@pytest.mark.parametrize(
+    "profile", ["training/configs/qwen3-30b-a3b.yaml", "training/configs/deepseek-v3-style-16b.yaml"]
+)
 def test_a_shrunk_copy_of_each_modern_profile_trains(tmp_path, data_prefix, single_run, profile):
     config = _shrunk(profile, tmp_path / "shrunk.yaml")
     result = run_training(tmp_path, data_prefix, "--config", str(config), "--max-steps", "20", "--save-interval", "20")
