@@ -21,11 +21,12 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup system-packages synth test docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
+.PHONY: help setup system-packages synth test lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
 	@echo "make test                          set up, then run the whole test suite"
+	@echo "make lint                          ruff, and the import layers of docs/architecture.md"
 	@echo "make validate [CONFIG=...]         check a configuration file"
 	@echo "make docs                          regenerate the generated references and JSON Schemas"
 	@echo "make diagram                       render docs/architecture.png from the default configuration"
@@ -82,6 +83,10 @@ hyperpod-chart: setup
 
 test: setup system-packages
 	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q tests/test_architecture.py
 
 bench: setup
 	$(PY) bench/moe_layer.py

@@ -64,31 +64,27 @@ def _slurm_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_docs(args: argparse.Namespace) -> int:
-    text = reference_docs()
-    if args.check:
-        current = Path(args.check).read_text() if Path(args.check).exists() else ""
-        if current != text:
-            print(f"{args.check} is out of date; run: moe-cdk config-docs > {args.check}", file=sys.stderr)
-            return EXIT_CHECK_FAILED
+def _print_or_check(text: str, check: str | None) -> int:
+    """Print a generated file, or with ``--check FILE`` exit 1 when FILE differs from it."""
+    if check is None:
+        sys.stdout.write(text)
         return 0
-    sys.stdout.write(text)
+    if (Path(check).read_text() if Path(check).exists() else "") != text:
+        print(f"{check} is out of date; run: make docs", file=sys.stderr)
+        return EXIT_CHECK_FAILED
     return 0
+
+
+def _config_docs(args: argparse.Namespace) -> int:
+    return _print_or_check(reference_docs(), args.check)
 
 
 def _config_schema(args: argparse.Namespace) -> int:
     from moe_cdk.schema.config import config_schema
     from moe_cdk.training.config import train_config_schema
 
-    text = json.dumps(train_config_schema() if args.trainer else config_schema(), indent=2) + "\n"
-    if args.check:
-        current = Path(args.check).read_text() if Path(args.check).exists() else ""
-        if current != text:
-            print(f"{args.check} is out of date; run: make docs", file=sys.stderr)
-            return EXIT_CHECK_FAILED
-        return 0
-    sys.stdout.write(text)
-    return 0
+    schema = train_config_schema() if args.trainer else config_schema()
+    return _print_or_check(json.dumps(schema, indent=2) + "\n", args.check)
 
 
 def main(argv: list[str] | None = None) -> int:

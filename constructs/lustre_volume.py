@@ -101,7 +101,7 @@ class LustreVolume(Construct):
                         "not a Kubernetes name",
                         got=value,
                         allowed="lowercase letters, digits and inner hyphens, at most 63",
-                    ).at(f"{key}")
+                    ).at(key)
                 )
         if props.storage_capacity_gib < 1:
             found.append(

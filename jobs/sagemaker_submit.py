@@ -126,7 +126,7 @@ def outputs_from_cloudformation(client, stack_name: str) -> dict[str, str]:
 def _required_outputs(found: dict[str, str], source: str) -> dict[str, str]:
     missing = [key for key in OUTPUT_KEYS if key not in found]
     if missing:
-        raise ConfigError([problem("outputs missing", got=missing, allowed=", ".join(OUTPUT_KEYS)).at(f"{source}")])
+        raise ConfigError([problem("outputs missing", got=missing, allowed=", ".join(OUTPUT_KEYS)).at(source)])
     return {key: found[key] for key in OUTPUT_KEYS}
 
 
@@ -143,7 +143,7 @@ def _in_channel(path: str, key: str) -> str:
                     "must be under the file system's datasets folder to reach a training job",
                     got=path,
                     allowed=f"{FSX_DATASETS}...",
-                ).at(f"{key}")
+                ).at(key)
             ]
         )
     return CHANNEL_DIR + path[len(FSX_DATASETS) :]

@@ -1,6 +1,6 @@
 """An architecture diagram of a synthesized app, drawn from cdk.out alone.
 
-``python -m moe_cdk.tools.diagram --cdk-out cdk.out --output docs/architecture.png`` reads the cloud assembly that
+``python -m moe_cdk.cli.diagram --cdk-out cdk.out --output docs/architecture.png`` reads the cloud assembly that
 ``make synth`` wrote (manifest, templates, asset manifests); no CDK import, so it runs wherever Python, the ``graphviz``
 package and Graphviz's ``dot`` do. Three steps:
 

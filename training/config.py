@@ -608,7 +608,7 @@ def _apply_override(data: dict, assignment: str, errors: list[Problem]) -> None:
     for part in parents:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            errors.append(problem("not a section", got=part, allowed="a dotted path to a key").at(f"{key}"))
+            errors.append(problem("not a section", got=part, allowed="a dotted path to a key").at(key))
             return
         node = child
     node[last] = yaml.safe_load(raw) if raw != "" else None

@@ -185,7 +185,7 @@ class ResumableSampler:
             ("consumed_samples", consumed_samples, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                problems.append(problem("out of range", got=value, allowed=f"an integer >= {low}").at(f"{key}"))
+                problems.append(problem("out of range", got=value, allowed=f"an integer >= {low}").at(key))
         if not isinstance(data_parallel_rank, int) or not (
             isinstance(data_parallel_size, int) and 0 <= data_parallel_rank < data_parallel_size
         ):

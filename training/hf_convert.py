@@ -50,13 +50,13 @@ def _read_json(path: Path) -> dict:
         value = json.loads(path.read_text())
     except OSError as error:
         raise ConfigError(
-            [problem("cannot read the file", got=error.strerror, allowed="a readable JSON file").at(f"{path}")]
+            [problem("cannot read the file", got=error.strerror, allowed="a readable JSON file").at(str(path))]
         ) from None
     except ValueError as error:
-        raise ConfigError([problem("not valid JSON", got=str(error), allowed="a JSON object").at(f"{path}")]) from None
+        raise ConfigError([problem("not valid JSON", got=str(error), allowed="a JSON object").at(str(path))]) from None
     if not isinstance(value, dict):
         raise ConfigError(
-            [problem("must be a JSON object", got=type(value).__name__, allowed="an object").at(f"{path}")]
+            [problem("must be a JSON object", got=type(value).__name__, allowed="an object").at(str(path))]
         )
     return value
 
@@ -78,7 +78,7 @@ class SafetensorsDir:
                 [
                     problem(
                         "no safetensors weights", got="none", allowed="model.safetensors or an index with its shards"
-                    ).at(f"{folder}")
+                    ).at(str(folder))
                 ]
             )
         self._where: dict[str, object] = {}

@@ -80,11 +80,11 @@ def _json_documents(path: Path, json_key: str, problems: list[Problem]) -> Itera
                         f"missing key {json_key!r}",
                         got=sorted(record),
                         allowed=f"an object with the document text under {json_key!r}",
-                    ).at(f"{where}")
+                    ).at(where)
                 )
             elif not isinstance(record[json_key], str):
                 problems.append(
-                    problem(f"{json_key!r} is not a string", got=record[json_key], allowed="a string").at(f"{where}")
+                    problem(f"{json_key!r} is not a string", got=record[json_key], allowed="a string").at(where)
                 )
             else:
                 yield record[json_key]
