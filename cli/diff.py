@@ -1,7 +1,7 @@
 """``moe-cdk diff [BASE_REF]``: Markdown of what the working tree changes in the synthesized
 templates against BASE_REF, for code review.
 
-Exit codes: 0 the diff was written, 1 a revision failed to synthesize (or cfn-lint is missing),
+Exit codes: 0 the diff was written, 1 a revision failed to synthesize (or the CDK CLI is missing),
 2 BASE_REF is not a revision or the configuration is invalid at one of them.
 """
 
@@ -29,10 +29,13 @@ def run(args: argparse.Namespace) -> int:
     commit = synth_diff.resolve_revision(repo, args.base_ref)
     if commit is None:
         return report("moe-cdk diff", ConfigError([synth_diff.bad_ref_problem(args.base_ref)]))
-    try:  # the replacement rule needs the registry schemas: fail before two synths, not after
-        synth_diff.schema_manager()
-    except ImportError as error:
-        print(f"moe-cdk diff: cfn-lint is not installed ({error}); pip install cfn-lint", file=sys.stderr)
+    try:  # the replacement rule needs the CDK's service specification: fail before two synths, not after
+        synth_diff.service_spec_path()
+    except FileNotFoundError as error:
+        print(
+            f"moe-cdk diff: the CDK CLI's service specification is not installed (looked for {error}); run make setup",
+            file=sys.stderr,
+        )
         return 1
     config = Path(args.config)
     absolute = config if config.is_absolute() else (Path.cwd() / config).resolve()

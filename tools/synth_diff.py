@@ -11,15 +11,15 @@ installed, so both sides would run the same code.
 No AWS credentials are needed: synth never calls AWS.
 
 Replacement rule: a resource is *replaced* when its logical id keeps a different ``Type``, or
-when the value at one of its type's ``createOnlyProperties`` changes. Those are the properties
-that the type's CloudFormation registry schema says can only be set when the resource is
-created, read from the schemas cfn-lint ships (see ``create_only_paths``). A create-only path
-may be nested (``/properties/VpcConfig/SubnetIds``); a change at, under or above it counts, and
-the reason names it dotted (``VpcConfig.SubnetIds``). A type the registry does not know has no
-create-only properties. Any other change is reported as *modified*: it may still interrupt the
-resource, and some schemas list fewer create-only properties than the resource reference (the
-AWS::FSx::FileSystem schema lists none under ``LustreConfiguration``), so CloudFormation's
-change set has the final word.
+when the value at one of its type's replacing properties changes. Those are what ``cdk diff``
+itself reads: the CDK's service specification (``db.json.gz`` in the CDK CLI's package, which
+``make setup`` installs), where a property, top-level or nested in a property type, carries
+``causesReplacement: yes`` or ``maybe`` (see ``replacement_paths``). It merges the CloudFormation
+registry schemas with the older resource specification, so it also knows the nested ones the
+registry lacks (AWS::FSx::FileSystem's ``LustreConfiguration.DeploymentType``). A change at,
+under or above such a path counts, and the reason names it dotted (``VpcConfig.SubnetIds``). A
+type the specification does not know has none. Any other change is reported as *modified*; it may
+still interrupt the resource, and CloudFormation's change set has the final word.
 
 Security rule: a change is a security change (``ResourceChange.security``) when it can change
 access. It is flagged 🔒 IAM (who may do what) when it touches an AWS::IAM::* resource or one of
@@ -32,6 +32,7 @@ flagged by its type and the properties it has.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -41,19 +42,12 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moe_cdk.core.problems import EXIT_INVALID, ConfigError, Problem, problem
 
-if TYPE_CHECKING:
-    from cfnlint.schema.manager import ProviderSchemaManager
-
 VALUE_WIDTH = 80
 _ABSENT = object()
-
-# The region whose registry schemas are read: a type's create-only properties are the type's, not the
-# region's; us-east-1 has the most types and is cfn-lint's own fallback for a region it lacks.
-SCHEMA_REGION = "us-east-1"
 
 # A change under one of these property names is an IAM change whatever the resource type
 # (role, key and resource policies: an AWS::KMS::Key's KeyPolicy is one).
@@ -284,49 +278,67 @@ def _value_changes(old: Any, new: Any, path: str) -> list[PropertyChange]:
     return [PropertyChange(path, old, new)]
 
 
-def schema_manager() -> ProviderSchemaManager:
-    """cfn-lint's registry of resource schemas; imported on first use, as it takes most of a second."""
-    from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
-
-    return PROVIDER_SCHEMA_MANAGER
+def service_spec_path() -> Path:
+    """The CDK CLI's service specification, ``aws-cdk/db.json.gz``: the one in this environment's
+    ``cdk-cli`` (``make setup``), else beside the ``cdk`` on PATH. FileNotFoundError when neither."""
+    candidates = [Path(sys.prefix) / "cdk-cli/node_modules/aws-cdk"]
+    if cdk := shutil.which("cdk"):
+        candidates.append(Path(os.path.realpath(cdk)).parent.parent)  # <package>/bin/cdk
+    for package in candidates:
+        if (package / "db.json.gz").is_file():
+            return package / "db.json.gz"
+    raise FileNotFoundError(", ".join(str(p / "db.json.gz") for p in candidates))
 
 
 @cache
-def create_only_paths(resource_type: str) -> tuple[tuple[str, ...], ...]:
-    """The ``createOnlyProperties`` of ``resource_type``'s registry schema, each as its keys under
-    ``Properties`` (``"*"``: every item of a list); empty for a type the registry does not know.
+def _service_spec() -> tuple[dict[str, dict], dict[str, dict]]:
+    """(resources by CloudFormation type, property types by id) of the service specification."""
+    with gzip.open(service_spec_path()) as handle:
+        schema = json.load(handle)["schema"]
+    resources = {r["cloudFormationType"]: r for r in schema["resource"]["entities"]}
+    return resources, {t["$id"]: t for t in schema["typeDefinition"]["entities"]}
 
-    Uses cfn-lint's schema API, ``cfnlint.schema.PROVIDER_SCHEMA_MANAGER.get_resource_schema(region, type)``
-    (exported by ``cfnlint.schema``; cfn-lint 1.x, ``cfnlint/schema/manager.py``), which reads the registry
-    schema cfn-lint ships under ``cfnlint/data/schemas`` and reads a ``Custom::`` type as
-    AWS::CloudFormation::CustomResource (create-only ``ServiceToken``). Cached: one read per type per run.
-    """
-    from cfnlint.schema import ResourceNotFoundError
 
-    try:
-        schema = schema_manager().get_resource_schema(SCHEMA_REGION, resource_type).schema
-    except ResourceNotFoundError:
-        return ()
-    prefix = "/properties/"
-    return tuple(
-        tuple(part.replace("~1", "/").replace("~0", "~") for part in pointer[len(prefix) :].split("/"))
-        for pointer in schema.get("createOnlyProperties", ())
-        if pointer.startswith(prefix)
-    )
+def _replacing(properties: dict, types: dict[str, dict], prefix: tuple[str, ...], seen: frozenset[str]):
+    for name, prop in properties.items():
+        keys = (*prefix, name)
+        if prop.get("causesReplacement") in ("yes", "maybe"):
+            yield keys
+            continue
+        kind = prop.get("type", {})
+        if kind.get("type") in ("array", "map"):  # every item of a list or a map
+            kind, keys = kind.get("element", {}), (*keys, "*")
+        target = kind.get("reference", {}).get("$ref") if kind.get("type") == "ref" else None
+        if target in types and target not in seen:
+            yield from _replacing(types[target].get("properties", {}), types, keys, seen | {target})
+
+
+@cache
+def replacement_paths(resource_type: str) -> tuple[tuple[str, ...], ...]:
+    """The properties of ``resource_type`` whose change replaces the resource, each as its keys under
+    ``Properties`` (``"*"``: every item of a list or map); empty for a type the specification does not
+    know. Cached: one walk per type per run."""
+    resources, types = _service_spec()
+    # A custom resource of any name is an AWS::CloudFormation::CustomResource (create-only ServiceToken).
+    name = "AWS::CloudFormation::CustomResource" if resource_type.startswith("Custom::") else resource_type
+    resource = resources.get(name)
+    return tuple(_replacing(resource["properties"], types, (), frozenset())) if resource else ()
 
 
 def _at(value: Any, keys: tuple[str, ...]) -> Any:
-    """The value at ``keys`` in ``value`` (``"*"``: the list of every item's value), or _ABSENT."""
+    """The value at ``keys`` in ``value`` (``"*"``: every item's value, of a list or of a map by key), or _ABSENT."""
     if not keys:
         return value
     key, rest = keys[0], keys[1:]
     if key == "*":
+        if isinstance(value, dict):
+            return {name: _at(item, rest) for name, item in value.items()}
         return [_at(item, rest) for item in value] if isinstance(value, list) else _ABSENT
     return _at(value[key], rest) if isinstance(value, dict) and key in value else _ABSENT
 
 
 def _path_text(keys: tuple[str, ...]) -> str:
-    """A create-only path the way changed paths are written: ``VpcConfig.SubnetIds``, ``Rules[*].Name``."""
+    """A replacing path the way changed paths are written: ``VpcConfig.SubnetIds``, ``Rules[*].Name``."""
     return ".".join(keys).replace(".*", "[*]")
 
 
@@ -395,7 +407,7 @@ def _diff_resource(logical_id: str, old: dict, new: dict) -> ResourceChange | No
         else:  # DependsOn, DeletionPolicy, UpdateReplacePolicy, Condition, ...
             changes += _value_changes(old.get(key, _ABSENT), new.get(key, _ABSENT), f"({key})")
     old_props, new_props = old.get("Properties") or {}, new.get("Properties") or {}
-    reasons = [_path_text(keys) for keys in create_only_paths(new_type) if _at(old_props, keys) != _at(new_props, keys)]
+    reasons = [_path_text(keys) for keys in replacement_paths(new_type) if _at(old_props, keys) != _at(new_props, keys)]
     change = ResourceChange(
         logical_id, new_type, "replaced" if reasons else "modified", changes=changes, replacement_reasons=reasons
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
+import json
 import re
 import subprocess
 import tempfile
@@ -13,7 +15,6 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
 from conftest import SHIPPED_CONFIGS, synth
 
 from moe_cdk.cli.diff import add_parser
@@ -82,25 +83,24 @@ def test_replaced_by_type_change():
 
 
 def test_replaced_by_replacement_property_including_nested():
-    # The registry schema of AWS::EKS::Cluster lists /properties/KubernetesNetworkConfig/ServiceIpv4Cidr.
     old = _template(
-        Eks=_resource(
-            "AWS::EKS::Cluster",
-            Version="1.33",
-            KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "172.20.0.0/16"},
+        Fs=_resource(
+            "AWS::FSx::FileSystem",
+            StorageCapacity=1200,
+            LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
         )
     )
     new = _template(
-        Eks=_resource(
-            "AWS::EKS::Cluster",
-            Version="1.33",
-            KubernetesNetworkConfig={"IpFamily": "ipv4", "ServiceIpv4Cidr": "10.100.0.0/16"},
+        Fs=_resource(
+            "AWS::FSx::FileSystem",
+            StorageCapacity=1200,
+            LustreConfiguration={"DeploymentType": "SCRATCH_2", "PerUnitStorageThroughput": 250},
         )
     )
     change = _only(diff_templates({"s": old}, {"s": new}))
     assert change.kind == "replaced"
-    assert change.replacement_reasons == ["KubernetesNetworkConfig.ServiceIpv4Cidr"]
-    assert [c.path for c in change.changes] == ["KubernetesNetworkConfig.ServiceIpv4Cidr"]
+    assert change.replacement_reasons == ["LustreConfiguration.DeploymentType"]
+    assert [c.path for c in change.changes] == ["LustreConfiguration.DeploymentType"]
     assert "⚠ replacement" in render_markdown(diff_templates({"s": old}, {"s": new}), "a", "b")
 
     subnet_old = _template(Sn=_resource("AWS::EC2::Subnet", CidrBlock="10.0.0.0/18", VpcId={"Ref": "Vpc"}))
@@ -259,18 +259,23 @@ def _set(properties: dict, keys: list[str], value) -> None:
     properties[keys[-1]] = value
 
 
+@cache
+def _spec_resources() -> dict[str, dict]:
+    with gzip.open(synth_diff.service_spec_path()) as handle:
+        return {r["cloudFormationType"]: r for r in json.load(handle)["schema"]["resource"]["entities"]}
+
+
 @pytest.mark.parametrize("resource_type", sorted(DEPLOYED_TYPES))
 def test_changing_a_create_only_property_is_a_replacement(resource_type):
-    """For each type the shipped configurations deploy: a copy of its template with one of the type's
-    createOnlyProperties (read from the registry schema here, not through synth_diff) changed is a replacement."""
-    schema = PROVIDER_SCHEMA_MANAGER.get_resource_schema(synth_diff.SCHEMA_REGION, resource_type).schema
-    paths = [
-        pointer.split("/")[2:]
-        for pointer in schema.get("createOnlyProperties", [])
-        if pointer.startswith("/properties/") and "*" not in pointer
-    ]
+    """For each type the shipped configurations deploy: a copy of its template with one of the type's top-level
+    replacing properties (read from the CDK's service specification here, not through synth_diff) changed is a
+    replacement."""
+    # CloudFormation runs every Custom::<name> type as an AWS::CloudFormation::CustomResource.
+    spec_type = "AWS::CloudFormation::CustomResource" if resource_type.startswith("Custom::") else resource_type
+    properties_spec = _spec_resources()[spec_type]["properties"]
+    paths = [[name] for name, spec in properties_spec.items() if spec.get("causesReplacement") == "yes"]
     if not paths:
-        pytest.skip(f"{resource_type}: its registry schema lists no createOnlyProperties (outside list items)")
+        pytest.skip(f"{resource_type}: the CDK's service specification lists no property that replaces it")
     config_path, stack, logical_id = DEPLOYED_TYPES[resource_type]
     old = _shipped_templates()[config_path][stack]
     new = copy.deepcopy(old)
@@ -283,29 +288,30 @@ def test_changing_a_create_only_property_is_a_replacement(resource_type):
 
 
 @pytest.fixture
-def counted_schema_reads(monkeypatch) -> Iterator[list[str]]:
-    """The types whose schema synth_diff reads from cfn-lint from now on, with its cache emptied before and after."""
-    real, reads = synth_diff.schema_manager(), []
+def counted_spec_reads(monkeypatch) -> Iterator[list[str]]:
+    """The service-specification files synth_diff opens from now on, with its caches emptied before and after."""
+    real_open, reads = gzip.open, []
 
-    class Counting:
-        def get_resource_schema(self, region: str, resource_type: str):
-            reads.append(resource_type)
-            return real.get_resource_schema(region, resource_type)
+    def counting_open(path, *args, **kwargs):
+        reads.append(str(path))
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(synth_diff, "schema_manager", Counting)
-    synth_diff.create_only_paths.cache_clear()
+    monkeypatch.setattr(synth_diff.gzip, "open", counting_open)
+    for cached in (synth_diff._service_spec, synth_diff.replacement_paths):
+        cached.cache_clear()
     yield reads
-    synth_diff.create_only_paths.cache_clear()
+    for cached in (synth_diff._service_spec, synth_diff.replacement_paths):
+        cached.cache_clear()
 
 
-def test_each_schema_is_read_once_per_run(counted_schema_reads):
+def test_the_specification_is_read_once_per_run(counted_spec_reads):
     subnets = [
         _template(**{name: _resource("AWS::EC2::Subnet", CidrBlock=cidr, VpcId={"Ref": "Vpc"}) for name in ("A", "B")})
         for cidr in ("10.0.0.0/18", "10.0.0.0/19")
     ]
     for _ in range(2):
         assert diff_templates({"s": subnets[0]}, {"s": subnets[1]}).count("replaced") == 2
-    assert counted_schema_reads == ["AWS::EC2::Subnet"]
+    assert counted_spec_reads == [str(synth_diff.service_spec_path())]
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -425,18 +431,19 @@ def test_invalid_config_exits_2_with_its_errors(clone, tmp_path, monkeypatch, ca
     assert len(_worktrees(clone).strip().splitlines()) == 1
 
 
-def test_missing_cfn_lint_exits_1_before_synth(clone, monkeypatch, capsys):
+def test_a_missing_service_specification_exits_1_before_synth(clone, monkeypatch, capsys):
     def missing():
-        raise ImportError("No module named 'cfnlint'")
+        raise FileNotFoundError("/nowhere/db.json.gz")
 
     def no_synth(*args):
-        raise AssertionError("synthesized without cfn-lint")
+        raise AssertionError("synthesized without the service specification")
 
-    monkeypatch.setattr(synth_diff, "schema_manager", missing)
+    monkeypatch.setattr(synth_diff, "service_spec_path", missing)
     monkeypatch.setattr(synth_diff, "synth_revision", no_synth)
     monkeypatch.chdir(clone)
     args = _args("HEAD~1")
     assert args.run(args) == 1
     assert capsys.readouterr().err.strip() == (
-        "moe-cdk diff: cfn-lint is not installed (No module named 'cfnlint'); pip install cfn-lint"
+        "moe-cdk diff: the CDK CLI's service specification is not installed (looked for /nowhere/db.json.gz); "
+        "run make setup"
     )
