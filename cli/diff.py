@@ -13,7 +13,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from moe_cdk.cli.report import report
+from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.tools import synth_diff
 
@@ -55,13 +55,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.config}: synth failed\n{error}", file=sys.stderr)
             return 1
     diff = synth_diff.diff_templates(base, head)
-    text = synth_diff.render_markdown(diff, f"{args.base_ref} ({commit[:12]})", "working tree")
-    if args.output:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit(synth_diff.render_markdown(diff, f"{args.base_ref} ({commit[:12]})", "working tree"), args.output)
 
 
 def add_parser(subcommands: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -4,10 +4,8 @@ HyperPodPyTorchJob, or values for charts/moe-training) for a compute group of an
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-from moe_cdk.cli.report import report
+from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.jobs.eks_job import helm_values, job_spec_from_config, render_hyperpod_job, render_pytorchjob, to_yaml
 from moe_cdk.schema.config import Orchestrator, load_config
@@ -43,16 +41,11 @@ def _run(args: argparse.Namespace) -> int:
         document = helm_values(spec, hyperpod=args.hyperpod)
     else:
         document = render_hyperpod_job(spec) if args.hyperpod else render_pytorchjob(spec)
-    text = to_yaml(document)
-    if args.output:
-        Path(args.output).write_text(text)
-        print(
-            f"wrote {args.output}: {document.get('kind', 'Helm values')} {spec.name}, {spec.nodes} pod(s) x "
-            f"{spec.devices_per_node} {spec.device_resource}, {spec.efa_per_node} EFA"
-        )
-    else:
-        sys.stdout.write(text)
-    return 0
+    summary = (
+        f"{document.get('kind', 'Helm values')} {spec.name}, {spec.nodes} pod(s) x "
+        f"{spec.devices_per_node} {spec.device_resource}, {spec.efa_per_node} EFA"
+    )
+    return emit(to_yaml(document), args.output, summary)
 
 
 def add_parser(subcommands) -> argparse.ArgumentParser:

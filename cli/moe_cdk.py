@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from moe_cdk.cli.report import report
+from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
 from moe_cdk.schema.config import load_config, reference_docs
@@ -55,13 +55,7 @@ def _slurm_render(args: argparse.Namespace) -> int:
     problems = spec.problems()
     if problems:
         return report(args.config, ConfigError(problems))
-    text = render_sbatch(spec)
-    if args.output:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}: {spec.nodes} node(s) x {spec.tasks_per_node} task(s)")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit(render_sbatch(spec), args.output, f"{spec.nodes} node(s) x {spec.tasks_per_node} task(s)")
 
 
 def _print_or_check(text: str, check: str | None) -> int:

@@ -1,8 +1,10 @@
-"""The one place a moe-cdk command prints the problems of an input and picks its exit code."""
+"""The one place a moe-cdk command prints the problems of an input and picks its exit code, and writes
+what it rendered to a file or to stdout."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from moe_cdk.core.problems import EXIT_INVALID, ConfigError
 
@@ -14,3 +16,13 @@ def report(source: str, error: ConfigError, exit_code: int = EXIT_INVALID) -> in
     for found in error.problems:
         print(f"  {found}", file=sys.stderr)
     return exit_code
+
+
+def emit(text: str, output: str | None, what: str = "") -> int:
+    """Write a rendered file to ``output`` and say so (``wrote FILE: what``), or print it on stdout; 0."""
+    if output is None:
+        sys.stdout.write(text)
+        return 0
+    Path(output).write_text(text)
+    print(f"wrote {output}: {what}" if what else f"wrote {output}")
+    return 0
