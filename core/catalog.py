@@ -203,3 +203,97 @@ def peak_bf16_tflops_for_device(device_name: str) -> float | None:
         if model in device_name:
             return PEAK_BF16_TFLOPS[model]
     return None
+
+
+# Fabric floors: the least multi-node nccl-tests bus bandwidth (busbw, GB/s as nccl-tests prints it)
+# the preflight accepts at the largest message of an all_reduce_perf or alltoall_perf run, per GPU type.
+#
+# [ADT-NCCL] aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/README.md, "Results"
+#   (commit 7217859f67bc693c52ff175ccc6082c41dbd7a1b): all_reduce_perf on 2x p5.48xlarge, 8 B to 16 GiB,
+#   busbw 487.09 GB/s out-of-place at 17179869184 B; on 2x p4de.24xlarge, 8 B to 2 GiB, 78.33 GB/s at
+#   2147483648 B. Both outputs are fixtures (tests/fixtures/fabric/, SOURCES.md).
+# [ADT-TOPO] the same repository, micro-benchmarks/nccl-tests/slurm/topology-aware-nccl-tests/README.md,
+#   "Performance Output Format": all_reduce_perf on p5en.48xlarge, 8 B to 16 GiB, busbw 369.86 GB/s
+#   out-of-place at 17179869184 B (the node count is not stated; the README's example NODE_COUNTS are
+#   8, 16 and 32).
+# [ADT-HC] the same repository, 4.validation_and_observability/2.gpu-cluster-healthcheck/checks/
+#   5-nccl-allreduce.sh, get_min_bus_bw: 800 GB/s for p5, p5e and p5en and 300 for p4d, "conservative
+#   defaults" that only warn. They are above every busbw AWS publishes for these types (above), so
+#   they are not used here.
+# [NCCL-A2A] NVIDIA/nccl-tests issue #130 (sjeaugey): alltoall busbw across N nodes is N/(N-1) times
+#   the network bandwidth per GPU, tending to 1x as N grows; issue #267: alltoall sees one NIC's
+#   bandwidth per GPU (aws-ofi-nccl presents each GPU's EFA devices as one multi-rail NIC).
+#
+# all_reduce: 75% of the published busbw at the largest message. The published p5 and p4de runs are
+# 2-node results on AWS's reference stack; the 25% margin allows for more nodes and run-to-run spread,
+# while a fabric on the Socket network, or with EFA devices missing, lands far below it.
+# alltoall: AWS publishes no alltoall figure for these types, so the floor is derived from the EFA line
+# rate, 50% of the network bandwidth per GPU (network_gbps / 8 bits / GPUs, [EC2-ACC]), the N->infinity
+# bound of [NCCL-A2A], the half for SRD and multi-rail overheads that no published run measures.
+_ALL_REDUCE_FLOOR_FRACTION = 0.75
+_ALLTOALL_FLOOR_FRACTION = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricFloor:
+    """The least nccl-tests bus bandwidth an instance type's fabric may show across nodes, at the largest
+    message of a run that goes as high as the published one (2 GiB on p4de, 16 GiB on p5 and p5en)."""
+
+    all_reduce_busbw_gb_s: float
+    """all_reduce_perf busbw floor at the largest message, GB/s (10**9 bytes/s, as nccl-tests prints it)."""
+    alltoall_busbw_gb_s: float
+    """alltoall_perf busbw floor at the largest message, GB/s."""
+    source: str
+    """Where the figures come from, and how the floor was derived from them."""
+
+
+def _alltoall_floor_gb_s(ec2_name: str) -> float:
+    spec = _BY_NAME[ec2_name]
+    per_gpu_gb_s = spec.network_gbps / 8 / spec.accelerator_count
+    return _ALLTOALL_FLOOR_FRACTION * per_gpu_gb_s
+
+
+def _floor(ec2_name: str, published_all_reduce_gb_s: float, all_reduce_source: str) -> FabricFloor:
+    spec = _BY_NAME[ec2_name]
+    return FabricFloor(
+        all_reduce_busbw_gb_s=round(_ALL_REDUCE_FLOOR_FRACTION * published_all_reduce_gb_s, 2),
+        alltoall_busbw_gb_s=_alltoall_floor_gb_s(ec2_name),
+        source=(
+            f"all_reduce: {_ALL_REDUCE_FLOOR_FRACTION:.0%} of {published_all_reduce_gb_s} GB/s, {all_reduce_source}; "
+            f"alltoall: no published figure, {_ALLTOALL_FLOOR_FRACTION:.0%} of the EFA line rate per GPU "
+            f"({spec.network_gbps} Gbps / 8 / {spec.accelerator_count} GPUs = "
+            f"{spec.network_gbps / 8 / spec.accelerator_count:g} GB/s)"
+        ),
+    )
+
+
+_FABRIC_FLOORS: dict[str, FabricFloor] = {
+    # [ADT-TOPO]: 369.86 GB/s at 16 GiB on p5en.48xlarge.
+    "p5en.48xlarge": _floor(
+        "p5en.48xlarge",
+        369.86,
+        "the p5en.48xlarge all_reduce_perf busbw at 16 GiB in aws-samples/awsome-distributed-training "
+        "micro-benchmarks/nccl-tests/slurm/topology-aware-nccl-tests/README.md",
+    ),
+    # [ADT-NCCL]: 487.09 GB/s at 16 GiB on 2x p5.48xlarge.
+    "p5.48xlarge": _floor(
+        "p5.48xlarge",
+        487.09,
+        "the 2x p5.48xlarge all_reduce_perf busbw at 16 GiB in aws-samples/awsome-distributed-training "
+        "micro-benchmarks/nccl-tests/README.md",
+    ),
+    # [ADT-NCCL]: 78.33 GB/s at 2 GiB on 2x p4de.24xlarge.
+    "p4de.24xlarge": _floor(
+        "p4de.24xlarge",
+        78.33,
+        "the 2x p4de.24xlarge all_reduce_perf busbw at 2 GiB in aws-samples/awsome-distributed-training "
+        "micro-benchmarks/nccl-tests/README.md",
+    ),
+}
+
+
+def fabric_floor(instance_type: str) -> FabricFloor | None:
+    """The fabric floor for an EC2 or ``ml.`` name; None for types without one (Trainium, CPU-only)
+    and for names the catalog does not know."""
+    spec = lookup(instance_type)
+    return None if spec is None else _FABRIC_FLOORS.get(spec.ec2_name)

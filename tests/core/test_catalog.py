@@ -73,3 +73,46 @@ def test_device_name_and_model_lookups_give_the_same_peak(spec):
 
 def test_unknown_accelerators_have_no_peak():
     assert catalog.peak_bf16_tflops("T4") is None and catalog.peak_bf16_tflops_for_device("Tesla T4") is None
+
+
+GPU_TYPES = [spec for spec in ACCELERATED if spec.accelerator_kind is AcceleratorKind.NVIDIA_GPU]
+
+
+@pytest.mark.parametrize("spec", GPU_TYPES, ids=lambda spec: spec.ec2_name)
+def test_every_gpu_type_has_one_fabric_floor_under_both_names(spec):
+    assert catalog.fabric_floor(spec.ec2_name) is catalog.fabric_floor(spec.sagemaker_name) is not None
+
+
+@pytest.mark.parametrize("name", ["trn2.48xlarge", "ml.trn2.48xlarge", "ml.m5.2xlarge", "ml.p9.96xlarge"])
+def test_trainium_cpu_and_unknown_types_have_no_fabric_floor(name):
+    assert catalog.fabric_floor(name) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "published_gb_s", "floor_gb_s"),
+    [
+        # awsome-distributed-training nccl-tests READMEs: busbw at the largest message (core/catalog.py).
+        ("p5en.48xlarge", "369.86", 277.39),
+        ("p5.48xlarge", "487.09", 365.32),
+        ("p4de.24xlarge", "78.33", 58.75),
+    ],
+)
+def test_all_reduce_floor_is_three_quarters_of_the_figure_its_source_names(name, published_gb_s, floor_gb_s):
+    floor = catalog.fabric_floor(name)
+    assert floor.all_reduce_busbw_gb_s == floor_gb_s
+    assert f"75% of {published_gb_s} GB/s" in floor.source
+
+
+@pytest.mark.parametrize(
+    ("name", "floor_gb_s"), [("p5en.48xlarge", 25.0), ("p5.48xlarge", 25.0), ("p4de.24xlarge", 3.125)]
+)
+def test_alltoall_floor_is_half_the_efa_line_rate_per_gpu(name, floor_gb_s):
+    # network_gbps / 8 bits / GPUs: 3200 Gbps over 8 GPUs is 50 GB/s each, 400 Gbps over 8 is 6.25.
+    assert catalog.fabric_floor(name).alltoall_busbw_gb_s == floor_gb_s
+
+
+def test_alltoall_floor_source_says_no_figure_was_published_and_gives_the_formula():
+    source = catalog.fabric_floor("p5.48xlarge").source
+    assert (
+        "alltoall: no published figure, 50% of the EFA line rate per GPU (3200 Gbps / 8 / 8 GPUs = 50 GB/s)" in source
+    )
