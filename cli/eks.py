@@ -32,11 +32,23 @@ def _run(args: argparse.Namespace) -> int:
             backoff_limit=args.backoff_limit,
             stall_timeout_s=args.stall_timeout,
             startup_timeout_s=args.startup_timeout,
+            preflight=args.preflight,
         )
     except ConfigError as error:
         return report(args.config, error)
     if problems := spec.problems():
         return report(args.config, ConfigError(problems))
+    if args.helm_values and args.preflight:
+        return report(
+            args.config,
+            ConfigError(
+                [
+                    problem(
+                        "the chart has no preflight init container", got="--helm-values", allowed="a rendered job"
+                    ).at("--preflight")
+                ]
+            ),
+        )
     if args.helm_values:
         document = helm_values(spec, hyperpod=args.hyperpod)
     else:
@@ -79,6 +91,11 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         type=int,
         default=900,
         help="restart a pod whose trainer wrote no metrics record for this many seconds (default: 900)",
+    )
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="start each pod with an init container that checks its node's GPUs and EFA (moe-preflight node)",
     )
     parser.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
     parser.add_argument("--output", help="write the YAML here instead of stdout")

@@ -49,6 +49,7 @@ def _slurm_render(args: argparse.Namespace) -> int:
             max_requeues=args.max_requeues,
             job_name=args.job_name,
             train_args=tuple(args.train_arg),
+            after=args.after,
         )
     except ConfigError as error:
         return report(args.config, error)
@@ -123,12 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     render.add_argument("--job-name", help="job name (default: the train config's file name)")
     render.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
+    render.add_argument(
+        "--after",
+        metavar="JOB_ID",
+        help="start only after this job (the preflight, moe-cdk verify render) completed with exit 0; "
+        "cancelled if it failed",
+    )
     render.add_argument("--output", help="write the script here instead of stdout")
     render.set_defaults(run=_slurm_render)
 
-    from moe_cdk.cli import diff, eks, plan, submit
+    from moe_cdk.cli import diff, eks, plan, submit, verify
 
-    for command in (eks, plan, submit, diff):
+    for command in (eks, plan, submit, diff, verify):
         command.add_parser(commands)
 
     args = parser.parse_args(argv)

@@ -92,6 +92,10 @@ class EksJobSpec:
     """A pod whose trainer wrote no metrics record for this long is restarted (liveness), in seconds."""
     termination_grace_s: int = 300
     """Time between SIGTERM and SIGKILL: the trainer saves a checkpoint in it, in seconds."""
+    preflight: bool = False
+    """Check each pod's node first: an init container runs ``moe-preflight node`` (GPUs and EFA devices against
+    the catalog) in the image, and the trainer starts only where it passed. The checks across nodes are the
+    preflight job of ``moe-cdk verify render``, run before."""
 
     def problems(self) -> list[Problem]:
         found: list[Problem] = []
@@ -132,7 +136,7 @@ class EksJobSpec:
         return found
 
 
-def _pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_ports: list[dict] = ()) -> dict:
+def pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_ports: list[dict] = ()) -> dict:
     resources = {spec.device_resource: spec.devices_per_node}
     if spec.efa_per_node:
         resources[eks_rules.EFA_RESOURCE] = spec.efa_per_node
@@ -181,15 +185,27 @@ def _pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_p
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_size_gib}Gi"}},
         ],
     }
+    if spec.preflight:
+        # An init container gets the node's devices too: a pod's requests are the larger of its init
+        # containers' and its containers' (Kubernetes docs, "Init Containers", resource sharing).
+        pod_spec["initContainers"] = [
+            {
+                "name": "preflight",
+                "image": spec.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["moe-preflight", "node", "--instance-type", spec.instance_type],
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+            }
+        ]
     if spec.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
-    metadata = {"labels": _labels(spec)}
+    metadata = {"labels": labels(spec)}
     if annotations:
         metadata["annotations"] = annotations
     return {"metadata": metadata, "spec": pod_spec}
 
 
-def _labels(spec: EksJobSpec) -> dict[str, str]:
+def labels(spec: EksJobSpec) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "moe-training",
         "app.kubernetes.io/instance": spec.name,
@@ -227,14 +243,14 @@ def to_yaml(document: dict) -> str:
 
 def render_pytorchjob(spec: EksJobSpec) -> dict:
     """A Kubeflow ``PyTorchJob`` (kubeflow.org/v1)."""
-    template = _pod_template(spec, ["moe-train"], _trainer_args(spec))
+    template = pod_template(spec, ["moe-train"], _trainer_args(spec))
     replica_specs = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
     if spec.nodes > 1:
         replica_specs["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "ExitCode", "template": template}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": _labels(spec)},
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
         "spec": {
             "nprocPerNode": str(spec.devices_per_node),
             "runPolicy": {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "None"},
@@ -263,11 +279,11 @@ def render_hyperpod_job(spec: EksJobSpec) -> dict:
         "-m",
         "moe_cdk.cli.train",
     ]
-    template = _pod_template(spec, command, _trainer_args(spec), extra_ports=[{"name": "agent", "containerPort": 8080}])
+    template = pod_template(spec, command, _trainer_args(spec), extra_ports=[{"name": "agent", "containerPort": 8080}])
     return {
         "apiVersion": "sagemaker.amazonaws.com/v1",
         "kind": "HyperPodPyTorchJob",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": _labels(spec)},
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
         "spec": {
             "nprocPerNode": str(spec.devices_per_node),
             "replicaSpecs": [{"name": "pods", "replicas": spec.nodes, "template": template}],
@@ -330,6 +346,7 @@ def job_spec_from_config(
     backoff_limit: int = 10,
     stall_timeout_s: int = 900,
     startup_timeout_s: int = 1800,
+    preflight: bool = False,
 ) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
@@ -377,4 +394,5 @@ def job_spec_from_config(
         backoff_limit=backoff_limit,
         startup_timeout_s=startup_timeout_s,
         stall_timeout_s=stall_timeout_s,
+        preflight=preflight,
     )

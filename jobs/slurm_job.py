@@ -104,6 +104,10 @@ class SlurmJobSpec:
     hyperpod_marker: str = HYPERPOD_MARKER
     """A folder that exists only on HyperPod nodes; where it does, the training step runs with
     ``srun --auto-resume=1`` (not when ``local``)."""
+    after: str | None = None
+    """Id of a job this one must follow, normally its preflight (``moe-cdk verify render``): the job
+    starts only once that one completed with exit 0 (``--dependency=afterok:ID``), and Slurm cancels it
+    when that one failed (``--kill-on-invalid-dep=yes``) instead of leaving it pending forever."""
 
     def problems(self) -> list[Problem]:
         """Every problem with this spec, keyed by field."""
@@ -168,6 +172,8 @@ class SlurmJobSpec:
             add("output", "empty or with white space", self.output, "a file name pattern such as %x-%j.out")
         if self.max_requeues < 0:
             add("max_requeues", "negative", self.max_requeues, "0 or more")
+        if self.after is not None and not self.after.isdigit():
+            add("after", "not a Slurm job id", self.after, "the job id sbatch --parsable printed, e.g. 1234")
         return found
 
     def validate(self) -> None:
@@ -240,6 +246,8 @@ def _sbatch_lines(spec: SlurmJobSpec) -> list[str]:
         lines.append(f"--nice={spec.nice}")
     lines.append(f"--output={spec.output}")
     lines.append("--open-mode=append")
+    if spec.after is not None:
+        lines += [f"--dependency=afterok:{spec.after}", "--kill-on-invalid-dep=yes"]
     return [f"#SBATCH {line}" for line in lines]
 
 
@@ -386,14 +394,12 @@ fi
 """
 
 
-def render_sbatch(spec: SlurmJobSpec) -> str:
-    """The batch script for ``spec``; raises ``ValueError`` listing every problem with the spec."""
-    spec.validate()
-    kind = "local (CPU, gloo)" if spec.local else f"container {spec.container_image}"
+def batch_header(spec: SlurmJobSpec, title: str) -> list[str]:
+    """The start of a batch script for ``spec``'s nodes: ``title`` (comment lines), the ``#SBATCH``
+    lines, the rendezvous, and for a container job the EFA environment and the ECR credentials."""
     parts = [
         "#!/bin/bash",
-        f"# moe-cdk training job {spec.job_name}: {spec.nodes} node(s) x {spec.tasks_per_node} task(s), {kind}.",
-        "# Rendered by moe_cdk.jobs.slurm_job.render_sbatch; submit with sbatch.",
+        title,
         *_sbatch_lines(spec),
         "",
         _PREAMBLE.replace("__MASTER_PORT__", str(spec.master_port)),
@@ -402,6 +408,19 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         parts.append(_EFA.replace("__EFA_ENV_FILE__", shlex.quote(spec.efa_env_file)))
         if (ecr := ecr_registry(spec.container_image)) is not None:
             parts.append(_ENROOT_CREDENTIALS.replace("__REGISTRY__", ecr[0]).replace("__REGION__", ecr[1]))
+    return parts
+
+
+def render_sbatch(spec: SlurmJobSpec) -> str:
+    """The batch script for ``spec``; raises ``ValueError`` listing every problem with the spec."""
+    spec.validate()
+    kind = "local (CPU, gloo)" if spec.local else f"container {spec.container_image}"
+    parts = batch_header(
+        spec,
+        f"# moe-cdk training job {spec.job_name}: {spec.nodes} node(s) x {spec.tasks_per_node} task(s), {kind}.\n"
+        "# Rendered by moe_cdk.jobs.slurm_job.render_sbatch; submit with sbatch.",
+    )
+    if not spec.local:
         parts.append(_AUTO_RESUME.replace("__MARKER__", shlex.quote(spec.hyperpod_marker)))
     # A job that Slurm may not requeue (requeue=False) stops at its first retryable exit.
     max_requeues = spec.max_requeues if spec.requeue else 0
@@ -409,7 +428,7 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["HYPERPOD_MARKER", "SlurmJobSpec", "ecr_registry", "enroot_image", "render_sbatch"]
+__all__ = ["HYPERPOD_MARKER", "SlurmJobSpec", "batch_header", "ecr_registry", "enroot_image", "render_sbatch"]
 
 
 def job_spec_from_config(
@@ -428,6 +447,8 @@ def job_spec_from_config(
     max_requeues: int = 10,
     job_name: str | None = None,
     train_args: tuple[str, ...] = (),
+    after: str | None = None,
+    master_port: int = 29500,
 ) -> SlurmJobSpec:
     """The sbatch job for a compute group of ``config``: node count, GPUs, partition and
     constraint come from the configuration and the instance catalog, never typed again.
@@ -464,4 +485,6 @@ def job_spec_from_config(
         local=local,
         python=python,
         max_requeues=max_requeues,
+        after=after,
+        master_port=master_port,
     )

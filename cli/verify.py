@@ -1,0 +1,111 @@
+"""``moe-cdk verify render``: the preflight job (jobs/preflight_job.py) for a HyperPod configuration, over
+the nodes and image its training job uses: an sbatch script on Slurm, a Kubeflow PyTorchJob on EKS."""
+
+from __future__ import annotations
+
+import argparse
+
+from moe_cdk.cli.report import emit, report
+from moe_cdk.core.problems import ConfigError, problem
+from moe_cdk.schema.config import Orchestrator, load_config
+
+
+def _render(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        if config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+            # SageMaker Training Jobs pick fresh instances for every job: there is no fleet to verify first.
+            raise ConfigError(
+                [
+                    problem(
+                        "verify render needs a HyperPod configuration",
+                        got=config.cluster.orchestrator.value,
+                        allowed="slurm or eks",
+                    ).at("cluster.orchestrator")
+                ]
+            )
+        if config.cluster.orchestrator is Orchestrator.EKS:
+            text, summary = _eks(args, config)
+        else:
+            text, summary = _slurm(args, config)
+    except ConfigError as error:
+        return report(args.config, error)
+    return emit(text, args.output, summary)
+
+
+def _slurm(args: argparse.Namespace, config) -> tuple[str, str]:
+    from moe_cdk.jobs.preflight_job import preflight_job, render_preflight_sbatch
+    from moe_cdk.jobs.slurm_job import job_spec_from_config
+
+    train_config = args.train_config or (str(config.training.path) if args.local else config.training.image_path)
+    job = job_spec_from_config(
+        config,
+        train_config=train_config,
+        image=args.image,
+        local=args.local,
+        python=args.python,
+        group=args.group,
+        nodes=args.nodes,
+        job_name=args.job_name,
+        master_port=args.master_port,
+    )
+    group = config.cluster.compute_group(args.group)
+    spec = preflight_job(job, instance_type=group.instance_type, dcgm_level=args.dcgm_level)
+    return render_preflight_sbatch(
+        spec
+    ), f"preflight {spec.job.job_name}, {spec.job.nodes} node(s) of {group.instance_type}"
+
+
+def _eks(args: argparse.Namespace, config) -> tuple[str, str]:
+    from moe_cdk.jobs.eks_job import job_spec_from_config, to_yaml
+    from moe_cdk.jobs.preflight_job import render_preflight_pytorchjob
+
+    if args.local or not args.image:
+        raise ConfigError(
+            [
+                problem(
+                    "an EKS preflight runs in the training image on the GPU nodes",
+                    got="--local" if args.local else None,
+                    allowed="--image URI, without --local",
+                ).at("--image")
+            ]
+        )
+    spec = job_spec_from_config(config, image=args.image, group=args.group, name=args.job_name, nodes=args.nodes)
+    if problems := spec.problems():
+        raise ConfigError(problems)
+    job = render_preflight_pytorchjob(spec)
+    return to_yaml(job), f"PyTorchJob {job['metadata']['name']}, {spec.nodes} pod(s) of {spec.instance_type}"
+
+
+def add_parser(subcommands) -> argparse.ArgumentParser:
+    """Register ``verify render`` on an argparse subparsers object."""
+    verify = subcommands.add_parser("verify", help="the preflight job that proves GPUs, EFA and NCCL before training")
+    commands = verify.add_subparsers(dest="verify_command", required=True, metavar="COMMAND")
+    parser = commands.add_parser("render", help="write the preflight for the compute group (sbatch or PyTorchJob)")
+    parser.add_argument("--config", required=True, help="infrastructure YAML, e.g. config/default.yaml")
+    parser.add_argument("--image", help="training image URI (the storage stack's TrainingImageUri); not with --local")
+    parser.add_argument(
+        "--local", action="store_true", help="Slurm CPU cluster: gloo, no GPU, EFA or nccl-tests checks"
+    )
+    parser.add_argument("--python", default="python3", help="interpreter for --local (default: python3)")
+    parser.add_argument("--group", help="compute group (default: the first)")
+    parser.add_argument("--nodes", type=int, help="nodes (default: the group's instance_count)")
+    parser.add_argument(
+        "--train-config",
+        help="training profile as the nodes see it, for the dispatch shape (default: the configuration's "
+        "training.profile, in the image or, with --local, in this checkout)",
+    )
+    parser.add_argument(
+        "--job-name", help="the training job's name; the preflight adds -preflight (default: the profile's)"
+    )
+    parser.add_argument(
+        "--dcgm-level",
+        type=int,
+        choices=(0, 1, 2),
+        default=1,
+        help="Slurm: DCGM diagnostics level on each host (default 1)",
+    )
+    parser.add_argument("--master-port", type=int, default=29500, help="Slurm: rendezvous port (default 29500)")
+    parser.add_argument("--output", help="write the preflight here instead of stdout")
+    parser.set_defaults(run=_render)
+    return parser

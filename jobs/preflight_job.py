@@ -1,0 +1,233 @@
+"""The preflight job: proves the GPUs, the EFA devices and NCCL's network on the nodes and in the image a
+training job will use, before it starts. ``moe-cdk verify render`` writes it.
+
+On Slurm it is a batch script (``render_preflight_sbatch``) over the training job's own
+``SlurmJobSpec``, so it asks for the same partition, constraint, node count, GPUs and image. Its steps:
+
+1. on the hosts, one task per node: ``dcgmi diag -r LEVEL -j`` into a node-local folder (DCGM is part of
+   HyperPod's AMI, not of the image);
+2. in the image, one task per node: ``moe-preflight node`` (GPUs and ECC by nvidia-smi, EFA devices by
+   ``fi_info -p efa`` against the catalog, the DCGM result, the libfabric version);
+3. in the image, one rank per GPU (``srun --mpi=pmix``, as AWS's nccl-tests test case runs it):
+   nccl-tests ``all_reduce_perf`` and ``alltoall_perf`` with ``NCCL_DEBUG=INFO``, then
+   ``moe-preflight nccl-tests`` on each log: no wrong values, ``NET/OFI`` selected the efa provider,
+   and the largest message's bus bandwidth at or above the catalog's floor;
+4. in the image, one rank per GPU: ``moe-preflight collectives``, the expert-parallel all-to-all with the
+   profile's dispatch shape and an all-reduce, in torch.
+
+Every step runs even when an earlier one failed, so one run reports every problem; the script exits 1
+when any failed, 0 when all passed. ``--dependency=afterok:<job>`` on the training job
+(``moe-cdk slurm render --after``) then starts training only after a passed preflight.
+
+A ``local`` preflight is the CPU variant for a cluster without GPUs or EFA (the two-node Slurm the tests
+start): step 2 checks the interpreter, torch and gloo, steps 1 and 3 are left out, and step 4 runs over
+gloo with one rank per node.
+
+On EKS it is a Kubeflow ``PyTorchJob`` (``render_preflight_pytorchjob``) with the training job's pod
+template: each pod runs ``moe-preflight node``, then ``torchrun`` starts ``moe-preflight collectives``
+over every pod (after ``--``, or torchrun takes the checks' options for its own abbreviated ones).
+nccl-tests needs an MPI launcher across pods, which the HyperPod EKS cluster does not install, so
+there the torch collectives, whose NCCL log is checked for EFA, measure the fabric.
+
+Standard library only (no CDK), like the training job renderers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+
+from moe_cdk.core import catalog
+from moe_cdk.core.problems import Problem, problem, raise_if_any
+from moe_cdk.jobs import eks_job
+from moe_cdk.jobs.slurm_job import SlurmJobSpec, batch_header, enroot_image
+
+# Built into the training image at a pinned commit (training/Dockerfile).
+NCCL_TESTS_DIR = "/opt/nccl-tests/build"
+NCCL_TESTS = ("all_reduce_perf", "alltoall_perf")
+# nccl-tests' README: -b/-e the smallest and largest message, -f the step factor, -g GPUs per task.
+# 16 GiB is where AWS's nccl-tests test case ends its sweep (3.test_cases/micro-benchmarks/nccl-tests).
+NCCL_TESTS_ARGS = ("-b", "8", "-e", "16G", "-f", "2", "-g", "1", "-c", "1", "-n", "20")
+DEFAULT_TIME_LIMIT = "00:45:00"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightSpec:
+    """A preflight over the nodes and image of one training job."""
+
+    job: SlurmJobSpec
+    """The training job it runs ahead of: nodes, partition, constraint, GPUs, image, mounts, or local."""
+    instance_type: str
+    """The compute group's instance type, whose catalog entry the nodes are checked against."""
+    dcgm_level: int = 1
+    """DCGM diagnostic level run on each host first (1: seconds, 2: about two minutes); 0 runs none."""
+    nccl_tests_dir: str = NCCL_TESTS_DIR
+    """Where the image holds the nccl-tests binaries."""
+
+    def problems(self) -> list[Problem]:
+        found = list(self.job.problems())
+        if catalog.lookup(self.instance_type) is None:
+            found.append(catalog.unknown_instance_type(self.instance_type).at("instance_type"))
+        if self.dcgm_level not in (0, 1, 2):
+            found.append(
+                problem("not a DCGM level the preflight runs", got=self.dcgm_level, allowed="0, 1 or 2").at(
+                    "dcgm_level"
+                )
+            )
+        return found
+
+    @property
+    def gpus(self) -> bool:
+        spec = catalog.lookup(self.instance_type)
+        return not self.job.local and spec is not None and spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU
+
+
+def preflight_job(job: SlurmJobSpec, *, instance_type: str, dcgm_level: int = 1) -> PreflightSpec:
+    """The preflight for ``job``: its nodes and image, no requeue, a short time limit."""
+    return PreflightSpec(
+        job=dataclasses.replace(
+            job,
+            job_name=f"{job.job_name}-preflight",
+            requeue=False,
+            time_limit=DEFAULT_TIME_LIMIT,
+            signal_lead_seconds=60,
+        ),
+        instance_type=instance_type,
+        dcgm_level=0 if job.local else dcgm_level,
+    )
+
+
+_CHECKS = """\
+# Every check runs; a failed one is remembered and the job exits 1 at the end.
+failed=()
+check() {
+    local name="$1"
+    shift
+    log "check ${name}: $*"
+    if "$@"; then
+        log "check ${name} passed"
+    else
+        log "check ${name} FAILED (exit $?)"
+        failed+=("$name")
+    fi
+}
+work="/tmp/moe-preflight-${SLURM_JOB_ID}"
+mkdir -p "$work"
+nodes=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES")
+"""
+
+_DCGM = """\
+# DCGM runs on the hosts (HyperPod's AMI has it; the image has not). A node whose dcgmi fails or is missing
+# writes no result, and its node check fails for it.
+# shellcheck disable=SC2016  # the inner bash expands $1 and $2
+srun "${nodes[@]}" bash -c 'mkdir -p "$1" && dcgmi diag -r "$2" -j > "$1/dcgm.json" || rm -f "$1/dcgm.json"' \\
+    dcgm "$work" __LEVEL__ || log "dcgmi failed on at least one node"
+"""
+
+_RESULT = """\
+if (( ${#failed[@]} )); then
+    log "preflight FAILED: ${failed[*]}"
+    exit 1
+fi
+log "preflight passed: every node and collective"
+exit 0
+"""
+
+
+def _in_image(spec: PreflightSpec, srun_args: list[str], command: list[str]) -> str:
+    """One ``check`` line: ``srun`` of ``command`` in the image (or, local, with the host's Python)."""
+    job = spec.job
+    srun = ["srun", "--kill-on-bad-exit=1", *srun_args]
+    if job.local:
+        command = [shlex.quote(job.python), "-m", "moe_cdk.cli.preflight", *command[1:]]
+    else:
+        mounts = ",".join(m for m in (job.container_mounts and shlex.quote(job.container_mounts), '"$work:$work"') if m)
+        srun += [f"--container-image={shlex.quote(enroot_image(job.container_image))}", f"--container-mounts={mounts}"]
+    return " \\\n    ".join([*srun, " ".join(command)])
+
+
+def render_preflight_sbatch(spec: PreflightSpec) -> str:
+    """The preflight batch script; raises ``ConfigError`` listing every problem with ``spec``."""
+    raise_if_any(spec.problems(), subject="preflight spec")
+    job = spec.job
+    itype = shlex.quote(spec.instance_type)
+    config = shlex.quote(job.train_config)
+    kind = "local (CPU, gloo)" if job.local else f"container {job.container_image}"
+    parts = batch_header(
+        job,
+        f"# moe-cdk preflight {job.job_name}: {job.nodes} node(s) of {spec.instance_type}, {kind}.\n"
+        "# Rendered by moe_cdk.jobs.preflight_job.render_preflight_sbatch; submit with sbatch, then the\n"
+        "# training job with --dependency=afterok:<this job's id> (moe-cdk slurm render --after ID).",
+    )
+    parts.append(_CHECKS)
+    if spec.gpus and spec.dcgm_level:
+        parts.append(_DCGM.replace("__LEVEL__", str(spec.dcgm_level)))
+    node = ["moe-preflight", "node"]
+    node += (
+        ["--local"]
+        if job.local
+        else ["--instance-type", itype, "--dcgm-level", str(spec.dcgm_level if spec.gpus else 0)]
+    )
+    if spec.gpus and spec.dcgm_level:
+        node += ["--dcgm-json", '"$work/dcgm.json"']
+    parts.append("check nodes " + _in_image(spec, ['"${nodes[@]}"'], node) + "\n")
+    if spec.gpus:
+        ranks = [f"--ntasks-per-node={job.tasks_per_node}", "--mpi=pmix"]
+        for test in NCCL_TESTS:
+            binary = shlex.quote(f"{spec.nccl_tests_dir}/{test}")
+            run = _in_image(spec, ranks, [binary, *NCCL_TESTS_ARGS])
+            parse = _in_image(
+                spec,
+                ["--nodes=1", "--ntasks=1", '--nodelist="$first_node"'],
+                [
+                    "moe-preflight",
+                    "nccl-tests",
+                    "--log",
+                    f'"$work/{test}.log"',
+                    "--instance-type",
+                    itype,
+                    "--nodes",
+                    '"$SLURM_JOB_NUM_NODES"',
+                ],
+            )
+            parts.append(
+                f"NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET {run} \\\n"
+                f'    > "$work/{test}.log" 2>&1 || log "{test} exited $? (its log is checked next)"\n'
+                f"check {test} {parse}\n"
+            )
+    collectives = ["moe-preflight", "collectives", "--config", config]
+    collectives += ["--local"] if job.local else ["--instance-type", itype]
+    ranks = ['"${nodes[@]}"'] if job.local else [f"--ntasks-per-node={job.tasks_per_node}"]
+    parts.append("check collectives " + _in_image(spec, ranks, collectives) + "\n")
+    parts.append(_RESULT)
+    return "\n".join(parts)
+
+
+def render_preflight_pytorchjob(spec: eks_job.EksJobSpec, *, dcgm_level: int = 0) -> dict:
+    """The EKS preflight: a ``PyTorchJob`` named ``<job>-preflight`` on the training job's pod template,
+    run once (no restarts: a failed preflight is a result)."""
+    name = f"{spec.name}-preflight"[:63].rstrip("-")
+    spec = dataclasses.replace(spec, name=name, metrics_port=None)
+    itype = shlex.quote(spec.instance_type)
+    script = (
+        f"moe-preflight node --instance-type {itype} --dcgm-level 0 && "
+        f"exec torchrun -m moe_cdk.cli.preflight -- collectives --config {shlex.quote(spec.train_config)} "
+        f"--instance-type {itype}"
+    )
+    template = eks_job.pod_template(spec, ["bash", "-c", script], [])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        template["spec"]["containers"][0].pop(probe)
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+    if spec.nodes > 1:
+        replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "Never", "template": template}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": eks_job.labels(spec)},
+        "spec": {
+            "nprocPerNode": str(spec.devices_per_node),
+            "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
