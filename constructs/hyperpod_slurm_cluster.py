@@ -19,6 +19,7 @@ from moe_cdk.constructs.hyperpod_nodes import (
     lifecycle_directory_problems,
     publish_lifecycle,
 )
+from moe_cdk.constructs.nag import nag_text
 from moe_cdk.constructs.validation import Problem, is_unresolved, problem, raise_if_any
 from moe_cdk.rules.fsx import efa_client_interfaces
 from moe_cdk.rules.sagemaker import (
@@ -37,6 +38,7 @@ __all__ = [
     "HyperPodSlurmCluster",
     "HyperPodSlurmClusterProps",
     "FsxMount",
+    "NodeObservability",
     "SlurmInstanceGroup",
     "NodeType",
     "NodeProvisioningMode",
@@ -62,6 +64,30 @@ class FsxMount:
     """SSM parameter holding the Lustre mount name. Required."""
     mount_point: str = "/fsx"
     """Where nodes mount it. Default: /fsx."""
+
+
+# The account whose ECR holds the exporter images HyperPod publishes for its nodes, as AWS's reference
+# lifecycle scripts pull them (aws-samples/awsome-distributed-training, 1.architectures/5.sagemaker-hyperpod/
+# LifecycleScripts/base-config/observability/install_*_exporter.sh at 7217859): hyperpod/node_exporter,
+# hyperpod/dcgm_exporter and hyperpod/efa_exporter.
+HYPERPOD_EXPORTER_ACCOUNT = "602401143452"
+# The ports the exporters hold on every node: node_exporter, EFA exporter, DCGM exporter
+# (lifecycle_scripts/setup_observability.sh).
+NODE_EXPORTER_PORTS = (9100, 9109, 9400)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeObservability:
+    """What the lifecycle scripts need to start the exporters and the agent that remote-writes to Managed
+    Prometheus (lifecycle_scripts/setup_observability.sh)."""
+
+    remote_write_url_parameter: str
+    """SSM parameter holding the workspace's remote-write URL, read on the controller at boot. Required."""
+    scrape_interval_s: int = 30
+    """How often the agent scrapes every exporter, in seconds. Default: 30."""
+    trainer_metrics_port: int | None = None
+    """The trainer's Prometheus port on the compute nodes (the profile's ``metrics.prometheus_port``). Default: none,
+    no trainer target."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,10 +121,17 @@ class HyperPodSlurmClusterProps:
     accounting_database: AccountingDatabase | None = None
     """External accounting database; needs continuous provisioning. The execution role may read its
     secret. Default: none (slurmdbd on the controller, as HyperPod sets it up)."""
+    observability: NodeObservability | None = None
+    """Exporters on every node and an agent on the controller (the caller grants ``aps:RemoteWrite`` on its
+    workspace to ``role``). Default: none."""
 
 
 def provisioning_parameters(
-    *, instance_groups: Sequence[SlurmInstanceGroup], region: str, fsx: FsxMount | None
+    *,
+    instance_groups: Sequence[SlurmInstanceGroup],
+    region: str,
+    fsx: FsxMount | None,
+    observability: NodeObservability | None = None,
 ) -> dict:
     """What the lifecycle scripts read, built from the cluster's own props: no value is typed twice."""
     groups = list(instance_groups)
@@ -124,6 +157,13 @@ def provisioning_parameters(
             },
         },
         "container_runtime": {"enroot_data_dir": "/opt/dlami/nvme/enroot", "pyxis": True},
+        "observability": None
+        if observability is None
+        else {
+            "remote_write_url_parameter": observability.remote_write_url_parameter,
+            "scrape_interval_s": observability.scrape_interval_s,
+            "trainer_metrics_port": observability.trainer_metrics_port,
+        },
     }
 
 
@@ -144,7 +184,7 @@ class HyperPodSlurmCluster(Construct):
             cluster_name=props.cluster_name,
             subnet=props.subnet,
             security_group=props.security_group,
-            unscoped_actions=["ecr:GetAuthorizationToken"] if props.image_repository else [],
+            unscoped_actions=["ecr:GetAuthorizationToken"] if props.image_repository or props.observability else [],
         )
         if props.image_repository is not None:
             # SageMaker Developer Guide, "IAM role for SageMaker HyperPod": the managed instance policy
@@ -175,8 +215,10 @@ class HyperPodSlurmCluster(Construct):
                 )
             )
 
+        if props.observability is not None:
+            self._allow_observability(props.observability, stack)
         self.provisioning_parameters = provisioning_parameters(
-            instance_groups=props.instance_groups, region=props.region, fsx=props.fsx
+            instance_groups=props.instance_groups, region=props.region, fsx=props.fsx, observability=props.observability
         )
         lifecycle = publish_lifecycle(
             self,
@@ -239,10 +281,60 @@ class HyperPodSlurmCluster(Construct):
         self.cluster_arn: str = self._resource.attr_cluster_arn
         self.cluster_name = props.cluster_name
 
+    def _allow_observability(self, observability: NodeObservability, stack: cdk.Stack) -> None:
+        name = observability.remote_write_url_parameter.lstrip("/")
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["ssm:GetParameter"],
+                resources=[stack.format_arn(service="ssm", resource="parameter", resource_name=name)],
+            )
+        )
+        # The exporter images, from HyperPod's registry in the cluster's region (ecr:GetAuthorizationToken,
+        # unscoped, is granted by the execution role).
+        exporters = stack.format_arn(
+            service="ecr", account=HYPERPOD_EXPORTER_ACCOUNT, resource="repository", resource_name="hyperpod/*"
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+                resources=[exporters],
+            )
+        )
+        cdk.Validations.of(self.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
+            cdk.Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, exporters)}]",
+                reason="Pull-only access to the exporter images HyperPod publishes under hyperpod/ in its own "
+                "registry account; the lifecycle scripts pin each image by tag (lifecycle_scripts/README.md).",
+            )
+        )
+
     @staticmethod
     def _problems(props: HyperPodSlurmClusterProps) -> list[Problem]:
         found = group_problems(props.instance_groups, require_efa=props.require_efa)
         found += lifecycle_directory_problems(props.lifecycle_scripts_directory)
+        if (obs := props.observability) is not None:
+            if not obs.remote_write_url_parameter.startswith("/"):
+                found.append(
+                    problem("not an SSM parameter path", got=obs.remote_write_url_parameter, allowed="/a/b/c").at(
+                        "observability.remote_write_url_parameter"
+                    )
+                )
+            if not 30 <= obs.scrape_interval_s <= 300:
+                found.append(
+                    problem("out of range", got=obs.scrape_interval_s, allowed="30 to 300").at(
+                        "observability.scrape_interval_s"
+                    )
+                )
+            port = obs.trainer_metrics_port
+            if port is not None and not (1024 <= port <= 65535 and port not in NODE_EXPORTER_PORTS):
+                # The lifecycle scripts refuse the same ports at boot (node_info.py --check).
+                found.append(
+                    problem(
+                        "not a port the trainer can serve on next to the exporters",
+                        got=port,
+                        allowed=f"1024 to 65535 except {', '.join(map(str, NODE_EXPORTER_PORTS))}, or null",
+                    ).at("observability.trainer_metrics_port")
+                )
         found += slurm_provisioning_problems(
             mode=props.node_provisioning_mode,
             slurm_config_strategy=props.slurm_config_strategy,

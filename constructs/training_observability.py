@@ -1,26 +1,31 @@
-"""Where an MoE run's metrics go: Amazon Managed Service for Prometheus, fed by a managed
-scraper inside the EKS cluster, and an Amazon Managed Grafana workspace that reads it.
+"""Where an MoE run's metrics go: Amazon Managed Service for Prometheus with the alert rules, fed by a
+managed scraper inside an EKS cluster or by the agent the Slurm lifecycle scripts start, and an Amazon
+Managed Grafana workspace that reads it, with the dashboards provisioned (constructs/grafana_dashboards.py).
 
-The scraper (``AWS::APS::Scraper``) discovers pods through Kubernetes and keeps the ones
+On EKS (``cluster_arn`` set) the scraper (``AWS::APS::Scraper``) discovers pods through Kubernetes and keeps the ones
 annotated ``prometheus.io/scrape: "true"``: the trainer (``moe-cdk eks render`` and the
 Helm chart annotate it), the DCGM exporter and the node exporter. It also scrapes every
 node's kubelet and cAdvisor. With the cluster's API authentication mode, EKS gives the scraper its access
 entry itself (Amazon Managed Service for Prometheus User Guide, "Using an AWS managed
-collector"). The dashboard for the trainer's metrics is
-``charts/moe-training/dashboards/moe-training.json``; Grafana has no CloudFormation resource
-for dashboards, so ``docs/hyperpod-eks.md`` shows the import.
+collector"). On Slurm there is no managed scraper for the nodes (AMP's collectors read EKS and
+MSK only), so the nodes' agent remote-writes (``remote_write_url``) with the role that
+``grant_remote_write`` allows.
+
+The alert rules are one Prometheus rules file, deployed as an AMP rule groups namespace (AMP User
+Guide, "Managing and using rules"; its ``Data`` is the rules file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import aws_cdk as cdk
 import yaml
 from aws_cdk import aws_aps as aps, aws_ec2 as ec2, aws_grafana as grafana, aws_iam as iam
 from constructs import Construct
 
+from moe_cdk.constructs.grafana_dashboards import GrafanaDashboards, GrafanaDashboardsProps
 from moe_cdk.constructs.validation import Problem, problem, raise_if_any
 
 # AMP User Guide, "Scraper configuration": the scrape interval is at least 30 seconds.
@@ -31,14 +36,19 @@ MIN_SCRAPE_INTERVAL_S = 30
 class TrainingObservabilityProps:
     name: str
     """Prefix of the workspace names. Required."""
-    cluster_arn: str
-    """The EKS cluster to scrape. Required."""
-    subnets: Sequence[ec2.ISubnet]
-    """Subnets the scraper reaches the cluster from (1 to 5). Required."""
-    security_group: ec2.ISecurityGroup
-    """Security group of the scraper's network interfaces; it must reach the pods. Required."""
+    cluster_arn: str | None = None
+    """The EKS cluster a managed scraper collects from. Default: none, for a Slurm cluster whose nodes
+    remote-write."""
+    subnets: Sequence[ec2.ISubnet] = ()
+    """Subnets the scraper reaches the cluster from (1 to 5), with ``cluster_arn``."""
+    security_group: ec2.ISecurityGroup | None = None
+    """Security group of the scraper's network interfaces, with ``cluster_arn``; it must reach the pods."""
     scrape_interval_s: int = 30
     """How often every target is scraped, in seconds (at least 30). Default: 30."""
+    alert_rules: str | None = None
+    """A Prometheus rules file (YAML) for the workspace's rule groups namespace. Default: no rules."""
+    dashboards: Mapping[str, str] = field(default_factory=dict)
+    """File name -> Grafana dashboard JSON, provisioned into the Grafana workspace. Default: none."""
 
 
 def scrape_configuration(scrape_interval_s: int) -> dict:
@@ -58,6 +68,14 @@ def scrape_configuration(scrape_interval_s: int) -> dict:
         {
             "source_labels": ["__meta_kubernetes_pod_label_training_kubeflow_org_job_name"],
             "target_label": "training_job",
+        },
+        # The trainer's pods (jobs/eks_job.py labels them) get the job name the alert rules and dashboards
+        # select, as the Slurm agent names its trainer targets.
+        {
+            "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+            "regex": "moe-training",
+            "target_label": "job",
+            "replacement": "moe-trainer",
         },
     ]
     node = {
@@ -88,7 +106,31 @@ class TrainingObservability(Construct):
         raise_if_any("TrainingObservability", self._problems(props))
         stack = cdk.Stack.of(self)
         self.workspace = aps.CfnWorkspace(self, "Prometheus", alias=f"{props.name}-training")
-        self.scrape_configuration = scrape_configuration(props.scrape_interval_s)
+        # Where an agent sends samples: the query endpoint ends with a slash.
+        self.remote_write_url = f"{self.workspace.attr_prometheus_endpoint}api/v1/remote_write"
+        self.rules = None
+        if props.alert_rules is not None:
+            self.rules = aps.CfnRuleGroupsNamespace(
+                self,
+                "AlertRules",
+                workspace=self.workspace.attr_arn,
+                name=f"{props.name}-training",
+                data=props.alert_rules,
+            )
+        self.scrape_configuration = None
+        self.scraper = None
+        if props.cluster_arn is not None:
+            self.scrape_configuration = scrape_configuration(props.scrape_interval_s)
+            self._add_scraper(props)
+        self._add_grafana(props, stack)
+
+    def grant_remote_write(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` (the Slurm nodes' role) send samples to this workspace and nothing else."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee, actions=["aps:RemoteWrite"], resource_arns=[self.workspace.attr_arn]
+        )
+
+    def _add_scraper(self, props: TrainingObservabilityProps) -> None:
         self.scraper = aps.CfnScraper(
             self,
             "Scraper",
@@ -109,6 +151,7 @@ class TrainingObservability(Construct):
             ),
         )
 
+    def _add_grafana(self, props: TrainingObservabilityProps, stack: cdk.Stack) -> None:
         # Amazon Managed Grafana User Guide, "Permissions for Amazon Managed Service for
         # Prometheus": a customer-managed role that can query this one workspace.
         self.grafana_role = iam.Role(
@@ -147,8 +190,23 @@ class TrainingObservability(Construct):
             permission_type="CUSTOMER_MANAGED",
             role_arn=self.grafana_role.role_arn,
             data_sources=["PROMETHEUS"],
-            description="moe-cdk: MoE training metrics (import charts/moe-training/dashboards/moe-training.json)",
+            # Service accounts, with which the dashboards are provisioned, need Grafana 9 or later.
+            grafana_version="10.4",
+            description="moe-cdk: MoE training metrics, with the moe-cdk dashboards",
         )
+        self.dashboards = None
+        if props.dashboards:
+            self.dashboards = GrafanaDashboards(
+                self,
+                "Dashboards",
+                GrafanaDashboardsProps(
+                    workspace_id=self.grafana.attr_id,
+                    workspace_endpoint=self.grafana.attr_endpoint,
+                    prometheus_endpoint=self.workspace.attr_prometheus_endpoint,
+                    prometheus_region=stack.region,
+                    dashboards=props.dashboards,
+                ),
+            )
 
     @staticmethod
     def _problems(props: TrainingObservabilityProps) -> list[Problem]:
@@ -161,8 +219,21 @@ class TrainingObservability(Construct):
                     allowed=f"{MIN_SCRAPE_INTERVAL_S} or more",
                 ).at("scrape_interval_s")
             )
-        if not 1 <= len(props.subnets) <= 5:
+        if props.cluster_arn is not None:
+            if not 1 <= len(props.subnets) <= 5:
+                found.append(
+                    problem("the scraper takes 1 to 5 subnets", got=len(props.subnets), allowed="1 to 5").at("subnets")
+                )
+            if props.security_group is None:
+                found.append(
+                    problem("the scraper needs a security group", got=None, allowed="a security group").at(
+                        "security_group"
+                    )
+                )
+        elif props.subnets or props.security_group is not None:
             found.append(
-                problem("the scraper takes 1 to 5 subnets", got=len(props.subnets), allowed="1 to 5").at("subnets")
+                problem("only used with cluster_arn (the managed scraper)", got="set", allowed="unset").at(
+                    "subnets" if props.subnets else "security_group"
+                )
             )
         return found

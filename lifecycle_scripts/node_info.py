@@ -16,13 +16,21 @@ Standard library only, Python 3.8+ (the Python on HyperPod's AMI).
         Prints the cluster-wide settings the scripts need: WORKLOAD_MANAGER (slurm|eks),
         REGION, FSX_ENABLED (true|false), FSX_DNS_NAME_PARAMETER, FSX_MOUNT_NAME_PARAMETER,
         FSX_MOUNT_POINT, then ENROOT_DATA_DIR and PYXIS (true|false) on Slurm, or
-        CONTAINERD_DATA_DIR and CONTAINERD_FALLBACK_DIR on EKS.
+        CONTAINERD_DATA_DIR and CONTAINERD_FALLBACK_DIR on EKS, then OBSERVABILITY_ENABLED
+        (true|false), OBSERVABILITY_REMOTE_WRITE_URL_PARAMETER, OBSERVABILITY_SCRAPE_INTERVAL_S
+        and OBSERVABILITY_TRAINER_METRICS_PORT (empty when null).
     node_info.py --check PROVISIONING_PARAMETERS
         Validates the file's structure and prints "OK: PATH".
 
 workload_manager "slurm" and "eks" have different rules: on EKS, controller_group,
-login_group, fsx_lustre (the FSx CSI driver mounts FSx into pods) and every partition_name
-are null, and container_runtime holds containerd_data_dir and fallback_data_dir.
+login_group, fsx_lustre (the FSx CSI driver mounts FSx into pods), observability and every
+partition_name are null, and container_runtime holds containerd_data_dir and fallback_data_dir.
+
+observability (setup_observability.sh) is null or
+    {"remote_write_url_parameter": SSM name, "scrape_interval_s": 5..300,
+     "trainer_metrics_port": 1024..65535 or null}
+A file without the key is read as null: it is newer than the other keys, and a bundle generated
+before it keeps working.
 
 Every value printed matches [A-Za-z0-9_.,:/@%+=-]*, so a line is both safe to `source` and
 safe to read literally (lib.sh's load_kv does the latter). Invalid input exits with status
@@ -64,6 +72,14 @@ SSM_NAME = re.compile(r"^/[A-Za-z0-9_./-]{1,1010}$")
 ABSOLUTE_PATH = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
 VERSION = re.compile(r"^1\.[0-9]+\.[0-9]+$")
 INSTANCE_ID = re.compile(r"^i-[0-9a-f]{1,32}$")
+# The Slurm exporter runs sinfo, squeue and scontrol once per scrape: every 5 s at the most.
+# At most 300 s: Prometheus looks back 5 minutes for a series' latest sample (Prometheus docs,
+# "Querying basics", staleness), so a longer interval leaves gaps between scrapes.
+SCRAPE_INTERVAL_S = (5, 300)
+# The trainer runs unprivileged, so not below 1024; and not on a port a compute node's
+# exporter holds (node_exporter 9100, DCGM 9400, EFA 9109; setup_observability.sh).
+TRAINER_PORTS = (1024, 65535)
+EXPORTER_PORTS = (9100, 9109, 9400)
 
 TOP_LEVEL_KEYS = (
     "version",
@@ -75,11 +91,14 @@ TOP_LEVEL_KEYS = (
     "fsx_lustre",
     "container_runtime",
 )
+# Keys a file may lack; a missing one reads as null.
+OPTIONAL_TOP_LEVEL_KEYS = ("observability",)
 WORKER_KEYS = ("instance_group_name", "partition_name", "instance_type", "features")
 FSX_KEYS = ("dns_name_parameter", "mount_name_parameter", "mount_point")
 FSX_OPTIONAL_KEYS = ("efa_interfaces",)
 CONTAINER_KEYS = ("enroot_data_dir", "pyxis")
 EKS_CONTAINER_KEYS = ("containerd_data_dir", "fallback_data_dir")
+OBSERVABILITY_KEYS = ("remote_write_url_parameter", "scrape_interval_s", "trainer_metrics_port")
 WORKLOAD_MANAGERS = ("slurm", "eks")
 GROUP_ALLOWED = "an instance group name: letters, digits and hyphens, at most 63 characters"
 SSM_ALLOWED = "an SSM parameter name starting with '/'"
@@ -101,6 +120,13 @@ DESCRIPTIONS = {
     "mount_name_parameter": SSM_ALLOWED,
     "mount_point": "an absolute path other than '/'",
     "efa_interfaces": "an object of worker group names to EFA interface counts (1 to 32)",
+    "observability": "an object with keys " + ", ".join(OBSERVABILITY_KEYS) + " or null",
+    "remote_write_url_parameter": SSM_ALLOWED,
+    "scrape_interval_s": f"an integer number of seconds from {SCRAPE_INTERVAL_S[0]} to {SCRAPE_INTERVAL_S[1]}",
+    "trainer_metrics_port": (
+        f"a port from {TRAINER_PORTS[0]} to {TRAINER_PORTS[1]} other than the exporters' "
+        + ", ".join(map(str, EXPORTER_PORTS)) + ", or null"
+    ),
 }
 # On EKS (workload_manager "eks") these keys hold something else.
 EKS_NULL = "null when workload_manager is 'eks'"
@@ -109,6 +135,7 @@ EKS_DESCRIPTIONS = {
     "controller_group": EKS_NULL,
     "login_group": EKS_NULL,
     "fsx_lustre": EKS_NULL,
+    "observability": EKS_NULL,
     "container_runtime": "an object with keys " + ", ".join(EKS_CONTAINER_KEYS),
     "partition_name": EKS_NULL,
     "features": "a list of feature names",
@@ -180,7 +207,7 @@ def validate(params: object) -> dict:
     # An unknown or missing workload_manager is reported below and checked with Slurm's rules.
     eks = params.get("workload_manager") == "eks"
     check = Checker(EKS_DESCRIPTIONS if eks else DESCRIPTIONS)
-    check.keys(params, "", TOP_LEVEL_KEYS)
+    check.keys(params, "", TOP_LEVEL_KEYS, OPTIONAL_TOP_LEVEL_KEYS)
 
     version = params.get("version")
     if "version" in params and (not isinstance(version, str) or not VERSION.match(version)):
@@ -279,9 +306,36 @@ def validate(params: object) -> dict:
             if not isinstance(runtime.get("pyxis", True), bool):
                 check.add("container_runtime.pyxis", "invalid", show(runtime["pyxis"]), "true or false")
 
+    observability = params.get("observability")
+    if observability is not None and eks:
+        check.add("observability", "not used on EKS", show(observability), EKS_NULL)
+    elif observability is not None:
+        check_observability(check, observability)
+
     if check.problems:
         raise Invalid(check.problems)
     return params
+
+
+def is_int(value: object) -> bool:
+    return type(value) is int  # not bool, which JSON's true would give
+
+
+def check_observability(check: Checker, observability: object) -> None:
+    """The observability object: the SSM name of the remote-write URL, the scrape interval, the trainer's port."""
+    if not isinstance(observability, dict):
+        check.add("observability", "invalid", show(observability), DESCRIPTIONS["observability"])
+        return
+    check.keys(observability, "observability.", OBSERVABILITY_KEYS)
+    check.string(observability, "observability.", "remote_write_url_parameter", SSM_NAME, SSM_ALLOWED)
+    interval = observability.get("scrape_interval_s")
+    low, high = SCRAPE_INTERVAL_S
+    if "scrape_interval_s" in observability and not (is_int(interval) and low <= interval <= high):
+        check.add("observability.scrape_interval_s", "invalid", show(interval), DESCRIPTIONS["scrape_interval_s"])
+    port = observability.get("trainer_metrics_port")
+    low, high = TRAINER_PORTS
+    if port is not None and not (is_int(port) and low <= port <= high and port not in EXPORTER_PORTS):
+        check.add("observability.trainer_metrics_port", "invalid", show(port), DESCRIPTIONS["trainer_metrics_port"])
 
 
 def load_json(path: str, label: str) -> object:
@@ -406,6 +460,12 @@ def cluster_settings(params_path: str) -> dict:
     else:
         settings["ENROOT_DATA_DIR"] = runtime.get("enroot_data_dir", DEFAULT_ENROOT_DATA_DIR)
         settings["PYXIS"] = "true" if runtime.get("pyxis", True) else "false"
+    observability = params.get("observability") or {}
+    port = observability.get("trainer_metrics_port")
+    settings["OBSERVABILITY_ENABLED"] = "true" if observability else "false"
+    settings["OBSERVABILITY_REMOTE_WRITE_URL_PARAMETER"] = observability.get("remote_write_url_parameter", "")
+    settings["OBSERVABILITY_SCRAPE_INTERVAL_S"] = str(observability.get("scrape_interval_s", ""))
+    settings["OBSERVABILITY_TRAINER_METRICS_PORT"] = "" if port is None else str(port)
     return settings
 
 

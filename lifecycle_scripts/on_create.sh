@@ -18,6 +18,8 @@
 #   setup_enroot     setup_enroot.sh                                       (login and compute)
 #   setup_pyxis      setup_pyxis.sh                                        (all nodes)
 #   slurm_features   slurm_features.sh           (compute: set; controller: the trigger)
+#   observability    setup_observability.sh      (all nodes: exporters; controller: the agent;
+#                                                 skipped when observability is null)
 # or, with "workload_manager": "eks" (no Slurm, enroot or pyxis; the FSx CSI driver mounts
 # FSx into pods):
 #   setup_containerd setup_containerd.sh                                   (all nodes)
@@ -63,12 +65,14 @@ slurm_steps() {
     compute | controller) run_step slurm_features bash ./slurm_features.sh ;;
     *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
   esac
+  run_step observability bash ./setup_observability.sh
 }
 
 eks_steps() {
   log "skipping mount_fsx on EKS: the FSx CSI driver mounts FSx for Lustre into pods"
   log "skipping setup_enroot on EKS: pods run under containerd; there is no enroot or pyxis"
   log "skipping setup_pyxis and slurm_features on EKS: there is no Slurm; Kubernetes schedules the pods"
+  log "skipping observability on EKS: setup_observability.sh scrapes Slurm nodes (observability must be null)"
   run_step setup_containerd bash ./setup_containerd.sh
 }
 

@@ -253,6 +253,27 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
+class ObservabilityConfig:
+    """Metrics, dashboards and alerts of a HyperPod cluster (orchestrator `slurm` or `eks`)."""
+
+    enabled: bool = False
+    """Create the Managed Prometheus workspace with the alert rules (observability/alerts), the Managed Grafana
+    workspace with the dashboards (the MoE dashboard and observability/dashboards), and what feeds Prometheus: on EKS a
+    managed scraper, on Slurm the exporters and the agent that the lifecycle scripts start on the nodes. Default:
+    false, because Grafana needs IAM Identity Center in the account (`identity_center_enabled`)."""
+    identity_center_enabled: bool = False
+    """Whether IAM Identity Center is enabled for the account. Managed Grafana signs users in through it (`AWS_SSO`), so
+    `enabled` needs it: enable it first (IAM Identity Center console), then set this to true."""
+    scrape_interval_s: int = 30
+    """How often every exporter and the trainer are scraped, in seconds (30 to 300; the managed scraper's minimum is
+    30)."""
+
+    def problems(self) -> Problems:
+        if not 30 <= self.scrape_interval_s <= 300:
+            yield problem("out of range", got=self.scrape_interval_s, allowed="30 to 300").at("scrape_interval_s")
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class EksConfig:
     """The EKS control plane and cluster software (orchestrator `eks` only)."""
 
@@ -275,11 +296,6 @@ class EksConfig:
     training_operator: bool = True
     """Install the HyperPod training operator add-on, which runs HyperPodPyTorchJob (`moe-cdk eks render
     --hyperpod`)."""
-    observability: bool = True
-    """Create the Managed Prometheus workspace, its scraper and the Managed Grafana workspace."""
-    identity_center_enabled: bool = False
-    """Whether IAM Identity Center is enabled for the account. Managed Grafana signs users in through it (`AWS_SSO`), so
-    `observability` needs it: enable it first (IAM Identity Center console), then set this to true."""
     namespace: str = "moe"
     """Kubernetes namespace for training jobs and the FSx volume claim."""
     hyperpod_chart_directory: str = ".cache/hyperpod-helm-chart"
@@ -478,6 +494,8 @@ class Config:
     """The training run."""
     eks: EksConfig = EksConfig()
     """The EKS control plane, with orchestrator `eks`."""
+    observability: ObservabilityConfig = ObservabilityConfig()
+    """Managed Prometheus and Grafana for a HyperPod cluster."""
 
     @property
     def lustre_availability_zone(self) -> str:
@@ -516,6 +534,7 @@ class Config:
                     allowed=self.cluster.availability_zone,
                 ).at("storage.lustre.availability_zone")
         yield from self._eks_problems()
+        yield from self._observability_problems()
         if self.storage.lustre.efa_enabled:
             yield from self._efa_client_problems()
         existing = self.network.existing_vpc
@@ -567,6 +586,26 @@ class Config:
         for message in efa_client_problems(dict(compute)):
             yield message.at("storage.lustre.efa_enabled")
 
+    def _observability_problems(self) -> Problems:
+        if self.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+            if self.observability.enabled:
+                yield problem(
+                    "SageMaker Training Jobs report to CloudWatch, not to a HyperPod cluster's Prometheus",
+                    got=True,
+                    allowed="false with orchestrator training-job",
+                ).at("observability.enabled")
+            return
+        # Amazon Managed Grafana User Guide, "Authenticate users in Amazon Managed Grafana
+        # workspaces": a workspace with AWS_SSO authentication signs users in through IAM
+        # Identity Center, which must be enabled in the account (its organization) first.
+        if self.observability.enabled and not self.observability.identity_center_enabled:
+            yield problem(
+                "observability creates a Managed Grafana workspace that signs users in through IAM Identity Center; "
+                "enable Identity Center in the account, then set this to true, or set observability.enabled: false",
+                got=self.observability.identity_center_enabled,
+                allowed="true with observability",
+            ).at("observability.identity_center_enabled")
+
     def _eks_problems(self) -> Problems:
         second = self.eks.second_availability_zone
         if self.cluster.orchestrator is not Orchestrator.EKS:
@@ -575,16 +614,6 @@ class Config:
                     "eks"
                 )
             return
-        # Amazon Managed Grafana User Guide, "Authenticate users in Amazon Managed Grafana
-        # workspaces": a workspace with AWS_SSO authentication signs users in through IAM
-        # Identity Center, which must be enabled in the account (its organization) first.
-        if self.eks.observability and not self.eks.identity_center_enabled:
-            yield problem(
-                "observability creates a Managed Grafana workspace that signs users in through IAM Identity Center; "
-                "enable Identity Center in the account, then set this to true, or set eks.observability: false",
-                got=self.eks.identity_center_enabled,
-                allowed="true with observability",
-            ).at("eks.identity_center_enabled")
         if second is None:
             yield problem(
                 "EKS needs subnets in two availability zones",

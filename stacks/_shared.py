@@ -1,14 +1,15 @@
-"""What more than one stack derives from the configuration: resource names and the HyperPod
-stacks' synthesizer. The stack modules import this, never each other (an import contract
-in pyproject.toml holds them to it)."""
+"""What more than one stack derives from the configuration: resource names, the HyperPod stacks'
+synthesizer and the observability both HyperPod orchestrators get. The stack modules import this,
+never each other (an import contract in pyproject.toml holds them to it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import IStackSynthesizer
+from aws_cdk import CfnOutput, IStackSynthesizer, Stack
 
 from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
+from moe_cdk.constructs.training_observability import TrainingObservability, TrainingObservabilityProps
 from moe_cdk.core.names import project_root
 from moe_cdk.schema.config import Config
 
@@ -34,12 +35,41 @@ def fsx_parameter_names(config: Config) -> tuple[str, str]:
     return f"/moe-cdk/{config.name}/fsx/dns-name", f"/moe-cdk/{config.name}/fsx/mount-name"
 
 
+def remote_write_parameter_name(config: Config) -> str:
+    """SSM parameter with the Prometheus workspace's remote-write URL, which the Slurm controller reads at boot."""
+    return f"/moe-cdk/{config.name}/observability/remote-write-url"
+
+
 def hyperpod_synthesizer(config: Config, parameters: dict) -> IStackSynthesizer:
     """The synthesizer of a stack holding a HyperPod cluster: its file assets go to the
     lifecycle bucket, in a folder named after the scripts and ``parameters``."""
     return lifecycle_synthesizer(
         lifecycle_bucket_name(config), lifecycle_bundle_id(str(lifecycle_scripts()), parameters)
     )
+
+
+def add_observability(stack: Stack, config: Config, **scraper) -> TrainingObservability:
+    """``config.observability`` in ``stack``: the workspaces, the alert rules file and the dashboards (the MoE
+    dashboard of the Helm chart, the cluster dashboards of observability/dashboards), with the stack outputs
+    that point at them. ``scraper``: the EKS scraper's ``cluster_arn``, ``subnets`` and ``security_group``."""
+    root = project_root()
+    dashboards = [root / "charts/moe-training/dashboards/moe-training.json"]
+    dashboards += sorted((root / "observability/dashboards").glob("*.json"))
+    observability = TrainingObservability(
+        stack,
+        "Observability",
+        TrainingObservabilityProps(
+            name=config.name,
+            scrape_interval_s=config.observability.scrape_interval_s,
+            alert_rules=(root / "observability/alerts/moe-training.rules.yaml").read_text(),
+            dashboards={path.name: path.read_text() for path in dashboards},
+            **scraper,
+        ),
+    )
+    CfnOutput(stack, "PrometheusWorkspaceId", value=observability.workspace.attr_workspace_id)
+    CfnOutput(stack, "PrometheusQueryUrl", value=observability.workspace.attr_prometheus_endpoint)
+    CfnOutput(stack, "GrafanaUrl", value=observability.grafana.attr_endpoint)
+    return observability
 
 
 def lifecycle_scripts() -> Path:

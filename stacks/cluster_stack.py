@@ -4,17 +4,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, Stack, aws_ssm as ssm
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
     FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
+    NodeObservability,
     provisioning_parameters,
 )
 from moe_cdk.schema.config import Config
-from moe_cdk.stacks._shared import fsx_parameter_names, hyperpod_synthesizer, lifecycle_scripts
+from moe_cdk.stacks._shared import (
+    add_observability,
+    fsx_parameter_names,
+    hyperpod_synthesizer,
+    lifecycle_scripts,
+    remote_write_parameter_name,
+)
+from moe_cdk.training.config import load_train_config
 
 if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
     from moe_cdk.stacks.network_stack import NetworkStack
@@ -32,6 +40,16 @@ def _fsx_mount(config: Config, storage: StorageStack) -> FsxMount:
     )
 
 
+def _node_observability(config: Config) -> NodeObservability | None:
+    if not config.observability.enabled:
+        return None
+    return NodeObservability(
+        remote_write_url_parameter=remote_write_parameter_name(config),
+        scrape_interval_s=config.observability.scrape_interval_s,
+        trainer_metrics_port=load_train_config(config.training.path).metrics.prometheus_port,
+    )
+
+
 class SlurmClusterStack(Stack):
     """HyperPodSlurmCluster from ``config.cluster``. Its file assets (the lifecycle bundle) are
     published into the storage stack's ``sagemaker-`` lifecycle bucket, under a folder named
@@ -42,7 +60,10 @@ class SlurmClusterStack(Stack):
     ) -> None:
         groups = [g.to_props() for g in config.cluster.instance_groups]
         fsx = _fsx_mount(config, storage)
-        parameters = provisioning_parameters(instance_groups=groups, region=config.region, fsx=fsx)
+        observability = _node_observability(config)
+        parameters = provisioning_parameters(
+            instance_groups=groups, region=config.region, fsx=fsx, observability=observability
+        )
         super().__init__(scope, id, synthesizer=hyperpod_synthesizer(config, parameters), **kwargs)
         # The lifecycle bucket must exist before this stack's assets are published into it.
         self.add_stack_dependency(storage)
@@ -62,7 +83,21 @@ class SlurmClusterStack(Stack):
                 node_provisioning_mode=config.cluster.node_provisioning_mode,
                 slurm_config_strategy=config.cluster.construct_slurm_config_strategy,
                 accounting_database=config.cluster.accounting_database,
+                observability=observability,
             ),
         )
+        self.observability = None
+        if observability is not None:
+            self.observability = add_observability(self, config)
+            self.observability.grant_remote_write(self.cluster.role)
+            remote_write = ssm.StringParameter(
+                self,
+                "RemoteWriteUrl",
+                parameter_name=observability.remote_write_url_parameter,
+                string_value=self.observability.remote_write_url,
+                description="Where the Slurm controller's agent sends the cluster's metrics (Managed Prometheus)",
+            )
+            # The controller reads it while it boots.
+            self.cluster.node.add_dependency(remote_write)
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

@@ -9,8 +9,8 @@ from constructs import Construct
 
 from moe_cdk.constructs.lustre_volume import LustreVolume, LustreVolumeProps
 from moe_cdk.constructs.training_eks_cluster import TrainingEksCluster, TrainingEksClusterProps
-from moe_cdk.constructs.training_observability import TrainingObservability, TrainingObservabilityProps
 from moe_cdk.schema.config import Config
+from moe_cdk.stacks._shared import add_observability
 
 if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
     from moe_cdk.stacks.network_stack import NetworkStack
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
 
 class EksStack(Stack):
     """``TrainingEksCluster`` from ``config.eks``, the Lustre file system as a PersistentVolumeClaim,
-    and (``eks.observability``) Managed Prometheus with its scraper and Managed Grafana."""
+    and (``observability.enabled``) Managed Prometheus with its scraper and Managed Grafana."""
 
     def __init__(
         self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack, **kwargs
@@ -72,17 +72,11 @@ class EksStack(Stack):
         )
         CfnOutput(self, "FsxClaim", value=f"{self.volume.namespace}/{self.volume.claim_name}")
         self.observability = None
-        if eks_config.observability:
-            self.observability = TrainingObservability(
+        if config.observability.enabled:
+            self.observability = add_observability(
                 self,
-                "Observability",
-                TrainingObservabilityProps(
-                    name=config.name,
-                    cluster_arn=cluster.cluster_arn,
-                    subnets=subnets,
-                    security_group=network.node_security_group.security_group,
-                ),
+                config,
+                cluster_arn=cluster.cluster_arn,
+                subnets=subnets,
+                security_group=network.node_security_group.security_group,
             )
-            CfnOutput(self, "PrometheusWorkspaceId", value=self.observability.workspace.attr_workspace_id)
-            CfnOutput(self, "PrometheusQueryUrl", value=self.observability.workspace.attr_prometheus_endpoint)
-            CfnOutput(self, "GrafanaUrl", value=self.observability.grafana.attr_endpoint)

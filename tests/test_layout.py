@@ -69,6 +69,7 @@ def test_an_unrelated_app_synthesizes_the_installed_constructs(tmp_path):
         import moe_cdk.constructs.lustre_storage as lustre_module
         from moe_cdk.constructs.lustre_storage import LustreStorage, LustreStorageProps
         from moe_cdk.constructs.training_network import TrainingNetwork, TrainingNetworkProps
+        from moe_cdk.constructs.training_observability import TrainingObservability, TrainingObservabilityProps
 
         app = cdk.App(outdir="out")
         stack = cdk.Stack(app, "TheirStack", env=cdk.Environment(region="us-west-2"))
@@ -76,6 +77,10 @@ def test_an_unrelated_app_synthesizes_the_installed_constructs(tmp_path):
         nodes = ec2.SecurityGroup(stack, "Nodes", vpc=network.vpc)
         LustreStorage(stack, "Fsx", LustreStorageProps(
             vpc=network.vpc, availability_zone="us-west-2c", client_security_group=nodes))
+        # The dashboards' Lambda code is package data of the wheel.
+        TrainingObservability(stack, "Obs", TrainingObservabilityProps(
+            name="their", dashboards={"d.json": '{"uid": "d", "title": "D", '
+            '"templating": {"list": [{"type": "datasource", "name": "datasource"}]}}'}))
         app.synth()
         print(lustre_module.__file__)
     """)
@@ -85,3 +90,4 @@ def test_an_unrelated_app_synthesizes_the_installed_constructs(tmp_path):
     assert str(env_dir) in result.stdout, "the app must use the installed wheel, not the repository"
     template = (app_dir / "out/TheirStack.template.json").read_text()
     assert '"AWS::FSx::FileSystem"' in template and '"us-west-2c"' in template
+    assert '"Custom::GrafanaDashboards"' in template

@@ -194,6 +194,7 @@ _HELP = dict(
     tokens_per_s="Tokens per second of the whole job at the logged step.",
     mfu="Model FLOPs utilisation of the logged step.",
     peak_memory_gib="Peak accelerator memory of rank 0 in GiB (peak resident host memory on CPU).",
+    max_steps="The run's max_steps, the step it ends at: a run whose step reached it finished (alert rules).",
 )
 """Help texts for the fields the trainer writes; any other numeric field gets a generic one."""
 
@@ -231,7 +232,9 @@ class _LatestRecord:
         self.sink = sink
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        return _record_metrics(self.sink.latest)
+        if self.sink.latest:
+            yield GaugeMetricFamily(_PREFIX + "max_steps", _HELP["max_steps"], value=self.sink.max_steps)
+        yield from _record_metrics(self.sink.latest)
 
 
 class MetricsSink:

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from grafana_dashboards import expressions, panels
 
 from moe_cdk.training.metrics import MetricsSink
 
@@ -57,20 +58,8 @@ def dashboard() -> dict:
     return json.loads(DASHBOARD.read_text())
 
 
-def _panels(panels: list[dict]):
-    for panel in panels:
-        yield panel
-        yield from _panels(panel.get("panels", []))  # a collapsed row holds its panels
-
-
-def _expressions(dashboard: dict) -> list[str]:
-    """Every PromQL expression: panel targets and the template variables' queries."""
-    exprs = [t["expr"] for p in _panels(dashboard["panels"]) for t in p.get("targets", [])]
-    return exprs + [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-
-
 def _dashboard_metrics(dashboard: dict) -> set[str]:
-    return {name for expr in _expressions(dashboard) for name in re.findall(r"\bmoe_train_\w+", expr)}
+    return {name for expr in expressions(dashboard) for name in re.findall(r"\bmoe_train_\w+", expr)}
 
 
 def _exported() -> dict[str, set[str]]:
@@ -109,7 +98,7 @@ def test_every_dashboard_metric_is_exported(dashboard):
 
 def test_dashboard_label_matchers_are_exported_labels(dashboard):
     exported = _exported()
-    for expr in _expressions(dashboard):
+    for expr in expressions(dashboard):
         for name, matchers in re.findall(r"\b(moe_train_\w+)\{([^}]*)\}", expr):
             labels = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers)) - SCRAPE_LABELS
             assert labels <= exported.get(name, set()), f"{name} has no label(s) {sorted(labels)}: {expr}"
@@ -138,14 +127,14 @@ def test_required_moe_metrics_are_on_the_dashboard(dashboard):
 
 
 def test_panel_ids_are_unique(dashboard):
-    ids = [p["id"] for p in _panels(dashboard["panels"])]
+    ids = [p["id"] for p in panels(dashboard["panels"])]
     assert len(ids) == len(set(ids))
 
 
 def test_every_query_uses_the_datasource_variable(dashboard):
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    queried = [p for p in _panels(dashboard["panels"]) if p.get("targets")]
+    queried = [p for p in panels(dashboard["panels"]) if p.get("targets")]
     queried += [t for p in queried for t in p["targets"]]
     queried += [v for v in variables.values() if v["type"] == "query"]
     assert queried and all(q["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for q in queried)

@@ -17,6 +17,7 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
+    NodeObservability,
     NodeProvisioningMode,
     NodeType,
     SlurmInstanceGroup,
@@ -444,3 +445,34 @@ def test_efa_file_system_tells_p5_groups_how_many_efa_interfaces_to_use():
     )
     parameters = provisioning_parameters(instance_groups=groups, region="us-east-2", fsx=fsx)
     assert parameters["fsx_lustre"]["efa_interfaces"] == {g.name: 8 for g in GROUPS if g.node_type is NodeType.COMPUTE}
+
+
+def test_observability_props_are_checked_as_the_nodes_check_them(scripts):
+    bad = NodeObservability(remote_write_url_parameter="no-slash", scrape_interval_s=10, trainer_metrics_port=9100)
+    with pytest.raises(ConfigError) as error:
+        _build(scripts, observability=bad)
+    assert error.value.errors == [
+        "observability.remote_write_url_parameter: not an SSM parameter path (got 'no-slash'; allowed /a/b/c)",
+        "observability.scrape_interval_s: out of range (got 10; allowed 30 to 300)",
+        "observability.trainer_metrics_port: not a port the trainer can serve on next to the exporters "
+        "(got 9100; allowed 1024 to 65535 except 9100, 9109, 9400, or null)",
+    ]
+
+
+def test_observability_lets_the_nodes_read_the_url_and_pull_the_exporters(scripts):
+    observability = NodeObservability(remote_write_url_parameter="/t/remote-write", trainer_metrics_port=9410)
+    app, stack, cluster = _build(scripts, observability=observability, nag=True)
+    app.synth()  # the exporter pull's wildcard is acknowledged
+    assert cluster.provisioning_parameters["observability"] == {
+        "remote_write_url_parameter": "/t/remote-write",
+        "scrape_interval_s": 30,
+        "trainer_metrics_port": 9410,
+    }
+    template = Template.from_stack(stack)
+    statements = [
+        s
+        for p in template.find_resources("AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    resources = json.dumps(statements)
+    assert "parameter/t/remote-write" in resources and "602401143452:repository/hyperpod/*" in resources

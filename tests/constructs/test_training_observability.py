@@ -5,7 +5,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 import pytest
 import yaml
-from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ec2 as ec2, aws_iam as iam
 from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 
@@ -84,3 +84,83 @@ def test_scrape_interval_below_the_minimum_is_refused():
     with pytest.raises(ConfigError) as error:
         _build(scrape_interval_s=10)
     assert error.value.errors == ["scrape_interval_s: below the managed scraper's minimum (got 10; allowed 30 or more)"]
+
+
+# -- Slurm: no managed scraper; the nodes remote-write ---------------------------------------------------
+
+RULES = """groups:
+  - name: t
+    rules:
+      - alert: Up
+        expr: up == 0
+"""
+DASHBOARD = '{"uid": "d", "title": "D", "templating": {"list": [{"type": "datasource", "name": "datasource"}]}}'
+
+
+@pytest.fixture(scope="module")
+def slurm_template():
+    app = cdk.App()
+    stack = cdk.Stack(app, "S", env=cdk.Environment(region="us-east-2"))
+    observability = TrainingObservability(
+        stack,
+        "Observability",
+        TrainingObservabilityProps(name="s", alert_rules=RULES, dashboards={"d.json": DASHBOARD}),
+    )
+    nodes = iam.Role(stack, "Nodes", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
+    observability.grant_remote_write(nodes)
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    app.synth()
+    return Template.from_stack(stack), observability
+
+
+def test_without_a_cluster_there_is_no_scraper(slurm_template):
+    template, observability = slurm_template
+    assert template.find_resources("AWS::APS::Scraper") == {} and observability.scraper is None
+
+
+def test_the_rules_file_is_the_workspaces_rule_groups_namespace(slurm_template):
+    template, _ = slurm_template
+    (namespace,) = template.find_resources("AWS::APS::RuleGroupsNamespace").values()
+    assert namespace["Properties"]["Data"] == RULES
+    assert namespace["Properties"]["Workspace"]["Fn::GetAtt"][1] == "Arn"
+
+
+def test_nodes_may_only_remote_write_to_the_workspace(slurm_template):
+    template, _ = slurm_template
+    statements = [
+        s
+        for p in template.find_resources("AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    (write,) = [s for s in statements if "aps:RemoteWrite" in str(s["Action"])]
+    assert write["Action"] == "aps:RemoteWrite" and write["Resource"]["Fn::GetAtt"][1] == "Arn"
+
+
+def test_remote_write_url_is_the_query_endpoint_plus_the_api_path(slurm_template):
+    _, observability = slurm_template
+    resolved = cdk.Stack.of(observability).resolve(observability.remote_write_url)
+    assert resolved["Fn::Join"][1][-1] == "api/v1/remote_write"
+
+
+def test_dashboards_are_provisioned_into_a_grafana_that_has_service_accounts(slurm_template):
+    template, _ = slurm_template
+    template.has_resource_properties("AWS::Grafana::Workspace", {"GrafanaVersion": "10.4"})
+    assert len(template.find_resources("Custom::GrafanaDashboards")) == 1
+
+
+def test_scraper_props_without_a_cluster_are_refused():
+    app = cdk.App()
+    stack = cdk.Stack(app, "S", env=cdk.Environment(region="us-east-2"))
+    group = ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")
+    with pytest.raises(ConfigError) as error:
+        TrainingObservability(stack, "O", TrainingObservabilityProps(name="s", security_group=group))
+    assert error.value.errors == [
+        "security_group: only used with cluster_arn (the managed scraper) (got 'set'; allowed unset)"
+    ]
+
+
+def test_trainer_pods_are_scraped_as_the_job_the_alert_rules_select():
+    (pods,) = [j for j in scrape_configuration(30)["scrape_configs"] if j["job_name"] == "kubernetes-pods"]
+    (rename,) = [r for r in pods["relabel_configs"] if r.get("target_label") == "job"]
+    assert rename["source_labels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_name"]
+    assert (rename["regex"], rename["replacement"]) == ("moe-training", "moe-trainer")

@@ -59,22 +59,6 @@ def test_unsupported_kubernetes_version_is_refused():
     ]
 
 
-def test_grafana_without_identity_center_is_refused():
-    errors = errors_for(EKS, lambda d: d["eks"].pop("identity_center_enabled"))
-    assert errors == [
-        "eks.identity_center_enabled: observability creates a Managed Grafana workspace that signs users in "
-        "through IAM Identity Center; enable Identity Center in the account, then set this to true, or set "
-        "eks.observability: false (got False; allowed true with observability)"
-    ]
-
-
-def test_without_observability_identity_center_is_not_needed():
-    data = copy.deepcopy(EKS)
-    data["eks"].pop("identity_center_enabled")
-    data["eks"]["observability"] = False
-    assert parse_config(data).eks.observability is False
-
-
 def test_slurm_roles_are_refused_on_eks():
     errors = errors_for(EKS, lambda d: d["cluster"]["instance_groups"][0].update(role="controller"))
     assert (
