@@ -69,13 +69,19 @@ def scrape_configuration(scrape_interval_s: int) -> dict:
             "source_labels": ["__meta_kubernetes_pod_label_training_kubeflow_org_job_name"],
             "target_label": "training_job",
         },
-        # The trainer's pods (jobs/eks_job.py labels them) get the job name the alert rules and dashboards
-        # select, as the Slurm agent names its trainer targets.
+        # The job names the alert rules and dashboards select, as the Slurm agent names its targets: the
+        # trainer's pods by their label (jobs/eks_job.py), the exporters by the moe-cdk/job annotation
+        # their chart values give them (rules/eks.py).
         {
             "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
             "regex": "moe-training",
             "target_label": "job",
             "replacement": "moe-trainer",
+        },
+        {
+            "source_labels": ["__meta_kubernetes_pod_annotation_moe_cdk_job"],
+            "regex": "(.+)",
+            "target_label": "job",
         },
     ]
     node = {

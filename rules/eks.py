@@ -240,11 +240,12 @@ def neuron_plugin_values(specs: Sequence[catalog.InstanceSpec], tolerations: Seq
 
 
 def dcgm_exporter_values(specs: Sequence[catalog.InstanceSpec], tolerations: Sequence[dict] = ()) -> dict:
-    # The pod annotations are what the managed scraper's kubernetes-pods job selects on.
+    # The pod annotations are what the managed scraper's kubernetes-pods job selects on; moe-cdk/job is the
+    # job name it gives the samples, the one the alert rules and dashboards select (as on Slurm).
     return {
         "affinity": _affinity(gpu_instance_types(specs)),
         "tolerations": _tolerations((GPU_RESOURCE,), tolerations),
-        "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"},
+        "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9400", "moe-cdk/job": "dcgm"},
         "serviceMonitor": {"enabled": False},
     }
 
@@ -253,7 +254,7 @@ def node_exporter_values(specs: Sequence[catalog.InstanceSpec], tolerations: Seq
     """On every node whatever its taints; annotated for the managed scraper."""
     return {
         "tolerations": [{"operator": "Exists"}],
-        "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9100"},
+        "podAnnotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9100", "moe-cdk/job": "node"},
         "prometheus": {"monitor": {"enabled": False}},
     }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aws_cdk as cdk
 import pytest
 import yaml
@@ -15,8 +17,10 @@ from moe_cdk.constructs.training_observability import (
     scrape_configuration,
 )
 from moe_cdk.core.problems import ConfigError
+from moe_cdk.rules.eks import dcgm_exporter_values, node_exporter_values
 
 ARN = "arn:aws:eks:us-east-2:123456789012:cluster/t"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build(**overrides):
@@ -159,8 +163,15 @@ def test_scraper_props_without_a_cluster_are_refused():
     ]
 
 
-def test_trainer_pods_are_scraped_as_the_job_the_alert_rules_select():
+def test_trainer_and_exporter_pods_are_scraped_as_the_jobs_the_alert_rules_select():
     (pods,) = [j for j in scrape_configuration(30)["scrape_configs"] if j["job_name"] == "kubernetes-pods"]
-    (rename,) = [r for r in pods["relabel_configs"] if r.get("target_label") == "job"]
-    assert rename["source_labels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_name"]
-    assert (rename["regex"], rename["replacement"]) == ("moe-training", "moe-trainer")
+    trainer, exporters = [r for r in pods["relabel_configs"] if r.get("target_label") == "job"]
+    assert trainer["source_labels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_name"]
+    assert (trainer["regex"], trainer["replacement"]) == ("moe-training", "moe-trainer")
+    # Prometheus turns the annotation moe-cdk/job into this meta label (every other character becomes _).
+    assert exporters["source_labels"] == ["__meta_kubernetes_pod_annotation_moe_cdk_job"]
+    jobs = {
+        values(specs=[])["podAnnotations"]["moe-cdk/job"] for values in (dcgm_exporter_values, node_exporter_values)
+    }
+    rules = (ROOT / "observability/alerts/moe-training.rules.yaml").read_text()
+    assert jobs == {"dcgm", "node"} and all(f'job="{job}"' in rules for job in jobs)

@@ -40,7 +40,7 @@ def test_plugins_tolerate_hyperpod_health_taint():
 
 def test_dcgm_exporter_is_annotated_for_the_scraper():
     annotations = eks_rules.dcgm_exporter_values(SPECS)["podAnnotations"]
-    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"}
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400", "moe-cdk/job": "dcgm"}
 
 
 def test_plugins_tolerate_the_configured_taints():
