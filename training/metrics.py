@@ -244,13 +244,15 @@ class MetricsSink:
         self,
         *,
         rank: int,
-        jsonl: str | None,
-        prometheus_port: int | None,
-        tensorboard_dir: str | None,
-        readiness_file: str | None,
-        liveness_file: str | None,
         max_steps: int,
+        jsonl: str | None = None,
+        prometheus_port: int | None = None,
+        tensorboard_dir: str | None = None,
+        readiness_file: str | None = None,
+        liveness_file: str | None = None,
     ) -> None:
+        """Each output is off unless given: the JSONL file, the Prometheus port, the TensorBoard folder and
+        the probe files."""
         self.rank = rank
         self.max_steps = max_steps
         self.latest: dict = {}

@@ -64,15 +64,7 @@ def _dashboard_metrics(dashboard: dict) -> set[str]:
 
 def _exported() -> dict[str, set[str]]:
     """Metric name -> label names, from the exporter's text for RECORD."""
-    sink = MetricsSink(
-        rank=0,
-        jsonl=None,
-        prometheus_port=None,
-        tensorboard_dir=None,
-        readiness_file=None,
-        liveness_file=None,
-        max_steps=10,
-    )
+    sink = MetricsSink(rank=0, max_steps=10)
     sink.latest = RECORD
     series: dict[str, set[str]] = {}
     for line in sink.prometheus_text().splitlines():

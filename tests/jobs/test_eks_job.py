@@ -202,15 +202,7 @@ def test_hyperpod_job_detects_hangs_from_the_progress_line(spec, caplog):
     rules = {r["name"]: r for r in job["spec"]["runPolicy"]["logMonitoringConfiguration"]}
     assert rules["JobHangingDetection"]["expectedRecurringFrequencyInSeconds"] == 900
     # The pattern matches the progress line the trainer really logs at every record.
-    sink = MetricsSink(
-        rank=0,
-        jsonl=None,
-        prometheus_port=None,
-        tensorboard_dir=None,
-        readiness_file=None,
-        liveness_file=None,
-        max_steps=5000,
-    )
+    sink = MetricsSink(rank=0, max_steps=5000)
     with caplog.at_level(logging.INFO, logger="moe_cdk.training.metrics"):
         sink.write(
             {"step": 120, "loss": 2.314, "tokens_per_s": 51234.0, "expert_imbalance": [1.21], "dispatch_time_s": 0.0032}

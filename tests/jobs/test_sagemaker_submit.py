@@ -143,15 +143,7 @@ def test_metric_regexes_match_the_trainers_log_line(caplog):
         "dispatch_time_s": 0.0003,
     }
     with caplog.at_level(logging.INFO, logger="moe_cdk.training.metrics"):
-        MetricsSink(
-            rank=0,
-            jsonl=None,
-            prometheus_port=None,
-            tensorboard_dir=None,
-            readiness_file=None,
-            liveness_file=None,
-            max_steps=100,
-        ).write(record)
+        MetricsSink(rank=0, max_steps=100).write(record)
     line = caplog.records[-1].getMessage()
     found = {d["Name"]: re.search(d["Regex"], line).group(1) for d in METRIC_DEFINITIONS}
     assert found == {

@@ -187,15 +187,7 @@ def test_rules_read_only_metrics_the_trainer_exports():
 def test_entropy_ratio_labels_match_the_exporter():
     """MoERouterEntropyCollapse divides ``ignoring(layer) group_left``: the entropy must carry ``layer`` and its
     maximum no label at all, as the exporter writes them."""
-    sink = MetricsSink(
-        rank=0,
-        jsonl=None,
-        prometheus_port=None,
-        tensorboard_dir=None,
-        readiness_file=None,
-        liveness_file=None,
-        max_steps=10,
-    )
+    sink = MetricsSink(rank=0, max_steps=10)
     sink.write(
         {
             "step": 5,

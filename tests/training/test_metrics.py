@@ -30,18 +30,7 @@ def _free_port() -> int:
 
 
 def _sink(tmp_path, rank=0, **kwargs) -> MetricsSink:
-    options = (
-        dict(
-            jsonl=None,
-            prometheus_port=None,
-            tensorboard_dir=None,
-            readiness_file=None,
-            liveness_file=None,
-            max_steps=10,
-        )
-        | kwargs
-    )
-    return MetricsSink(rank=rank, **options)
+    return MetricsSink(rank=rank, **({"max_steps": 10} | kwargs))
 
 
 def test_records_are_appended_as_json_lines(tmp_path):
