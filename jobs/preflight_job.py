@@ -161,15 +161,12 @@ def render_preflight_sbatch(spec: PreflightSpec) -> str:
         "# training job with --dependency=afterok:<this job's id> (moe-cdk slurm render --after ID).",
     )
     parts.append(_CHECKS)
-    if spec.gpus and spec.dcgm_level:
-        parts.append(_DCGM.replace("__LEVEL__", str(spec.dcgm_level)))
+    dcgm_level = spec.dcgm_level if spec.gpus else 0  # DCGM diagnoses NVIDIA GPUs only
+    if dcgm_level:
+        parts.append(_DCGM.replace("__LEVEL__", str(dcgm_level)))
     node = ["moe-preflight", "node"]
-    node += (
-        ["--local"]
-        if job.local
-        else ["--instance-type", itype, "--dcgm-level", str(spec.dcgm_level if spec.gpus else 0)]
-    )
-    if spec.gpus and spec.dcgm_level:
+    node += ["--local"] if job.local else ["--instance-type", itype, "--dcgm-level", str(dcgm_level)]
+    if dcgm_level:
         node += ["--dcgm-json", '"$work/dcgm.json"']
     parts.append("check nodes " + _in_image(spec, ['"${nodes[@]}"'], node) + "\n")
     if spec.gpus:
@@ -204,7 +201,7 @@ def render_preflight_sbatch(spec: PreflightSpec) -> str:
     return "\n".join(parts)
 
 
-def render_preflight_pytorchjob(spec: eks_job.EksJobSpec, *, dcgm_level: int = 0) -> dict:
+def render_preflight_pytorchjob(spec: eks_job.EksJobSpec) -> dict:
     """The EKS preflight: a ``PyTorchJob`` named ``<job>-preflight`` on the training job's pod template,
     run once (no restarts: a failed preflight is a result)."""
     name = f"{spec.name}-preflight"[:63].rstrip("-")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -16,7 +17,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 import aws_cdk as cdk  # noqa: E402
 from survivors import mark_session, survivors  # noqa: E402
 
-from moe_cdk.schema.config import Config, Orchestrator, load_config  # noqa: E402
+from moe_cdk.schema.config import Config, ConfigError, Orchestrator, load_config, parse_config  # noqa: E402
 from moe_cdk.stacks.deployment import build_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +86,12 @@ def resources_of_type(template: dict, type_: str) -> dict[str, dict]:
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def config_errors(base: dict, mutate) -> list[str]:
+    """The error lines of the configuration ``base`` (parsed YAML) after ``mutate(copy)``; it must be refused."""
+    data = copy.deepcopy(base)
+    mutate(data)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    return caught.value.errors

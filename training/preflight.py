@@ -198,12 +198,10 @@ def check_node(
     """Check this node against the catalog's ``instance_type`` (or, ``local``, only the CPU stack)."""
     found = _Findings()
     if local:
+        import torch
         import torch.distributed as dist
 
-        found.facts.append(f"python {platform.python_version()}")
-        import torch
-
-        found.facts.append(f"torch {torch.__version__}")
+        found.facts += [f"python {platform.python_version()}", f"torch {torch.__version__}"]
         if not dist.is_gloo_available():
             found.problems.append(problem("torch was built without gloo", got="no gloo", allowed="gloo").at("gloo"))
         return found.verdict(node)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import zipfile
+from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
@@ -14,6 +16,7 @@ from cdk_nag import AwsSolutionsChecks
 
 from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
+    NODE_EXPORTER_PORTS,
     FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
@@ -24,6 +27,8 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
     provisioning_parameters,
 )
 from moe_cdk.core.problems import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GROUPS = (
     SlurmInstanceGroup(
@@ -476,3 +481,11 @@ def test_observability_lets_the_nodes_read_the_url_and_pull_the_exporters(script
     ]
     resources = json.dumps(statements)
     assert "parameter/t/remote-write" in resources and "602401143452:repository/hyperpod/*" in resources
+
+
+def test_the_exporter_ports_are_the_ones_the_nodes_refuse_for_the_trainer():
+    # node_info.py runs on the nodes outside the package, so it holds its own copy of the list.
+    spec = importlib.util.spec_from_file_location("node_info", ROOT / "lifecycle_scripts/node_info.py")
+    node_info = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(node_info)
+    assert tuple(node_info.EXPORTER_PORTS) == NODE_EXPORTER_PORTS

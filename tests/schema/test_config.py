@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 
 import pytest
 import yaml
-from conftest import ROOT, SHIPPED_CONFIGS
+from conftest import ROOT, SHIPPED_CONFIGS, config_errors
 
 from moe_cdk.core.loader import field_docs
 from moe_cdk.schema import config as config_module
@@ -19,11 +18,7 @@ DEFAULT = yaml.safe_load((ROOT / "config/default.yaml").read_text())
 
 
 def errors_for(mutate) -> list[str]:
-    data = copy.deepcopy(DEFAULT)
-    mutate(data)
-    with pytest.raises(ConfigError) as caught:
-        parse_config(data)
-    return caught.value.errors
+    return config_errors(DEFAULT, mutate)
 
 
 def _set(path: str, value):

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, config_errors as errors_for
 
-from moe_cdk.schema.config import ConfigError, Orchestrator, load_config, parse_config
+from moe_cdk.schema.config import Orchestrator, load_config, parse_config
 
 EKS = yaml.safe_load((ROOT / "config/eks-p5en.yaml").read_text())
 SLURM = yaml.safe_load((ROOT / "config/default.yaml").read_text())
-
-
-def errors_for(base: dict, mutate) -> list[str]:
-    data = copy.deepcopy(base)
-    mutate(data)
-    with pytest.raises(ConfigError) as caught:
-        parse_config(data)
-    return caught.value.errors
 
 
 def test_shipped_eks_configuration_loads():

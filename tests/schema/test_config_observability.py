@@ -6,21 +6,13 @@ import copy
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, config_errors as errors_for
 
-from moe_cdk.schema.config import ConfigError, parse_config
+from moe_cdk.schema.config import parse_config
 
 SLURM = yaml.safe_load((ROOT / "config/default.yaml").read_text())
 EKS = yaml.safe_load((ROOT / "config/eks-p5en.yaml").read_text())
 TRAINING_JOB = yaml.safe_load((ROOT / "config/training-job.yaml").read_text())
-
-
-def errors_for(base: dict, mutate) -> list[str]:
-    data = copy.deepcopy(base)
-    mutate(data)
-    with pytest.raises(ConfigError) as caught:
-        parse_config(data)
-    return caught.value.errors
 
 
 @pytest.mark.parametrize("base", [SLURM, EKS], ids=["slurm", "eks"])
