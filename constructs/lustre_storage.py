@@ -41,7 +41,8 @@ class LustreStorage(Construct):
 
     The file system sits in one private subnet in the compute's availability zone and
     has its own security group, which opens the Lustre ports (all traffic when EFA is
-    on) only to ``client_security_group``. Wire clients through ``connections``, mount
+    on) only to ``client_security_group``; that group is opened to the file system's on the
+    same ports, as the FSx guide requires of Lustre clients. Wire clients through ``connections``, mount
     with ``dns_name`` and ``mount_name``.
     """
 
@@ -85,9 +86,14 @@ class LustreStorage(Construct):
             self.connections.allow_from(clients, ec2.Port.all_traffic(), "EFA from cluster nodes")
             clients.add_ingress_rule(sg, ec2.Port.all_traffic(), "EFA from Lustre servers", remote_rule=True)
         else:
+            # FSx for Lustre User Guide, "Lustre client VPC security group rules": besides the
+            # servers' inbound rules, the clients' group must let the file system's group in on
+            # the same ports, because Lustre servers open connections to clients too (lock
+            # callbacks, recovery). Without them those calls are dropped: evictions or hangs.
             for port in LUSTRE_PORTS:
                 sg.add_ingress_rule(sg, port, "Lustre between file servers")
                 self.connections.allow_from(clients, port, "Lustre from cluster nodes")
+                clients.add_ingress_rule(sg, port, "Lustre from file servers", remote_rule=True)
 
         self.kms_key = props.kms_key or kms.Key(
             self,

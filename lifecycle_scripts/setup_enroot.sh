@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# setup_enroot.sh: point enroot at the instance NVMe, and fix where it keeps credentials.
+# setup_enroot.sh: make sure enroot is installed, point it at the instance NVMe, and fix where it
+# keeps credentials.
 #
-# Source: HyperPod's AMI-based configuration installs enroot (and pyxis, see setup_pyxis.sh)
-# before these scripts run as OnInitComplete (SageMaker Developer Guide, "Getting started with
-# SageMaker HyperPod using the AWS CLI"), so nothing is downloaded here and a node without
-# enroot fails: its jobs could not run their containers. Like AWS's reference
-# (aws-samples/awsome-distributed-training, 1.architectures/5.sagemaker-hyperpod/
-# LifecycleScripts/base-config/utils/install_enroot_pyxis.sh at 7217859), runtime, cache, data
-# and temporary files go to the NVMe at /opt/dlami/nvme. Unlike it, the cache stays on the node
-# rather than on /fsx: a shared cache needs locking that enroot does not do.
+# Whether enroot is already there is left open by AWS's sources: the SageMaker Developer Guide's
+# "Getting started with SageMaker HyperPod using the AWS CLI" lists Enroot among what the AMI-based
+# configuration sets up before OnInitComplete, while the observability extension's README says
+# HyperPod sets up "Slurm and Docker", and AWS's samples install it themselves
+# (aws-samples/awsome-distributed-training at 7217859, 1.architectures/5.sagemaker-hyperpod/
+# LifecycleScripts/base-config/utils/install_enroot_pyxis.sh). So both cases are handled: a node
+# with enroot keeps it; a node without installs what that script installs, the way it does
+# (squashfs-tools, parallel, fuse-overlayfs and squashfuse from Ubuntu's archive, then NVIDIA's
+# enroot and enroot+caps packages), at the versions pinned and checked in node_packages.txt
+# (packages.sh). A failed install stops the node with a hint.
+#
+# Like AWS's reference, runtime, cache, data and temporary files go to the NVMe at /opt/dlami/nvme;
+# first this waits (lib.sh wait_for_nvme, up to 120 s as that script does) for the DLAMI's
+# dlami-nvme.service to mount it, since the lifecycle can run before it has. Unlike it, the cache
+# stays on the node rather than on /fsx: a shared cache needs locking that enroot does not do.
 #
 # ENROOT_CONFIG_PATH is pinned to ${HOME}/.config/enroot (enroot's default when XDG_CONFIG_HOME
 # is unset): AWS's sample enroot.conf moves it to ~/enroot, and the batch script writes each
@@ -22,15 +30,32 @@ set -euo pipefail
 MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "${MOE_LC_DIR}/lib.sh"
+# shellcheck source-path=SCRIPTDIR source=packages.sh
+source "${MOE_LC_DIR}/packages.sh"
 
 readonly BEGIN_MARK="# BEGIN moe-cdk"
 readonly END_MARK="# END moe-cdk"
 
-require_enroot() {
-  if ! command -v enroot >/dev/null 2>&1; then
-    die "enroot is not installed. HyperPod's AMI-based configuration installs enroot and pyxis before OnInitComplete runs these scripts; check the instance group's LifeCycleConfig (OnInitComplete, not OnCreate) and its AMI"
+# The Ubuntu packages AWS's install_enroot_pyxis.sh installs before enroot's own.
+readonly ENROOT_DEPENDENCIES=(squashfs-tools parallel fuse-overlayfs squashfuse)
+
+ensure_enroot() {
+  if command -v enroot >/dev/null 2>&1; then
+    log "enroot $(enroot version 2>/dev/null || echo '(version unknown)') at $(command -v enroot)"
+    return 0
   fi
-  log "enroot $(enroot version 2>/dev/null || echo '(version unknown)') at $(command -v enroot)"
+  log "enroot is not installed; installing enroot $(package_version enroot) (node_packages.txt)"
+  local dir main caps
+  dir="$(mktemp -d "${TMPDIR:-/tmp}/moe-cdk-enroot.XXXXXX")"
+  apt_install "${ENROOT_DEPENDENCIES[@]}"
+  fetch_package_file enroot "${dir}" main
+  fetch_package_file enroot+caps "${dir}" caps
+  apt_install "${main}" "${caps}"
+  rm -rf -- "${dir}"
+  if ! command -v enroot >/dev/null 2>&1; then
+    die "enroot is still not on PATH after installing ${main##*/} and ${caps##*/}: check apt's output above"
+  fi
+  log "installed enroot $(enroot version 2>/dev/null || echo '(version unknown)') at $(command -v enroot)"
 }
 
 # check_data_dir DIR: warn when DIR is meant for the NVMe but the NVMe is not mounted.
@@ -97,8 +122,11 @@ main() {
     log "workload_manager is eks: pods run under containerd and there is no enroot or pyxis; skipping"
     return 0
   fi
-  require_enroot
+  ensure_enroot
   local dir="${MOE_ENROOT_DATA_DIR}"
+  if on_nvme "${dir}"; then
+    wait_for_nvme
+  fi
   check_data_dir "${dir}"
   make_data_dirs "${dir}"
   write_enroot_conf "${dir}"

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# setup_pyxis.sh: make sure Slurm loads pyxis, so that `srun --container-image` works.
+# setup_pyxis.sh: make sure pyxis is installed and Slurm loads it, so that `srun --container-image`
+# works.
 #
-# Source: HyperPod's AMI-based configuration installs enroot and pyxis itself when the
-# lifecycle script runs as OnInitComplete, as these scripts do (SageMaker Developer Guide,
-# "Getting started with SageMaker HyperPod using the AWS CLI": "HyperPod runs the full
-# AMI-based configuration first, then executes your script"; its table lists Enroot and Pyxis).
-# So normally this finds pyxis registered and changes nothing. Where it is not, it registers
-# pyxis the way AWS's reference scripts do (aws-samples/awsome-distributed-training,
-# 1.architectures/5.sagemaker-hyperpod/LifecycleScripts/base-config/utils/
-# install_enroot_pyxis.sh at 7217859): Slurm lives under /opt/slurm, pyxis's own pyxis.conf
-# (`required .../spank_pyxis.so`, which `make install` writes to /usr/local/share/pyxis) is
-# linked as /opt/slurm/etc/plugstack.conf.d/pyxis.conf, and the controller's plugstack.conf
-# includes that file by its full name.
+# Whether HyperPod's AMI-based configuration installs and registers pyxis is left open by AWS's
+# sources (the SageMaker Developer Guide's "Getting started with SageMaker HyperPod using the AWS
+# CLI" lists it; AWS's samples install it themselves: aws-samples/awsome-distributed-training at
+# 7217859, 1.architectures/5.sagemaker-hyperpod/LifecycleScripts/base-config/utils/
+# install_enroot_pyxis.sh). So every case is handled:
+#   * installed: pyxis's shipped pyxis.conf (`required .../spank_pyxis.so`, which `make install`
+#     writes to /usr/local/share/pyxis) exists and names a plugin that exists. Otherwise this node
+#     builds it as that script does: pyxis's source at the tag and commit pinned in
+#     node_packages.txt (packages.sh), CPPFLAGS="-I /opt/slurm/include", `make install`; adds
+#     ConstrainDevices=yes to /opt/slurm/etc/cgroup.conf when it has no such line (the script's
+#     fix for GPU ids inside containers, NVIDIA/pyxis#47); and restarts whichever of slurmctld
+#     and slurmd runs here, as the script does.
+#   * registered: the controller's plugstack.conf names pyxis on a line that is not a comment.
+#     Then it is left alone. Otherwise pyxis is registered as that script does: pyxis.conf is
+#     linked as /opt/slurm/etc/plugstack.conf.d/pyxis.conf and the controller's plugstack.conf
+#     includes that file by its full name.
 #
 # Slurm is configless on HyperPod: slurmd fetches plugstack.conf from slurmctld, but not the
 # files it includes (checked on Slurm 22.05: a configless slurmd's conf-cache holds
@@ -19,10 +25,8 @@
 # (the one slurmctld sends) needs the include line. An explicit name rather than
 # plugstack.conf.d/*: configless Slurm takes the * literally (AWS's
 # utils/slurm_fix_plugstackconf.sh works around exactly that). After changing it, the controller
-# runs `scontrol reconfigure` so the nodes fetch the new file.
-#
-# Nothing is downloaded or built. Without pyxis (no registration, no pyxis.conf) this only
-# warns: the node still runs jobs without containers.
+# waits for slurmctld (which may start after this script, lib.sh wait_for_slurmctld) and runs
+# `scontrol reconfigure` so the nodes fetch the new file.
 #
 # The paths Slurm reads carry ${MOE_LC_ROOT}, because in the tests a real slurmctld reads them.
 set -euo pipefail
@@ -30,11 +34,18 @@ set -euo pipefail
 MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "${MOE_LC_DIR}/lib.sh"
+# shellcheck source-path=SCRIPTDIR source=packages.sh
+source "${MOE_LC_DIR}/packages.sh"
 
 readonly SLURM_ETC="${MOE_LC_ROOT}/opt/slurm/etc"
 readonly PLUGSTACK="${SLURM_ETC}/plugstack.conf"
 readonly PYXIS_LINK="${SLURM_ETC}/plugstack.conf.d/pyxis.conf"
-readonly PYXIS_SHIPPED="${MOE_LC_ROOT}/usr/local/share/pyxis/pyxis.conf"
+readonly PYXIS_PREFIX="${MOE_LC_ROOT}/usr/local"
+readonly PYXIS_SHIPPED="${PYXIS_PREFIX}/share/pyxis/pyxis.conf"
+readonly SLURM_INCLUDE="${MOE_LC_ROOT}/opt/slurm/include"
+readonly CGROUP_CONF="${SLURM_ETC}/cgroup.conf"
+# Set when this run installed pyxis or changed cgroup.conf: the daemons then restart.
+RESTART_SLURM=false
 
 # registered: plugstack.conf (of this node) already names pyxis on a line that is not a comment.
 registered() {
@@ -51,6 +62,57 @@ link_pyxis_conf() {
   log "linked ${PYXIS_LINK} -> ${PYXIS_SHIPPED}"
 }
 
+# installed: pyxis.conf exists and the plugin on its `required` line exists.
+installed() {
+  local plugin
+  [[ -f "${PYXIS_SHIPPED}" ]] || return 1
+  plugin="$(awk '$1 == "required" || $1 == "optional" { print $2; exit }' "${PYXIS_SHIPPED}")"
+  [[ -n "${plugin}" && -e "${plugin}" ]]
+}
+
+install_pyxis() {
+  local tool src
+  for tool in git make gcc; do
+    if ! command -v "${tool}" >/dev/null 2>&1; then
+      die "pyxis is not installed and cannot be built here: ${tool} is missing (HyperPod's AMIs ship git, make and gcc; install build-essential and git, or use an AMI with pyxis)"
+    fi
+  done
+  if [[ ! -f "${SLURM_INCLUDE}/slurm/spank.h" ]]; then
+    die "pyxis is not installed and cannot be built here: ${SLURM_INCLUDE}/slurm/spank.h is missing (pyxis builds against the running Slurm's headers, which HyperPod installs under /opt/slurm/include)"
+  fi
+  log "pyxis is not installed; building pyxis $(package_version pyxis) (node_packages.txt) against ${SLURM_INCLUDE}"
+  src="$(mktemp -d "${TMPDIR:-/tmp}/moe-cdk-pyxis.XXXXXX")"
+  fetch_package_git pyxis "${src}/pyxis"
+  CPPFLAGS="-I ${SLURM_INCLUDE}" make -C "${src}/pyxis" -j "$(nproc)" prefix="${PYXIS_PREFIX}" install
+  rm -rf -- "${src}"
+  if ! installed; then
+    die "pyxis's make install did not leave ${PYXIS_SHIPPED} naming an existing plugin: check the build output above"
+  fi
+  log "installed pyxis: ${PYXIS_SHIPPED} ($(cat -- "${PYXIS_SHIPPED}"))"
+  RESTART_SLURM=true
+}
+
+# constrain_devices: ConstrainDevices=yes in cgroup.conf, where there is one without the key.
+constrain_devices() {
+  if [[ ! -f "${CGROUP_CONF}" ]] || grep -q '^ConstrainDevices' "${CGROUP_CONF}"; then
+    return 0
+  fi
+  printf 'ConstrainDevices=yes\n' >>"${CGROUP_CONF}"
+  log "${CGROUP_CONF}: ConstrainDevices=yes (GPU ids inside pyxis containers, NVIDIA/pyxis#47)"
+  RESTART_SLURM=true
+}
+
+# restart_slurm: restart the Slurm daemons that run on this node, so they load what changed.
+restart_slurm() {
+  local daemon
+  for daemon in slurmctld slurmd; do
+    if systemctl is-active --quiet "${daemon}"; then
+      retry 5 5 systemctl restart "${daemon}"
+      log "restarted ${daemon}"
+    fi
+  done
+}
+
 # include_pyxis: append the include line to the controller's plugstack.conf, in one rename.
 include_pyxis() {
   local tmp
@@ -61,6 +123,7 @@ include_pyxis() {
   printf 'include %s\n' "${PYXIS_LINK}" >>"${tmp}"
   replace_if_changed "${tmp}" "${PLUGSTACK}" 644  # always changed: a line was added
   log "${PLUGSTACK}: include ${PYXIS_LINK}"
+  wait_for_slurmctld
   retry 5 2 scontrol reconfigure
   log "scontrol reconfigure: the nodes fetch the new plugstack.conf"
 }
@@ -77,17 +140,22 @@ main() {
     log "container_runtime.pyxis is false; not registering pyxis with Slurm"
     return 0
   fi
+  if installed; then
+    log "pyxis is installed: ${PYXIS_SHIPPED} ($(cat -- "${PYXIS_SHIPPED}"))"
+  else
+    install_pyxis
+    constrain_devices
+  fi
   if [[ "${MOE_NODE_ROLE}" == "controller" ]] && registered; then
     log "pyxis is already registered in ${PLUGSTACK} (HyperPod's AMI-based configuration)"
-    return 0
+  else
+    link_pyxis_conf
+    if [[ "${MOE_NODE_ROLE}" == "controller" ]]; then
+      include_pyxis
+    fi
   fi
-  if [[ ! -e "${PYXIS_SHIPPED}" && ! -e "${PYXIS_LINK}" ]]; then
-    warn "pyxis is not installed (neither ${PYXIS_LINK} nor ${PYXIS_SHIPPED} exists); srun --container-image will not work"
-    return 0
-  fi
-  link_pyxis_conf
-  if [[ "${MOE_NODE_ROLE}" == "controller" ]]; then
-    include_pyxis
+  if [[ "${RESTART_SLURM}" == "true" ]]; then
+    restart_slurm
   fi
 }
 

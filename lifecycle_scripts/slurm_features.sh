@@ -11,16 +11,23 @@
 # partitions but no features (SageMaker API reference, ClusterSlurmConfig), so features are set
 # at run time. The features come from the node's worker group in the parameters (the CDK
 # construct lists "efa" only for EFA-capable instance types); "efa" is dropped, with a WARNING,
-# when this node shows no EFA device. HyperPod started slurmctld and this node's slurmd before
-# OnInitComplete runs these scripts; the retries (6, about 1.5 minutes) cover a controller that
-# is briefly busy, not one that never starts.
+# when this node shows no EFA device.
+#
+# Slurm may not be up yet: "OnInitComplete and lifecycle scripts can run before or in parallel with
+# Slurm service startup" (AWS's detect-node README, awslabs/awsome-distributed-ai at 95b939c), so
+# each role first waits for Slurm (lib.sh: wait_for_slurmctld on the controller; wait_for_slurmd,
+# which also waits for this node's slurmd to register, on a compute node), up to
+# MOE_LC_SLURM_WAIT_S (600 s), and fails with a hint after that. The retries after it cover a
+# controller that is briefly busy.
 #
 # Features set with `scontrol update` last until slurmctld rereads slurm.conf: on Slurm 22.05
-# `scontrol reconfigure` resets them to slurm.conf's (tests/test_lifecycle_slurm.py shows it),
+# `scontrol reconfigure` resets them to slurm.conf's (tests/lifecycle_scripts/test_lifecycle_slurm.py shows it),
 # and HyperPod reconfigures whenever nodes join or are replaced. A node's Extra field does
 # survive, so each compute node records its features there ("moe-cdk-features:a,b"), and the
 # controller registers a permanent reconfig trigger (strigger --reconfig --flags=PERM) whose
-# program puts them back. Nothing else uses Extra on HyperPod's nodes.
+# program puts them back. Nothing else uses Extra on HyperPod's nodes. Only SlurmUser may set a
+# trigger (strigger(1), unless SlurmUser is root), so it is registered as SlurmUser (lib.sh
+# as_slurm_user) and its program then runs as that user, which may update nodes too.
 set -euo pipefail
 
 MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,8 +35,6 @@ MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 source "${MOE_LC_DIR}/lib.sh"
 
 readonly EXTRA_PREFIX="moe-cdk-features:"
-# HyperPod's Slurm commands, for the trigger program, which runs with slurmctld's environment.
-PATH="${PATH}:/opt/slurm/bin"
 
 # efa_visible: true when an EFA device is visible (and libfabric sees the efa provider,
 # where fi_info is installed).
@@ -67,6 +72,7 @@ compute_node() {
   fi
   joined="$(IFS=,; printf '%s' "${kept[*]}")"
   node="$(hostname -s)"
+  wait_for_slurmd "${node}"
   retry 6 3 set_features "${node}" "${joined}"
   log "node ${node} (partition ${MOE_PARTITION}): AvailableFeatures=${joined} ActiveFeatures=${joined}"
 }
@@ -74,13 +80,14 @@ compute_node() {
 controller_node() {
   # The program runs with slurmctld's environment; MOE_LC_ROOT goes with it (empty on a node).
   local program="/usr/bin/env MOE_LC_ROOT=${MOE_LC_ROOT} /bin/bash ${MOE_LC_DIR}/slurm_features.sh --reapply" triggers
+  wait_for_slurmctld
   triggers="$(retry 6 3 strigger --get)"
   if grep -qF -- "${MOE_LC_DIR}/slurm_features.sh" <<<"${triggers}"; then
     log "the reconfig trigger that restores node features is already registered"
     return 0
   fi
-  retry 6 3 strigger --set --reconfig --flags=PERM --program="${program}"
-  log "registered a permanent reconfig trigger: ${program}"
+  retry 6 3 as_slurm_user strigger --set --reconfig --flags=PERM --program="${program}"
+  log "registered a permanent reconfig trigger as SlurmUser $(slurm_user): ${program}"
 }
 
 # reapply: every node whose Extra names its features gets them back where they were reset.

@@ -12,8 +12,12 @@ and nothing outside the folder is started on a fixed port or socket::
 
 ``stop()`` cancels the cluster's jobs, then ends every process it started and every
 process that still carries its ``SLURM_CONF`` (left-over ``slurmstepd`` and job tasks), each
-by PID, and removes the folder. The settings follow the tested notes in
-``/work/shared/REFERENCE.md`` ("A real Slurm on one machine", Slurm 22.05 on Debian 12).
+by PID, and removes the folder. The settings are Slurm 22.05's on Debian 12, as tested here
+(slurm.conf(5) for each key; the comments below say why each value).
+
+``slurm_user="slurm"`` runs slurmctld as Slurm's own user, as HyperPod's accounting scripts
+configure it, and ``launch_after`` starts the daemons only after a delay, in the background, for
+a node set up before its Slurm is up.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -74,17 +79,27 @@ class JobState(NamedTuple):
     """Every ``key=value`` of the line."""
 
 
+_PORTS_LOCK = threading.Lock()
+_PORTS_GIVEN: set[int] = set()
+
+
 def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """``count`` free loopback ports, none handed out before in this process (clusters may start
+    side by side in threads, and a port closed here could be given to the next caller again)."""
+    with _PORTS_LOCK:
+        sockets, ports = [], []
+        try:
+            while len(ports) < count:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind(("127.0.0.1", 0))
+                sockets.append(s)
+                if s.getsockname()[1] not in _PORTS_GIVEN:
+                    ports.append(s.getsockname()[1])
+            _PORTS_GIVEN.update(ports)
+            return ports
+        finally:
+            for s in sockets:
+                s.close()
 
 
 def ensure_installed() -> None:
@@ -132,6 +147,8 @@ class SlurmCluster:
         job_env: dict[str, str] | None = None,
         etc_dir: Path | None = None,
         configless: bool = False,
+        slurm_user: str = "root",
+        launch_after_s: float | None = None,
     ):
         """``job_env`` is added to the environment of every command, and so of every job
         (sbatch exports it). By default ``OMP_NUM_THREADS=1``: both virtual nodes share this
@@ -141,17 +158,29 @@ class SlurmCluster:
         e.g. a node sandbox's ``opt/slurm/etc``, HyperPod's Slurm prefix. An existing
         plugstack.conf there is kept. ``configless`` runs the cluster as HyperPod's is: slurmctld
         with ``SlurmctldParameters=enable_configless``, and each slurmd with ``--conf-server``
-        and no slurm.conf of its own, caching what slurmctld sends in its spool folder."""
+        and no slurm.conf of its own, caching what slurmctld sends in its spool folder.
+
+        ``slurm_user`` is ``SlurmUser``: ``root``, or ``slurm`` (Debian's package user), under
+        which slurmctld drops to that user; its state and log folders are then that user's, and
+        ``etc_dir`` must be readable by it (a pytest ``tmp_path`` is not: it sits in a 0700 folder).
+        ``launch_after_s`` writes the configuration at once but starts the daemons that many
+        seconds later, in the background (``wait_launched`` waits for them)."""
         self.startup_timeout = startup_timeout
         self.job_env = {"OMP_NUM_THREADS": "1"} if job_env is None else dict(job_env)
         self.etc_dir = etc_dir
         self.configless = configless
+        self.slurm_user = slurm_user
+        self.launch_after_s = launch_after_s
         self.ctld_port = 0
         self.dir: Path | None = None
         self.conf: Path | None = None
         self.env: dict[str, str] = {}
         self._procs: dict[str, subprocess.Popen] = {}
         self._stopped = False
+        self._launcher: threading.Thread | None = None
+        self._launch_error: BaseException | None = None
+        self._launched = threading.Event()
+        self._stopping = threading.Event()
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -167,13 +196,48 @@ class SlurmCluster:
         self.stop()
 
     def start(self) -> SlurmCluster:
+        self._prepare()
+        if self.launch_after_s is None:
+            self._launch()
+        else:
+            self._launcher = threading.Thread(target=self._launch_later, daemon=True)
+            self._launcher.start()
+        return self
+
+    def wait_launched(self, timeout: float = 120.0) -> None:
+        """With ``launch_after_s``: wait until the daemons are up; raise what stopped them."""
+        if self._launcher is not None:
+            deadline = time.monotonic() + timeout
+            while not self._launched.wait(0.2) and self._launcher.is_alive():
+                if time.monotonic() > deadline:
+                    raise SlurmUnavailable(f"the daemons were not up {timeout}s after launch_after_s")
+        if self._launch_error is not None:
+            raise self._launch_error
+
+    def _launch_later(self) -> None:
+        time.sleep(self.launch_after_s or 0)
+        try:
+            if not self._stopped:
+                self._launch()
+        except BaseException as error:  # handed to wait_launched, in the test's thread
+            self._launch_error = error
+            return
+        # The daemons get SIGTERM when the thread that started them ends (PR_SET_PDEATHSIG follows
+        # the thread, not the process), so this thread lives until stop().
+        self._launched.set()
+        self._stopping.wait()
+
+    def _prepare(self) -> None:
         ensure_installed()
         if os.geteuid() != 0:
             raise SlurmUnavailable("starting munged as the munge user and slurmd needs root")
         try:
             munge = pwd.getpwnam("munge")
+            owner = pwd.getpwnam(self.slurm_user)
         except KeyError as error:
-            raise SlurmUnavailable("the munge user does not exist (is the munge package installed?)") from error
+            raise SlurmUnavailable(
+                f"user {error} does not exist (are the munge and slurm packages installed?)"
+            ) from error
         atexit.register(self.stop)
         self.dir = Path(tempfile.mkdtemp(prefix="moeci-slurm-"))
         self.dir.chmod(0o755)  # munged runs as munge and must reach its folder
@@ -188,30 +252,40 @@ class SlurmCluster:
         munge_dir = self.dir / "munge"
         munge_dir.mkdir()
         munge_dir.chmod(0o755)  # munged: "execute permissions for all required" on the socket folder
-        key = munge_dir / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o600)
-        for path in (munge_dir, key):
+        self.munge_key = munge_dir / "munge.key"
+        self.munge_key.write_bytes(os.urandom(1024))
+        self.munge_key.chmod(0o600)
+        for path in (munge_dir, self.munge_key):
             os.chown(path, munge.pw_uid, munge.pw_gid)
+        self._munge = munge
         # munge's default socket name: a configless slurmd asks for its configuration before it
         # knows AuthInfo, so it looks for /run/munge/munge.socket.2 (see _spawn_slurmd).
         self.munge_socket = munge_dir / "munge.socket.2"
         for sub in ("ctld", "spool/node1", "spool/node2", "logs"):
             (self.dir / sub).mkdir(parents=True)
+        # slurmctld writes its state, pid file and log as SlurmUser (a root-owned folder fails).
+        for sub in ("ctld", "logs"):
+            os.chown(self.dir / sub, owner.pw_uid, owner.pw_gid)
         if not self.plugstack.exists():
             self.plugstack.write_text("")  # no SPANK plugins from /etc/slurm
         self.conf.write_text(self._slurm_conf())
+        if self.slurm_user != "root":
+            readable = subprocess.run(["runuser", "-u", self.slurm_user, "--", "test", "-r", str(self.conf)])
+            if readable.returncode != 0:
+                raise SlurmUnavailable(f"{self.conf} is not readable by SlurmUser {self.slurm_user}: open its folders")
 
+    def _launch(self) -> None:
+        munge = self._munge
         self._spawn(
             "munged",
             [
                 "munged",
                 "--foreground",
                 f"--socket={self.munge_socket}",
-                f"--key-file={key}",
-                f"--pid-file={munge_dir / 'munged.pid'}",
-                f"--log-file={munge_dir / 'munged.log'}",
-                f"--seed-file={munge_dir / 'munged.seed'}",
+                f"--key-file={self.munge_key}",
+                f"--pid-file={self.munge_socket.parent / 'munged.pid'}",
+                f"--log-file={self.munge_socket.parent / 'munged.log'}",
+                f"--seed-file={self.munge_socket.parent / 'munged.seed'}",
             ],
             user=munge.pw_uid,
             group=munge.pw_gid,
@@ -223,7 +297,6 @@ class SlurmCluster:
         for node in NODES:
             self._spawn_slurmd(node)
         self._wait(self._nodes_idle, "node1 and node2 to become idle", "slurmd-node1")
-        return self
 
     def stop(self) -> None:
         """Cancel every job, end every process this cluster started (by PID), remove its folder."""
@@ -245,6 +318,7 @@ class SlurmCluster:
         # slurmstepd double-forks away from slurmd; it and any job task it left carry our SLURM_CONF.
         for pid in self.stray_pids():
             _terminate(pid)
+        self._stopping.set()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
         atexit.unregister(self.stop)
@@ -335,7 +409,7 @@ class SlurmCluster:
             "ClusterName=moeci",
             "SlurmctldHost=localhost",  # the container's hostname may not resolve
             f"SlurmctldPort={self.ctld_port}",
-            "SlurmUser=root",
+            f"SlurmUser={self.slurm_user}",
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -344,7 +418,7 @@ class SlurmCluster:
             f"AuthInfo=socket={self.munge_socket},cred_expire=5",
             f"StateSaveLocation={d / 'ctld'}",
             f"SlurmdSpoolDir={d / 'spool'}/%n",
-            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmctldPidFile={d / 'ctld' / 'slurmctld.pid'}",
             f"SlurmdPidFile={d}/slurmd-%n.pid",
             f"SlurmctldLogFile={d / 'logs' / 'slurmctld.log'}",
             f"SlurmdLogFile={d / 'logs'}/slurmd-%n.log",

@@ -71,6 +71,21 @@ def test_lustre_ports_open_to_the_client_group_only(built, port):
     )
 
 
+@pytest.mark.parametrize("port", [(988, 988), (1018, 1023)])
+def test_client_group_lets_the_file_servers_in_on_the_lustre_ports(built, port):
+    # FSx for Lustre User Guide, "Lustre client VPC security group rules".
+    built[1].has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "IpProtocol": "tcp",
+            "FromPort": port[0],
+            "ToPort": port[1],
+            "GroupId": {"Fn::GetAtt": [Match.string_like_regexp("^Clients"), "GroupId"]},
+            "SourceSecurityGroupId": {"Fn::GetAtt": [Match.string_like_regexp("^LustreSecurityGroup"), "GroupId"]},
+        },
+    )
+
+
 def test_no_cidr_ingress_on_the_file_system_group(built):
     groups = built[1].find_resources(
         "AWS::EC2::SecurityGroup", {"Properties": {"GroupDescription": Match.string_like_regexp("FSx")}}

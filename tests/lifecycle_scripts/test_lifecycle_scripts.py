@@ -31,6 +31,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from node_packages import ENROOT_VERSION, enroot_debs, manifest, pyxis_repo
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "lifecycle_scripts"
@@ -143,7 +144,25 @@ case "${name}" in
   *) echo "An error occurred (ParameterNotFound)" >&2; exit 254 ;;
 esac
 """,
-    "scontrol": "exit 0\n",
+    # A Slurm that is up (MOE_STUB_SLURM_USER: its SlurmUser), down with MOE_STUB_SLURM_DOWN=1, or up
+    # only MOE_STUB_SLURM_UP_AFTER_S seconds after its first call; updates and reconfigure succeed.
+    "scontrol": r"""
+down="${MOE_STUB_SLURM_DOWN:-0}"
+if [ -n "${MOE_STUB_SLURM_UP_AFTER_S:-}" ]; then
+  [ -f "${MOE_STUB_STATE}/slurm_since" ] || date +%s >"${MOE_STUB_STATE}/slurm_since"
+  [ $(($(date +%s) - $(cat "${MOE_STUB_STATE}/slurm_since"))) -ge "${MOE_STUB_SLURM_UP_AFTER_S}" ] || down=1
+fi
+if [ "${down}" = 1 ]; then
+  echo "slurm_load_ctl_conf error: Unable to contact slurm controller" >&2
+  exit 1
+fi
+case "$1 $2" in
+  "ping "*) echo "Slurmctld(primary) at localhost is UP" ;;
+  "show node") echo "NodeName=$4 Arch=x86_64 State=IDLE ThreadsPerCore=1" ;;
+  "show config") echo "SlurmUser               = ${MOE_STUB_SLURM_USER:-root}(0)" ;;
+esac
+exit 0
+""",
     "strigger": r"""
 touch "${MOE_STUB_STATE}/triggers"
 case "$1" in
@@ -168,6 +187,38 @@ if [ "$1" = is-active ]; then
   for unit in ${MOE_STUB_ACTIVE-containerd}; do [ "${unit}" = "$3" ] && exit 0; done
   exit 3
 fi
+# show dlami-nvme: MOE_STUB_NVME_UNIT is "none" (default: no such unit), or "late:N": the unit is
+# still starting for N-1 queries, then has mounted the NVMe (added to the stub mount table).
+if [ "$1 $2" = "show dlami-nvme" ]; then
+  case "${MOE_STUB_NVME_UNIT:-none}" in
+    none) printf 'LoadState=not-found\nActiveState=inactive\nExecMainStatus=0\n' ;;
+    late:*)
+      polls=$(( $(cat "${MOE_STUB_STATE}/nvme_polls" 2>/dev/null || echo 0) + 1 ))
+      echo "${polls}" >"${MOE_STUB_STATE}/nvme_polls"
+      if [ "${polls}" -ge "${MOE_STUB_NVME_UNIT#late:}" ]; then
+        grep -qxF "${MOE_LC_ROOT}/opt/dlami/nvme" "${MOE_STUB_STATE}/mounts" \
+          || echo "${MOE_LC_ROOT}/opt/dlami/nvme" >>"${MOE_STUB_STATE}/mounts"
+        printf 'LoadState=loaded\nActiveState=active\nExecMainStatus=0\n'
+      else
+        printf 'LoadState=loaded\nActiveState=activating\nExecMainStatus=0\n'
+      fi
+      ;;
+  esac
+fi
+exit 0
+""",
+    # Ubuntu's apt-get: package names are only recorded; a .deb file is unpacked into the sandbox
+    # (dpkg-deb, the real one) and its usr/bin commands are put on PATH.
+    "apt-get": r"""
+[ "${MOE_STUB_APT_RC:-0}" = 0 ] || { echo "E: Unable to locate package" >&2; exit "${MOE_STUB_APT_RC}"; }
+for arg; do
+  case "${arg}" in
+    *.deb)
+      dpkg-deb -x "${arg}" "${MOE_LC_ROOT}"
+      for command in "${MOE_LC_ROOT}"/usr/bin/*; do ln -sf "${command}" "$(dirname "$0")/"; done
+      ;;
+  esac
+done
 exit 0
 """,
 }
@@ -187,13 +238,15 @@ class Sandbox:
         for folder in (self.bin, self.state):
             folder.mkdir(parents=True)
         shutil.copytree(SCRIPTS, self.lc, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        self.pin_packages()
         self.write_params(PARAMS if params is None else params)
         self.write("opt/ml/config/resource_config.json", json.dumps(resource or resource_config()))
         if instance_id:
             self.write("sys/devices/virtual/dmi/id/board_asset_tag", instance_id + "\n")
         (self.root / "sys/class/infiniband/rdmap0s6").mkdir(parents=True)
         (self.root / "opt/dlami/nvme").mkdir(parents=True)
-        self.write("usr/local/share/pyxis/pyxis.conf", "required /usr/local/lib/slurm/spank_pyxis.so\n")
+        self.write("usr/local/lib/slurm/spank_pyxis.so", "")
+        self.write("usr/local/share/pyxis/pyxis.conf", f"required {self.root}/usr/local/lib/slurm/spank_pyxis.so\n")
         self.write("etc/fstab", STOCK_FSTAB)
         self.write("etc/enroot/enroot.conf", STOCK_ENROOT_CONF)
         (self.state / "mounts").write_text(f"{self.root}/opt/dlami/nvme\n")
@@ -209,6 +262,28 @@ class Sandbox:
         path.write_text(text)
         return path
 
+    def pin_packages(self, *, enroot=None, pyxis=None, enroot_check: str | None = None) -> None:
+        """The sandbox's node_packages.txt: the stand-ins given (node_packages.py), the rest absent."""
+        (self.lc / "node_packages.txt").write_text(
+            manifest(enroot=enroot, pyxis=pyxis, base=self.base, enroot_check=enroot_check)
+        )
+
+    def without(self, *commands: str) -> str:
+        """A PATH of the sandbox's stubs and the system's folders on which none of ``commands`` is found."""
+        for name in commands:
+            (self.bin / name).unlink(missing_ok=True)
+        path = os.pathsep.join(
+            [str(self.bin), os.path.dirname(shutil.which("python3")), "/usr/sbin:/usr/bin:/sbin:/bin"]
+        )
+        assert all(shutil.which(name, path=path) is None for name in commands), commands
+        return path
+
+    def records(self, result: subprocess.CompletedProcess) -> list[dict]:
+        """The step records (lib.sh) the run printed, in order."""
+        marker = " moe-cdk-step "
+        lines = (result.stdout + result.stderr).splitlines()
+        return [json.loads(line.split(marker, 1)[1]) for line in lines if marker in line]
+
     def write_params(self, params: dict) -> None:
         (self.lc / "provisioning_parameters.json").write_text(json.dumps(params, indent=2))
 
@@ -218,6 +293,7 @@ class Sandbox:
             PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}",
             MOE_LC_ROOT=str(self.root),
             MOE_LC_RETRY_DELAY_SCALE="0",
+            MOE_LC_POLL_S="1",
             MOE_STUB_CALLS=str(self.state / "calls.log"),
             MOE_STUB_STATE=str(self.state),
             TMPDIR=str(self.base),
@@ -326,7 +402,7 @@ def test_compute_node_installs_efa_env(compute_run):
 
 def test_compute_node_sets_slurm_features(compute_run):
     box, _ = compute_run
-    assert box.calls("scontrol") == [
+    assert box.calls("scontrol update") == [
         "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=efa,p5en,gpu ActiveFeatures=efa,p5en,gpu "
         "Extra=moe-cdk-features:efa,p5en,gpu"
     ]
@@ -376,7 +452,7 @@ def test_controller_includes_pyxis_in_its_plugstack_and_reconfigures(tmp_path):
     assert box.read("opt/slurm/etc/plugstack.conf") == (
         f"# HyperPod's plugstack.conf\ninclude {box.root}/opt/slurm/etc/plugstack.conf.d/pyxis.conf\n"
     )
-    assert box.calls("scontrol") == ["scontrol reconfigure"]
+    assert box.calls("scontrol reconfigure") == ["scontrol reconfigure"] and box.calls("scontrol update") == []
 
 
 def test_controller_leaves_hyperpods_pyxis_registration_alone(tmp_path):
@@ -385,7 +461,7 @@ def test_controller_leaves_hyperpods_pyxis_registration_alone(tmp_path):
     box.write("opt/slurm/etc/plugstack.conf", registered)
     result = succeeded(box.on_create())
     assert "pyxis is already registered" in result.stdout
-    assert box.read("opt/slurm/etc/plugstack.conf") == registered and box.calls("scontrol") == []
+    assert box.read("opt/slurm/etc/plugstack.conf") == registered and box.calls("scontrol reconfigure") == []
 
 
 def test_controller_registers_the_feature_trigger_once(tmp_path):
@@ -439,7 +515,7 @@ def test_efa_feature_dropped_without_efa_device(sandbox):
     shutil.rmtree(sandbox.root / "sys/class/infiniband")
     result = succeeded(sandbox.on_create())
     assert "WARNING: dropping the efa feature" in result.stdout
-    assert sandbox.calls("scontrol") == [
+    assert sandbox.calls("scontrol update") == [
         "scontrol update NodeName=ip-10-0-64-11 AvailableFeatures=p5en,gpu ActiveFeatures=p5en,gpu "
         "Extra=moe-cdk-features:p5en,gpu"
     ]
@@ -448,7 +524,7 @@ def test_efa_feature_dropped_without_efa_device(sandbox):
 def test_efa_feature_dropped_when_fi_info_fails(sandbox):
     result = succeeded(sandbox.on_create(MOE_STUB_FI_INFO_RC="1"))
     assert "WARNING: fi_info -p efa failed" in result.stdout
-    assert "AvailableFeatures=p5en,gpu" in sandbox.calls("scontrol")[0]
+    assert "AvailableFeatures=p5en,gpu" in sandbox.calls("scontrol update")[0]
 
 
 def test_enroot_warns_when_nvme_is_not_mounted(sandbox):
@@ -460,14 +536,148 @@ def test_enroot_warns_when_nvme_is_not_mounted(sandbox):
     )
 
 
-def test_missing_enroot_fails_without_downloading(sandbox):
-    (sandbox.bin / "enroot").unlink()
-    bare_path = f"{sandbox.bin}{os.pathsep}{os.path.dirname(shutil.which('python3'))}{os.pathsep}/usr/bin:/bin"
-    result = sandbox.on_create(PATH=bare_path)
-    assert shutil.which("enroot", path=bare_path) is None
+def test_nvme_mounted_late_is_waited_for(sandbox):
+    # AWS's install_enroot_pyxis.sh waits up to 120 s for dlami-nvme.service "to combat race condition".
+    (sandbox.state / "mounts").write_text("")
+    result = succeeded(sandbox.on_create(MOE_STUB_NVME_UNIT="late:3"))
+    assert "waiting for dlami-nvme.service to mount /opt/dlami/nvme" in result.stdout
+    assert "ROOT VOLUME" not in result.stdout
+    assert "enroot data goes to the instance NVMe: /opt/dlami/nvme/enroot" in result.stdout
+
+
+def test_no_nvme_unit_means_no_wait(sandbox):
+    (sandbox.state / "mounts").write_text("")
+    result = succeeded(sandbox.on_create())
+    assert "waiting for dlami-nvme" not in result.stdout and "ROOT VOLUME" in result.stdout
+
+
+def test_missing_enroot_is_installed_from_the_pinned_packages(sandbox):
+    path = sandbox.without("enroot")
+    debs = enroot_debs(sandbox.base / "packages")
+    sandbox.pin_packages(enroot=debs)
+    result = succeeded(sandbox.on_create(PATH=path))
+    dependencies, packages = sandbox.calls("apt-get")
+    assert dependencies == (
+        "apt-get -y -q -o DPkg::Lock::Timeout=120 install squashfs-tools parallel fuse-overlayfs squashfuse"
+    )
+    assert [Path(f).name for f in packages.split(" install ")[1].split()] == [debs[0].name, debs[1].name]
+    assert f"enroot {ENROOT_VERSION}: sha256:" in result.stdout and "as pinned" in result.stdout
+    assert f"installed enroot {ENROOT_VERSION}" in result.stdout
+    assert sandbox.read("etc/enroot/enroot.conf").startswith("# BEGIN moe-cdk")
+
+
+def test_enroot_package_with_another_digest_is_refused(sandbox):
+    path = sandbox.without("enroot")
+    sandbox.pin_packages(enroot=enroot_debs(sandbox.base / "packages"), enroot_check="sha256:" + "0" * 64)
+    result = sandbox.on_create(PATH=path)
     assert result.returncode != 0
-    assert "enroot is not installed. HyperPod's AMI-based configuration installs enroot" in result.stdout
-    assert "step:        setup_enroot" in result.stderr
+    (failed,) = [r for r in sandbox.records(result) if r["outcome"] == "failed"]
+    assert failed["step"] == "setup_enroot" and failed["node"] == "i-0456" and failed["group"] == "gpu"
+    assert (
+        failed["hint"].startswith(f"enroot {ENROOT_VERSION} from file://")
+        and "not the pinned sha256:000" in failed["hint"]
+    )
+    assert "nothing was installed" in failed["hint"]
+    assert len(sandbox.calls("apt-get")) == 1  # the Ubuntu dependencies only, not the refused file
+
+
+def test_enroot_package_without_a_pinned_digest_is_installed_with_a_warning(sandbox):
+    path = sandbox.without("enroot")
+    sandbox.pin_packages(enroot=enroot_debs(sandbox.base / "packages"), enroot_check="-")
+    result = succeeded(sandbox.on_create(PATH=path))
+    assert (
+        "WARNING: enroot 3.4.1: " in result.stdout
+        and "pinned by version only; it downloaded as sha256:" in result.stdout
+    )
+
+
+def test_enroot_that_cannot_be_downloaded_fails_with_a_hint(sandbox):
+    result = sandbox.on_create(PATH=sandbox.without("enroot"))
+    assert result.returncode != 0
+    (failed,) = [r for r in sandbox.records(result) if r["outcome"] == "failed"]
+    assert failed["step"] == "setup_enroot" and "curl -fsSL" in failed["hint"]
+    assert "enroot could not be found or installed" in failed["hint"]
+
+
+def without_pyxis(box: Sandbox) -> None:
+    """No pyxis on the node; Slurm's headers (Debian's libslurm-dev) where HyperPod keeps them."""
+    (box.root / "usr/local/share/pyxis/pyxis.conf").unlink()
+    (box.root / "usr/local/lib/slurm/spank_pyxis.so").unlink()
+    assert Path("/usr/include/slurm/spank.h").is_file(), "libslurm-dev is needed: make system-packages installs it"
+    (box.root / "opt/slurm").mkdir(parents=True, exist_ok=True)
+    (box.root / "opt/slurm/include").symlink_to("/usr/include")
+
+
+def test_missing_pyxis_is_built_from_the_pinned_commit(sandbox):
+    without_pyxis(sandbox)
+    sandbox.pin_packages(pyxis=pyxis_repo(sandbox.base / "packages"))
+    sandbox.write("opt/slurm/etc/cgroup.conf", "CgroupPlugin=autodetect\n")
+    result = succeeded(sandbox.on_create(MOE_STUB_ACTIVE="slurmd"))
+    plugin = sandbox.root / "usr/local/lib/slurm/spank_pyxis.so"
+    assert sandbox.read("usr/local/share/pyxis/pyxis.conf") == f"required {plugin}\n"
+    assert plugin.read_bytes()[:4] == b"\x7fELF"  # built here, by the source's own make install
+    assert "pyxis 0.19.0: commit " in result.stdout and " as pinned" in result.stdout
+    assert sandbox.read("opt/slurm/etc/cgroup.conf") == "CgroupPlugin=autodetect\nConstrainDevices=yes\n"
+    assert sandbox.calls("systemctl restart") == ["systemctl restart slurmd"]
+
+
+def test_pyxis_tag_at_another_commit_is_refused(sandbox):
+    without_pyxis(sandbox)
+    repo, _ = pyxis_repo(sandbox.base / "packages")
+    sandbox.pin_packages(pyxis=(repo, "1" * 40))
+    result = sandbox.on_create()
+    (failed,) = [r for r in sandbox.records(result) if r["outcome"] == "failed"]
+    assert failed["step"] == "setup_pyxis" and f"not the pinned {'1' * 40}: nothing was built" in failed["hint"]
+    assert not (sandbox.root / "usr/local/share/pyxis/pyxis.conf").exists()
+
+
+def test_pyxis_already_installed_is_not_rebuilt(compute_run):
+    box, result = compute_run
+    assert "pyxis is installed: " in result.stdout and box.calls("systemctl restart") == []
+
+
+def test_successful_run_records_every_step_once(compute_run):
+    box, result = compute_run
+    records = box.records(result)
+    assert [r["step"] for r in records] == [
+        "validate",
+        "node_info",
+        "efa_env",
+        "mount_fsx",
+        "setup_enroot",
+        "setup_pyxis",
+        "slurm_features",
+        "observability",
+    ]
+    assert {r["outcome"] for r in records} == {"ok"} and {r["node"] for r in records} == {"i-0456"}
+    assert all(isinstance(r["seconds"], int) and "hint" not in r for r in records)
+
+
+def test_failed_step_record_carries_a_hint_with_quotes_escaped(sandbox):
+    sandbox.write("opt/ml/config/resource_config.json", "{}")
+    result = sandbox.on_create()
+    (failed,) = [r for r in sandbox.records(result) if r["outcome"] == "failed"]
+    assert failed["step"] == "node_info" and "'python3 " in failed["hint"]
+    assert "the cluster's instance groups and the configuration must have the same names" in failed["hint"]
+
+
+def test_slurm_that_comes_up_after_the_retries_is_waited_for(sandbox):
+    # Finding 2: the retries alone (6 attempts) gave up on a Slurm that starts after the lifecycle.
+    # Against a real Slurm each failed attempt also takes scontrol's own ~9 s timeout, so the old
+    # code outlasted about a minute there (test_node_matrix's 60 s late start passes without the fix);
+    # this Slurm fails fast, as one does that is not listening yet, and answers 4 s after its first call.
+    result = succeeded(sandbox.on_create(MOE_STUB_SLURM_UP_AFTER_S="4"))
+    assert "waiting for slurmctld to answer (scontrol ping)" in result.stdout
+    assert len(sandbox.calls("scontrol update")) == 1
+
+
+def test_slurm_that_never_answers_fails_the_step_with_a_hint(sandbox):
+    result = sandbox.on_create(MOE_STUB_SLURM_DOWN="1", MOE_LC_SLURM_WAIT_S="2")
+    assert result.returncode != 0
+    (failed,) = [r for r in sandbox.records(result) if r["outcome"] == "failed"]
+    assert failed["step"] == "slurm_features"
+    assert failed["hint"].startswith("slurmctld did not answer 'scontrol ping' within 2s: check that it runs")
+    assert sandbox.calls("scontrol update") == []
 
 
 def test_invalid_parameters_stop_before_any_change(sandbox):
@@ -607,11 +817,37 @@ def script_files() -> list[Path]:
     return sorted(p for p in SCRIPTS.iterdir() if p.suffix in (".sh", ".py"))
 
 
-def test_scripts_download_nothing():
+def test_only_packages_sh_downloads_and_only_what_the_manifest_pins():
+    # Software a node lacks comes from node_packages.txt through packages.sh; no other script downloads.
     for path in script_files():
+        if path.name == "packages.sh":
+            continue
         text = path.read_text().lower()
         for forbidden in ("curl", "wget", "git clone", "github.com"):
             assert forbidden not in text, f"{path.name} mentions {forbidden!r}"
+    fetched = (SCRIPTS / "packages.sh").read_text()
+    assert fetched.count("curl ") == 1 and fetched.count(" clone --") == 1 and "github.com" not in fetched
+
+
+def test_the_manifest_pins_what_aws_reference_installs():
+    # aws-samples/awsome-distributed-training at 7217859, base-config/utils/install_enroot_pyxis.sh:
+    # ENROOT_VERSION=3.4.1 (release packages enroot and enroot+caps), PYXIS_VERSION=v0.19.0 (git).
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in (SCRIPTS / "node_packages.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert rows["enroot"][:2] == [
+        "3.4.1",
+        "https://github.com/NVIDIA/enroot/releases/download/v3.4.1/enroot_3.4.1-1_{arch}.deb",
+    ]
+    assert rows["enroot+caps"][0] == "3.4.1" and rows["enroot+caps"][1].endswith("/enroot+caps_3.4.1-1_{arch}.deb")
+    # The v0.19.0 tag's commit in NVIDIA/pyxis's history.
+    assert rows["pyxis"] == [
+        "0.19.0",
+        "https://github.com/NVIDIA/pyxis.git",
+        "commit:e006b893e4b63303da154bf1800076dcd6a64bc9",
+    ]
 
 
 def test_shellcheck_passes():

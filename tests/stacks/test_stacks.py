@@ -44,6 +44,20 @@ def test_lustre_ports_are_opened_to_the_node_security_group(default_synth):
     assert {port for port, s in sources if "NodeSecurityGroup" in s} == {988, 1018} and node_group
 
 
+def test_node_security_group_lets_the_file_servers_in_on_the_lustre_ports(default_synth):
+    # The Lustre client rules (FSx for Lustre User Guide, "Lustre client VPC security group rules"): the
+    # rule lives in the storage stack, beside the file system's group, and names the node group by its export.
+    _, templates = default_synth
+    rules = resources_of_type(templates["moe-storage"], "AWS::EC2::SecurityGroupIngress").values()
+    into_nodes = {
+        (r["Properties"]["FromPort"], r["Properties"]["ToPort"])
+        for r in rules
+        if "NodeSecurityGroup" in json.dumps(r["Properties"]["GroupId"])
+        and "LustreSecurityGroup" in json.dumps(r["Properties"]["SourceSecurityGroupId"])
+    }
+    assert into_nodes == {(988, 988), (1018, 1023)}
+
+
 def test_stacks_target_the_configured_region_without_lookups(default_synth):
     outdir, _ = default_synth
     manifest = read_json(outdir / "manifest.json")
