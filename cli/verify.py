@@ -1,5 +1,6 @@
 """``moe-cdk verify render``: the preflight job (jobs/preflight_job.py) for a HyperPod configuration, over
-the nodes and image its training job uses: an sbatch script on Slurm, a Kubeflow PyTorchJob on EKS."""
+the nodes and image its training job uses: an sbatch script on Slurm; on EKS a Kubeflow PyTorchJob and an
+MPIJob for nccl-tests, in one file for kubectl apply -f."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _slurm(args: argparse.Namespace, config) -> tuple[str, str]:
 
 def _eks(args: argparse.Namespace, config) -> tuple[str, str]:
     from moe_cdk.jobs.eks_job import job_spec_from_config, to_yaml
-    from moe_cdk.jobs.preflight_job import render_preflight_pytorchjob
+    from moe_cdk.jobs.preflight_job import render_preflight_mpijob, render_preflight_pytorchjob
 
     if args.local or not args.image:
         raise ConfigError(
@@ -73,15 +74,21 @@ def _eks(args: argparse.Namespace, config) -> tuple[str, str]:
     spec = job_spec_from_config(config, image=args.image, group=args.group, name=args.job_name, nodes=args.nodes)
     if problems := spec.problems():
         raise ConfigError(problems)
-    job = render_preflight_pytorchjob(spec)
-    return to_yaml(job), f"PyTorchJob {job['metadata']['name']}, {spec.nodes} pod(s) of {spec.instance_type}"
+    job, nccl = render_preflight_pytorchjob(spec), render_preflight_mpijob(spec)
+    return (
+        f"{to_yaml(job)}---\n{to_yaml(nccl)}",
+        f"PyTorchJob {job['metadata']['name']} and MPIJob {nccl['metadata']['name']} (nccl-tests), "
+        f"{spec.nodes} pod(s) of {spec.instance_type}",
+    )
 
 
 def add_parser(subcommands) -> argparse.ArgumentParser:
     """Register ``verify render`` on an argparse subparsers object."""
     verify = subcommands.add_parser("verify", help="the preflight job that proves GPUs, EFA and NCCL before training")
     commands = verify.add_subparsers(dest="verify_command", required=True, metavar="COMMAND")
-    parser = commands.add_parser("render", help="write the preflight for the compute group (sbatch or PyTorchJob)")
+    parser = commands.add_parser(
+        "render", help="write the preflight for the compute group (sbatch, or PyTorchJob and MPIJob)"
+    )
     parser.add_argument("--config", required=True, help="infrastructure YAML, e.g. config/default.yaml")
     parser.add_argument("--image", help="training image URI (the storage stack's TrainingImageUri); not with --local")
     parser.add_argument(

@@ -231,10 +231,19 @@ def _trainer_args(spec: EksJobSpec) -> list[str]:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Writes repeated pod templates out in full: kubectl and reviewers read no YAML anchors."""
+    """Writes repeated pod templates out in full: kubectl and reviewers read no YAML anchors; a script
+    of several lines as a literal block, line by line."""
 
     def ignore_aliases(self, data) -> bool:
         return True
+
+
+def _literal_scripts(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _literal_scripts)
 
 
 def to_yaml(document: dict) -> str:

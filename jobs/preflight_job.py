@@ -23,11 +23,19 @@ A ``local`` preflight is the CPU variant for a cluster without GPUs or EFA (the 
 start): step 2 checks the interpreter, torch and gloo, steps 1 and 3 are left out, and step 4 runs over
 gloo with one rank per node.
 
-On EKS it is a Kubeflow ``PyTorchJob`` (``render_preflight_pytorchjob``) with the training job's pod
-template: each pod runs ``moe-preflight node``, then ``torchrun`` starts ``moe-preflight collectives``
-over every pod (after ``--``, or torchrun takes the checks' options for its own abbreviated ones).
-nccl-tests needs an MPI launcher across pods, which the HyperPod EKS cluster does not install, so
-there the torch collectives, whose NCCL log is checked for EFA, measure the fabric.
+On EKS it is two jobs on the training job's pod template:
+
+- a Kubeflow ``PyTorchJob`` (``render_preflight_pytorchjob``): each pod runs ``moe-preflight node``, then
+  ``torchrun`` starts ``moe-preflight collectives`` over every pod (after ``--``, or torchrun takes the
+  checks' options for its own abbreviated ones);
+- an ``MPIJob`` (kubeflow.org/v2beta1, ``render_preflight_mpijob``) for nccl-tests, as AWS runs them on EKS
+  (awslabs/awsome-distributed-ai at 95b939c, micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml). The MPI
+  operator comes with HyperPod's dependencies chart (sagemaker-hyperpod-cli at the commit rules/eks.py pins,
+  charts/mpi-operator, v0.5.0, enabled by default). Its launcher runs ``all_reduce_perf`` and
+  ``alltoall_perf`` with ``mpirun`` over one rank per GPU of the workers, then ``moe-preflight nccl-tests``
+  on each log: the same verdicts as the Slurm step 3. The workers are the training pods without a command,
+  so the operator runs ``/usr/sbin/sshd -De`` in them (mpi-operator v0.5.0, pkg/controller/
+  mpi_job_controller.go), and on the pod network, since sshd would clash with the host's on port 22.
 
 Standard library only (no CDK), like the training job renderers.
 """
@@ -226,5 +234,65 @@ def render_preflight_pytorchjob(spec: eks_job.EksJobSpec) -> dict:
             "nprocPerNode": str(spec.devices_per_node),
             "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
             "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+# The DLC's Open MPI, where the image's nccl-tests were built against it (training/Dockerfile).
+MPIRUN = "/opt/amazon/openmpi/bin/mpirun"
+MPIJOB_API = "kubeflow.org/v2beta1"
+
+
+def render_preflight_mpijob(spec: eks_job.EksJobSpec, *, nccl_tests_dir: str = NCCL_TESTS_DIR) -> dict:
+    """The EKS nccl-tests preflight: an ``MPIJob`` named ``<job>-nccl-tests`` whose workers are the training
+    pods and whose launcher runs each test and checks its log; run once, exit 1 when any check failed."""
+    name = f"{spec.name}-nccl-tests"[:63].rstrip("-")
+    spec = dataclasses.replace(spec, name=name, metrics_port=None, preflight=False)
+    itype = shlex.quote(spec.instance_type)
+    ranks = spec.nodes * spec.devices_per_node
+    lines = ["failed=0"]
+    for test in NCCL_TESTS:
+        mpirun = [
+            MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.devices_per_node),
+            "--bind-to", "none", "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG=INFO",
+            "-x", "NCCL_DEBUG_SUBSYS=INIT,NET", "-x", "FI_EFA_USE_HUGE_PAGE=0",
+            shlex.quote(f"{nccl_tests_dir}/{test}"), *NCCL_TESTS_ARGS,
+        ]  # fmt: skip
+        lines += [
+            f'{" ".join(mpirun)} > /tmp/{test}.log 2>&1 || echo "{test} exited $? (its log is checked next)"',
+            f"moe-preflight nccl-tests --log /tmp/{test}.log --instance-type {itype} --nodes {spec.nodes} || failed=1",
+        ]
+    lines.append('exit "$failed"')
+    worker = eks_job.pod_template(spec, [], [])
+    container = worker["spec"]["containers"][0]
+    for key in ("command", "args", "startupProbe", "readinessProbe", "livenessProbe"):
+        container.pop(key)
+    for key in ("hostNetwork", "dnsPolicy"):
+        worker["spec"].pop(key)
+    launcher = {
+        "metadata": {"labels": eks_job.labels(spec)},
+        "spec": {
+            "containers": [
+                {
+                    "name": "launcher",
+                    "image": spec.image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["bash", "-c", "\n".join(lines)],
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+                }
+            ],
+        },
+    }
+    return {
+        "apiVersion": MPIJOB_API,
+        "kind": "MPIJob",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": eks_job.labels(spec)},
+        "spec": {
+            "slotsPerWorker": spec.devices_per_node,
+            "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "Running"},
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": launcher},
+                "Worker": {"replicas": spec.nodes, "template": worker},
+            },
         },
     }

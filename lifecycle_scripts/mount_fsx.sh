@@ -20,8 +20,16 @@
 # NID, as AWS's script does, and LNet multi-rail then uses the EFA interfaces. HyperPod's
 # DLAMI-based AMI ships the Lustre client and EFA driver that needs ("If you are using a Deep
 # Learning AMI, you can skip this step"). AWS's script downloads the guide's setup.sh at boot
-# instead; this downloads nothing. Without lnetctl or EFA devices, or when a command fails,
-# the node mounts over TCP with a WARNING: slower, not broken.
+# instead; this downloads nothing. Like that setup.sh, it makes sure LNet has its TCP network on
+# the interface of the default route (the mount's @tcp NID needs it once `lnetctl lnet configure`
+# has replaced the module's defaults), and makes the configuration survive a reboot, which
+# HyperPod does to recover a node: lnetctl's changes live in the kernel only, so a systemd unit
+# (moe-cdk-lnet-efa.service, ordered before the remote file systems and so before the fstab
+# mount) runs `mount_fsx.sh --lnet-efa COUNT` at every boot. Without lnetctl or EFA devices, or
+# when a command fails, the node mounts over TCP with a WARNING: slower, not broken.
+#
+#   mount_fsx.sh                    (lifecycle step) configure LNet, mount, record in /etc/fstab
+#   mount_fsx.sh --lnet-efa COUNT   (the unit, at boot) configure LNet over COUNT EFA devices only
 #
 # Paths on the command line carry ${MOE_LC_ROOT} (so tests can run in a sandbox); the fstab
 # line names the mount point as the node sees it (no prefix).
@@ -32,6 +40,7 @@ MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 source "${MOE_LC_DIR}/lib.sh"
 
 readonly LUSTRE_OPTIONS="noatime,flock,_netdev"
+readonly LNET_UNIT="moe-cdk-lnet-efa.service"
 
 # ssm_get VARIABLE PARAMETER_NAME: the parameter's value into VARIABLE (a global).
 ssm_get() {
@@ -70,6 +79,7 @@ lnet_over_efa() {
   fi
   modprobe lnet || return
   lnetctl lnet configure || return
+  lnet_over_tcp || return
   configured="$(lnetctl net show --net efa 2>/dev/null || true)"
   for device in "${devices[@]:0:count}"; do
     if grep -qw -- "${device}" <<<"${configured}"; then
@@ -79,6 +89,52 @@ lnet_over_efa() {
       log "LNet efa network: added ${device}"
     fi
   done
+}
+
+# lnet_over_tcp: LNet's tcp network on the default route's interface, unless it has one.
+lnet_over_tcp() {
+  local interface
+  if [[ -n "$(lnetctl net show --net tcp 2>/dev/null || true)" ]]; then
+    return 0
+  fi
+  interface="$(ip route show default 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')"
+  if [[ -z "${interface}" ]]; then
+    warn "no default route, so LNet's tcp network has no interface"
+    return 1
+  fi
+  lnetctl net add --net tcp --if "${interface}" || return
+  log "LNet tcp network: added ${interface}"
+}
+
+# install_lnet_unit COUNT: the unit that configures LNet over COUNT EFA devices at every boot.
+install_lnet_unit() {
+  local count="$1" unit="${MOE_LC_ROOT}/etc/systemd/system/${LNET_UNIT}" tmp
+  mkdir -p -- "$(dirname -- "${unit}")"
+  tmp="$(mktemp "${unit}.moe-cdk.XXXXXX")"
+  cat >"${tmp}" <<EOF
+# Written by lifecycle_scripts/mount_fsx.sh: Lustre over EFA again after a reboot (LNet's
+# configuration lives in the kernel only), before the fstab mount of ${MOE_FSX_MOUNT_POINT}.
+[Unit]
+Description=moe-cdk: LNet over ${count} EFA devices for FSx for Lustre
+Wants=network-online.target
+After=network-online.target
+Before=remote-fs-pre.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/bash ${MOE_LC_DIR}/mount_fsx.sh --lnet-efa ${count}
+
+[Install]
+WantedBy=remote-fs.target
+EOF
+  if ! replace_if_changed "${tmp}" "${unit}" 644; then
+    log "${LNET_UNIT} is already installed"
+    return 0
+  fi
+  retry 5 2 systemctl daemon-reload
+  retry 5 2 systemctl enable "${LNET_UNIT}"
+  log "installed and enabled ${LNET_UNIT}: LNet over EFA is configured again at every boot"
 }
 
 # ensure_fstab_line LINE MOUNT_POINT: LINE becomes the only fstab entry for MOUNT_POINT.
@@ -101,6 +157,14 @@ ensure_fstab_line() {
 
 main() {
   install_err_trap
+  if [[ "${1:-}" == "--lnet-efa" ]]; then
+    if [[ ! "${2:-}" =~ ^[1-9][0-9]*$ ]]; then
+      die "--lnet-efa: not a device count (got '${2:-}'; allowed 1, 2, ...)"
+    fi
+    lnet_over_efa "$2"
+    log "LNet uses up to $2 EFA interfaces"
+    return 0
+  fi
   load_params
   load_node_facts
   if [[ "${MOE_FSX_ENABLED}" != "true" ]]; then
@@ -130,6 +194,7 @@ main() {
   if ((MOE_LUSTRE_EFA_INTERFACES > 0)); then
     if lnet_over_efa "${MOE_LUSTRE_EFA_INTERFACES}"; then
       log "Lustre traffic uses up to ${MOE_LUSTRE_EFA_INTERFACES} EFA interfaces"
+      install_lnet_unit "${MOE_LUSTRE_EFA_INTERFACES}"
     else
       warn "Lustre over EFA is not configured; ${mount_point} is mounted over TCP"
     fi

@@ -3,10 +3,11 @@
 # replacement node) is created, from the folder the generated entry script unpacked.
 #
 # Slurm: HyperPod runs it as LifeCycleConfig.OnInitComplete, after its AMI-based configuration
-# has written slurm.conf, started slurmctld or slurmd (configless, --conf-server), set up
-# accounting, and installed Docker, enroot and pyxis (SageMaker Developer Guide, "Getting
-# started with SageMaker HyperPod using the AWS CLI": with OnCreate instead, "HyperPod does not
-# run AMI-based configuration and does not start Slurm"). These steps do the rest.
+# has written slurm.conf and set up accounting (SageMaker Developer Guide, "Getting started with
+# SageMaker HyperPod using the AWS CLI": with OnCreate instead, "HyperPod does not run AMI-based
+# configuration and does not start Slurm"). What AWS's sources leave open (whether Slurm is up
+# yet, as which user it runs, whether enroot and pyxis are there) is handled in each step
+# (README.md, "What AWS's sources leave open"). These steps do the rest.
 # EKS: HyperPod requires OnCreate there, and runs it before the node joins the cluster.
 #
 # Steps, in order (README.md has the details and each step's source):
@@ -23,7 +24,9 @@
 # or, with "workload_manager": "eks" (no Slurm, enroot or pyxis; the FSx CSI driver mounts
 # FSx into pods):
 #   setup_containerd setup_containerd.sh                                   (all nodes)
-# The first failing command stops the run with diagnostics (see lib.sh) and a non-zero exit.
+# Each step ends with a step record (lib.sh), which `moe-cdk status` reads back from CloudWatch.
+# The first failing command stops the run with diagnostics and a record with a hint (see lib.sh)
+# and a non-zero exit.
 set -euo pipefail
 
 main() {

@@ -24,6 +24,16 @@
 # containerd is restarted only when something changed (and, on AL2023, only if it runs).
 # Downloads nothing.
 #
+# The images already in containerd's old root (/var/lib/containerd) are copied into an empty new
+# root before containerd starts on it, with containerd stopped while they are copied: the AL2023
+# AMI's pause image (the sandbox image, localhost/kubernetes/pause) lives there and cannot be
+# pulled, so a new root without it leaves every pod unable to start (AWS's EKS sample, commit
+# 6ed2802f, "Update containerd config for local pause image and data migration", runs
+# `cp -a /var/lib/containerd` into its new root). The sample copies on AL2023 only; this copies on
+# every AMI, since an image that is there need not be pulled again.
+#
+# The disk is waited for first (lib.sh wait_for_nvme): the sample waits up to 60 s for it.
+#
 # Only the top-level `root = "..."` line of a config.toml is written (a top-level key is one
 # before the first [section] header); every other line is kept. Paths on the command line
 # carry ${MOE_LC_ROOT} (so tests can run in a sandbox); the files name the directory as the node
@@ -38,10 +48,12 @@ readonly CONTAINERD_CONFIG="/etc/containerd/config.toml"
 readonly AL2_TEMPLATE="/etc/eks/containerd/containerd-config.toml"
 readonly AL2023_DROP_IN="/etc/systemd/system/containerd.service.d/10-moe-cdk-root.conf"
 readonly KUBELET_DIR="/var/lib/kubelet"
+readonly OLD_ROOT="/var/lib/containerd"
 
-# Set by choose_data_dir and write_config.
+# Set by choose_data_dir, write_config and copy_old_root.
 DATA_DIR=""
 CONFIG_CHANGED=false
+STOPPED_CONTAINERD=false
 
 choose_data_dir() {
   local wanted="${MOE_CONTAINERD_DATA_DIR}" fallback="${MOE_CONTAINERD_FALLBACK_DIR}"
@@ -140,6 +152,24 @@ write_drop_in() {
   retry 5 2 systemctl daemon-reload
 }
 
+# copy_old_root: the old root's content into DATA_DIR when DATA_DIR is empty and the old root is not.
+copy_old_root() {
+  local old="${MOE_LC_ROOT}${OLD_ROOT}" new="${MOE_LC_ROOT}${DATA_DIR}"
+  if [[ "${DATA_DIR}" == "${OLD_ROOT}" || ! -d "${old}" || -z "$(ls -A -- "${old}")" ]]; then
+    return 0
+  fi
+  if [[ -n "$(ls -A -- "${new}")" ]]; then
+    log "${DATA_DIR} already holds containerd data; ${OLD_ROOT} is not copied again"
+    return 0
+  fi
+  if systemctl is-active --quiet containerd; then
+    retry 5 2 systemctl stop containerd
+    STOPPED_CONTAINERD=true
+  fi
+  cp -a -- "${old}/." "${new}/"
+  log "copied ${OLD_ROOT} (the AMI's images, the pause image among them) into ${DATA_DIR}"
+}
+
 # move_kubelet_dir: /var/lib/kubelet becomes a symlink to <parent of DATA_DIR>/kubelet.
 move_kubelet_dir() {
   local link="${MOE_LC_ROOT}${KUBELET_DIR}" target
@@ -171,6 +201,9 @@ main() {
   fi
   local os
   os="$(amazon_linux)"
+  if on_nvme "${MOE_CONTAINERD_DATA_DIR}"; then
+    wait_for_nvme
+  fi
   choose_data_dir
   case "${os}" in
     2)
@@ -187,8 +220,12 @@ main() {
     *) set_root_in "${CONTAINERD_CONFIG}" ;;
   esac
   make_data_dir "${DATA_DIR}"
+  copy_old_root
   move_kubelet_dir
-  if [[ "${CONFIG_CHANGED}" != "true" ]]; then
+  if [[ "${STOPPED_CONTAINERD}" == "true" ]]; then
+    retry 5 2 systemctl start containerd
+    log "started containerd again; its data root is now ${DATA_DIR}"
+  elif [[ "${CONFIG_CHANGED}" != "true" ]]; then
     log "containerd's data root is already ${DATA_DIR}; not restarting containerd"
   elif [[ "${os}" == "2023" ]] && ! systemctl is-active --quiet containerd; then
     log "containerd is not running; it starts with its data root at ${DATA_DIR}"

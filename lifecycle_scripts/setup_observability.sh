@@ -26,7 +26,8 @@
 #     options (a label holds a hash of both); otherwise it is replaced. AWS's scripts skip any
 #     running container of that name, even of another version.
 #   * DCGM exports the image's default counters (dcgm-exporter's default-counters.csv, which has
-#     DCGM_FI_DEV_XID_ERRORS); AWS's basic CSV is a subset chosen for its dashboards.
+#     DCGM_FI_DEV_XID_ERRORS); AWS's basic CSV is a subset chosen for its dashboards. Like AWS's
+#     newer script it reads Slurm's GPU-to-job files (job_mapping_dir), so each GPU series has hpc_job.
 #   * The agent is Prometheus in agent mode, scraping every node from the controller through
 #     file_sd_configs that scrape_targets.py keeps current from `scontrol show nodes`. AWS runs an
 #     OpenTelemetry collector on each node, each scraping localhost.
@@ -172,9 +173,37 @@ node_exporter() {
   run_container node-exporter --net host --pid host -v "${MOE_LC_ROOT}/:/host:ro,rslave" -- --path.rootfs=/host
 }
 
+# The folder where Slurm's prolog writes one file per GPU holding the job that has it; the DCGM
+# exporter reads it (--hpc-job-mapping-dir) and labels that GPU's series hpc_job="<job id>", so GPU
+# metrics join Slurm jobs. AWS's sources disagree on its name: the observability extension's README
+# and install_dcgm_exporter.sh (awslabs/awsome-distributed-ai at 95b939c, 1.architectures/
+# 5.sagemaker-hyperpod/Extensions/observability/) say /run/slurm/dcgm-job-mapping, written by the
+# AMI's /opt/slurm/etc/prolog.d/700_dcgm_job_map_register.sh under OnInitComplete; base-config's
+# prolog.sh, which start_slurm.sh installs as /opt/slurm/etc/scripts/prolog.sh, writes
+# /run/slurm/dcgm_job_mapping. So the folder is the one this node's prolog scripts name, and the
+# README's when none does (with a WARNING: then no job label).
+readonly JOB_MAPPING_DEFAULT="/run/slurm/dcgm-job-mapping"
+readonly JOB_MAPPING_IN_CONTAINER="/etc/dcgm-exporter/hpc"
+
+# job_mapping_dir VAR: the mapping folder (as the node sees it) into VAR.
+job_mapping_dir() {
+  local prologs=("${MOE_LC_ROOT}/opt/slurm/etc/prolog.d" "${MOE_LC_ROOT}/opt/slurm/etc/scripts/prolog.sh") found
+  found="$(grep -rhoE '/run/slurm/dcgm[-_]job[-_]mapping' "${prologs[@]}" 2>/dev/null | head -n 1 || true)"
+  if [[ -z "${found}" ]]; then
+    warn "no Slurm prolog under /opt/slurm/etc/prolog.d or /opt/slurm/etc/scripts names a DCGM job mapping folder, so GPU series will carry no hpc_job label (HyperPod's AMI ships prolog.d/700_dcgm_job_map_register.sh with OnInitComplete); the exporter reads ${JOB_MAPPING_DEFAULT}"
+    found="${JOB_MAPPING_DEFAULT}"
+  fi
+  printf -v "$1" '%s' "${found}"
+}
+
 dcgm_exporter() {
+  local mapping
   ensure_image dcgm_exporter
-  run_container dcgm-exporter --net host --gpus all --cap-add SYS_ADMIN --
+  job_mapping_dir mapping
+  mkdir -p -- "${MOE_LC_ROOT}${mapping}"
+  log "DCGM labels GPU series with the Slurm job from ${mapping} (written by Slurm's prolog)"
+  run_container dcgm-exporter --net host --gpus all --cap-add SYS_ADMIN \
+    -v "${MOE_LC_ROOT}${mapping}:${JOB_MAPPING_IN_CONTAINER}:ro" -- --hpc-job-mapping-dir "${JOB_MAPPING_IN_CONTAINER}"
 }
 
 efa_exporter() {

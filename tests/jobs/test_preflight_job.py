@@ -45,7 +45,8 @@ def test_every_hyperpod_configuration_renders_a_preflight_that_its_checker_accep
     orchestrator = load_config(config).cluster.orchestrator
     text = _render(tmp_path, "--config", str(config), "--image", IMAGE)
     if orchestrator is Orchestrator.EKS:
-        job = yaml.safe_load(text)
+        job, mpijob = yaml.safe_load_all(text)
+        check_mpijob(mpijob)
         for replica in job["spec"]["pytorchReplicaSpecs"].values():
             t = replica["template"]
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **t["metadata"]}, "spec": t["spec"]}
@@ -63,6 +64,87 @@ def test_every_hyperpod_configuration_renders_a_preflight_that_its_checker_accep
     subprocess.run(["bash", "-n", str(script)], check=True)
     done = subprocess.run(["shellcheck", "-x", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+# The fields of kubeflow.org/v2beta1 MPIJob that the MPI operator HyperPod's chart installs (v0.5.0) reads:
+# kubeflow/mpi-operator v0.5.0, pkg/apis/kubeflow/v2beta1/types.go (MPIJobSpec, RunPolicy, ReplicaSpec).
+MPIJOB_SPEC = {"slotsPerWorker", "runLauncherAsWorker", "runPolicy", "mpiReplicaSpecs", "sshAuthMountPath",
+               "launcherCreationPolicy", "mpiImplementation"}  # fmt: skip
+RUN_POLICY = {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit",
+              "schedulingPolicy", "suspend"}  # fmt: skip
+REPLICA_SPEC = {"replicas", "template", "restartPolicy"}
+
+
+def check_mpijob(job: dict) -> None:
+    """An MPIJob as the operator reads it, with pod templates that pass Kubernetes' own schema."""
+    assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
+    assert set(job["spec"]) <= MPIJOB_SPEC and set(job["spec"]["runPolicy"]) <= RUN_POLICY
+    assert set(job["spec"]["mpiReplicaSpecs"]) == {"Launcher", "Worker"}
+    for replica in job["spec"]["mpiReplicaSpecs"].values():
+        assert set(replica) <= REPLICA_SPEC
+        t = replica["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **t["metadata"]}, "spec": t["spec"]}
+        kubernetes_validate.validate(pod, "1.33.0", strict=True)
+
+
+@pytest.fixture(scope="module")
+def eks_preflight(tmp_path_factory) -> tuple[dict, dict]:
+    return tuple(
+        yaml.safe_load_all(
+            _render(tmp_path_factory.mktemp("eks"), "--config", str(ROOT / "config/eks-p5en.yaml"), "--image", IMAGE)
+        )
+    )
+
+
+def test_eks_preflight_runs_nccl_tests_through_an_mpijob_over_every_gpu(eks_preflight):
+    _, job = eks_preflight
+    assert job["metadata"]["name"] == "mixtral-8x7b-nccl-tests" and job["spec"]["slotsPerWorker"] == 8
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 2
+    container = worker["template"]["spec"]["containers"][0]
+    # No command: the operator runs /usr/sbin/sshd -De there (mpi-operator v0.5.0, newWorker), on the pod network.
+    assert "command" not in container and "args" not in container and "hostNetwork" not in worker["template"]["spec"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 16}
+    script = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"][2]
+    for test in NCCL_TESTS:
+        assert "-np 16 -N 8 --bind-to none" in script and f"/opt/nccl-tests/build/{test} -b 8 -e 16G" in script
+        assert f"moe-preflight nccl-tests --log /tmp/{test}.log --instance-type ml.p5en.48xlarge --nodes 2" in script
+
+
+def test_eks_nccl_tests_launcher_gives_a_verdict_per_test_and_fails_if_one_fails(eks_preflight, tmp_path):
+    # The launcher's own script, with a stand-in mpirun that prints real logs (tests/fixtures/fabric):
+    # all_reduce_perf a p5en NCCL/OFI INFO excerpt (16 EFA NICs) followed by the rows of a 2x p5.48xlarge run,
+    # alltoall_perf a row excerpt that shows no EFA and a low bandwidth.
+    _, job = eks_preflight
+    script = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"][2]
+    fabric = ROOT / "tests/fixtures/fabric"
+    (tmp_path / "all_reduce_perf.txt").write_text(
+        (fabric / "nccl_debug_ofi_p5en_16nics.txt").read_text()
+        + (fabric / "all_reduce_perf_p5_2node_srun.txt").read_text()
+    )
+    shutil.copy(fabric / "alltoall_perf_rows_mpirun_bottlerocket.txt", tmp_path / "alltoall_perf.txt")
+    mpirun = tmp_path / "mpirun"
+    mpirun.write_text(
+        f'#!/bin/bash\nfor a; do :; done\ncase "$*" in *all_reduce_perf*) cat {tmp_path}/all_reduce_perf.txt;; '
+        f"*) cat {tmp_path}/alltoall_perf.txt;; esac\n"
+    )
+    mpirun.chmod(0o755)
+    launcher = tmp_path / "launcher.sh"
+    for test in NCCL_TESTS:  # the logs in this test's folder, not /tmp
+        script = script.replace(f"/tmp/{test}.log", f"{tmp_path}/{test}.log")
+    launcher.write_text("#!/bin/bash\n" + script.replace("/opt/amazon/openmpi/bin/mpirun", str(mpirun)))
+    assert subprocess.run(["shellcheck", "-s", "bash", str(launcher)], capture_output=True).returncode == 0
+    done = subprocess.run(
+        ["bash", str(launcher)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{Path(PYTHON).parent}:{os.environ['PATH']}"},
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    passed = r"^preflight all_reduce_perf: PASS busbw 487.3 GB/s at 17179869184 B, provider efa$"
+    assert re.search(passed, done.stdout, re.M), done.stdout
+    failed = r"^preflight alltoall_perf: FAIL alltoall_perf.busbw: bus bandwidth below the p5en.48xlarge floor"
+    assert re.search(failed, done.stdout, re.M), done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +190,8 @@ def test_local_preflight_leaves_out_the_gpu_checks(tmp_path):
     assert f"{PYTHON} -m moe_cdk.cli.preflight collectives" in text
 
 
-def test_eks_preflight_runs_the_node_check_then_torchrun_over_every_pod(tmp_path):
-    text = _render(tmp_path, "--config", str(ROOT / "config/eks-p5en.yaml"), "--image", IMAGE)
-    job = yaml.safe_load(text)
+def test_eks_preflight_runs_the_node_check_then_torchrun_over_every_pod(eks_preflight):
+    job, _ = eks_preflight
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]
     container = master["template"]["spec"]["containers"][0]
     assert container["command"][:2] == ["bash", "-c"]

@@ -7,8 +7,8 @@ Each sandbox is a temporary folder with
           /opt/slurm (configless: a compute node has no slurm.conf), pyxis's shipped
           /usr/local/share/pyxis/pyxis.conf, a stock /etc/fstab and /etc/enroot/enroot.conf;
   lc/     a copy of lifecycle_scripts/ with a provisioning_parameters.json beside on_create.sh;
-  bin/    stubs, first on PATH, for mount, mountpoint, modprobe, lctl, findmnt, aws, scontrol,
-          strigger, lnetctl, enroot, fi_info, hostname and systemctl; each appends "NAME ARGS" to
+  bin/    stubs, first on PATH, for mount, mountpoint, modprobe, lctl, ip, findmnt, aws, scontrol,
+          strigger, lnetctl, enroot, fi_info, hostname, systemctl and apt-get; each appends "NAME ARGS" to
           state/calls.log. (tests/test_lifecycle_slurm.py runs the Slurm steps on a real Slurm.)
 The stubs keep the mounted paths in state/mounts: `mount` adds its target (or fails with
 MOE_STUB_MOUNT_FAIL=1), `mountpoint -q` succeeds only for a listed path, and `mount` with no
@@ -118,9 +118,15 @@ grep -qxF -- "$1" "${MOE_STUB_STATE}/mounts"
     "lctl": r"""[ "$1" = list_nids ] && echo "10.0.64.11@tcp"
 exit 0
 """,
+    # LNet's networks in state/lnet-<net>, one interface a line (the kernel's state: lost on reboot).
     "lnetctl": r"""[ "${MOE_STUB_LNETCTL_FAIL:-0}" = 1 ] && exit 1
-[ "$1 $2" = "net show" ] && cat "${MOE_STUB_STATE}/lnet" 2>/dev/null
-[ "$1 $2" = "net add" ] && echo "$6" >>"${MOE_STUB_STATE}/lnet"
+[ "$1 $2" = "net show" ] && cat "${MOE_STUB_STATE}/lnet-$4" 2>/dev/null
+[ "$1 $2" = "net add" ] && echo "$6" >>"${MOE_STUB_STATE}/lnet-$4"
+exit 0
+""",
+    "ip": r"""if [ "$1 $2 $3" = "route show default" ]; then
+  echo "default via 10.0.64.1 dev ens5 proto dhcp src 10.0.64.11 metric 100"
+fi
 exit 0
 """,
     "findmnt": r"""echo "TARGET SOURCE FSTYPE OPTIONS"
@@ -1155,6 +1161,8 @@ def test_efa_file_system_adds_efa_interfaces_to_lnet_before_mounting(tmp_path):
     calls = [c for c in box.calls() if c.startswith(("lnetctl", "mount -t"))]
     assert calls == [
         "lnetctl lnet configure",
+        "lnetctl net show --net tcp",
+        "lnetctl net add --net tcp --if ens5",
         "lnetctl net show --net efa",
         "lnetctl net add --net efa --if rdmap0s6 --peer-credits 32",
         "lnetctl net add --net efa --if rdmap1s6 --peer-credits 32",
@@ -1164,9 +1172,36 @@ def test_efa_file_system_adds_efa_interfaces_to_lnet_before_mounting(tmp_path):
 
 def test_efa_interfaces_already_in_lnet_are_not_added_again(tmp_path):
     box = efa_file_system_sandbox(tmp_path)
-    (box.state / "lnet").write_text("rdmap0s6\n")
+    (box.state / "lnet-efa").write_text("rdmap0s6\n")
+    (box.state / "lnet-tcp").write_text("ens5\n")
     succeeded(box.on_create())
     assert box.calls("lnetctl net add") == ["lnetctl net add --net efa --if rdmap1s6 --peer-credits 32"]
+
+
+def test_lnet_over_efa_is_configured_again_after_a_reboot(tmp_path):
+    # Finding 6: lnetctl's configuration lives in the kernel, and HyperPod reboots nodes to recover them.
+    box = efa_file_system_sandbox(tmp_path)
+    succeeded(box.on_create())
+    unit = box.root / "etc/systemd/system/moe-cdk-lnet-efa.service"
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    assert box.calls("systemctl enable") == ["systemctl enable moe-cdk-lnet-efa.service"]
+    (exec_start,) = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
+    assert exec_start == f"ExecStart=/bin/bash {box.lc}/mount_fsx.sh --lnet-efa 2"
+    for state in box.state.glob("lnet-*"):  # the reboot
+        state.unlink()
+    succeeded(box.run(*exec_start.removeprefix("ExecStart=").split()))
+    assert (box.state / "lnet-efa").read_text() == "rdmap0s6\nrdmap1s6\n"
+    assert (box.state / "lnet-tcp").read_text() == "ens5\n"
+
+
+def test_lnet_unit_is_installed_once(tmp_path):
+    box = efa_file_system_sandbox(tmp_path)
+    succeeded(box.on_create())
+    (box.state / "mounts").write_text(f"{box.root}/opt/dlami/nvme\n")  # unmounted, as after a reboot
+    second = succeeded(box.on_create())
+    assert "moe-cdk-lnet-efa.service is already installed" in second.stdout
+    assert len(box.calls("systemctl enable")) == 1
 
 
 def test_lnet_failure_mounts_over_tcp_with_a_warning(tmp_path):

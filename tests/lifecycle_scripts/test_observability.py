@@ -334,9 +334,16 @@ def test_compute_node_runs_the_three_pinned_exporters(compute_box):
             ["--path.rootfs=/host"],
         ),
         "dcgm-exporter": (
-            ["-d", "--restart always", "--net host", "--gpus all", "--cap-add SYS_ADMIN"],
+            [
+                "-d",
+                "--restart always",
+                "--net host",
+                "--gpus all",
+                "--cap-add SYS_ADMIN",
+                f"-v {compute_box.root}/run/slurm/dcgm-job-mapping:/etc/dcgm-exporter/hpc:ro",
+            ],
             images["dcgm_exporter"],
-            [],
+            ["--hpc-job-mapping-dir", "/etc/dcgm-exporter/hpc"],
         ),
         "efa-exporter": (
             ["-d", "--restart always", "--net host", "--pid host", f"-v {host}"],
@@ -344,6 +351,31 @@ def test_compute_node_runs_the_three_pinned_exporters(compute_box):
             ["--path.rootfs=/host", "--web.listen-address=:9109"],
         ),
     }
+
+
+def test_dcgm_without_a_job_mapping_prolog_warns_that_gpu_series_have_no_job(compute_box):
+    log = compute_box.read("var/log/provision/moe-cdk-lifecycle.log")
+    assert "WARNING: no Slurm prolog under /opt/slurm/etc/prolog.d or /opt/slurm/etc/scripts names" in log
+
+
+@pytest.mark.parametrize(
+    ("prolog", "folder"),
+    [
+        # HyperPod's AMI (OnInitComplete), as AWS's observability extension README names it.
+        ("opt/slurm/etc/prolog.d/700_dcgm_job_map_register.sh", "/run/slurm/dcgm-job-mapping"),
+        # AWS's base-config prolog.sh, installed by its start_slurm.sh (OnCreate).
+        ("opt/slurm/etc/scripts/prolog.sh", "/run/slurm/dcgm_job_mapping"),
+    ],
+)
+def test_dcgm_reads_the_job_mapping_folder_the_nodes_prolog_writes(tmp_path, prolog, folder):
+    # Finding 7: GPU series carried no Slurm job. AWS's sources name the folder two ways.
+    box = obs_sandbox(tmp_path)
+    box.write(prolog, f'#!/bin/bash\nJOB_ID_MAP_DIR="{folder}"\necho "$SLURM_JOB_ID" >>"$JOB_ID_MAP_DIR/$GPU"\n')
+    result = succeeded(box.on_create())
+    options, _, args = docker_runs(box)["dcgm-exporter"]
+    assert f"-v {box.root}{folder}:/etc/dcgm-exporter/hpc:ro" in options
+    assert args == ["--hpc-job-mapping-dir", "/etc/dcgm-exporter/hpc"]
+    assert (box.root / folder.lstrip("/")).is_dir() and "names a DCGM job mapping" not in result.stdout
 
 
 def test_compute_node_pulls_from_hyperpods_registry_after_an_ecr_login(compute_box):

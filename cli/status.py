@@ -1,0 +1,81 @@
+"""``moe-cdk status``: the deployed HyperPod cluster of a configuration, node by node."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from moe_cdk.cli.report import report
+from moe_cdk.core.problems import ConfigError, problem
+from moe_cdk.schema.config import Orchestrator, load_config
+from moe_cdk.tools.cluster_status import cluster_status, render_status, to_json
+
+EXIT_UNHEALTHY = 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 when the cluster is InService with every node Running, 1 when not (or AWS could not be asked),
+    2 when the configuration is invalid."""
+    try:
+        config = load_config(args.config)
+        if config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+            raise ConfigError(
+                [
+                    problem(
+                        "status reads a HyperPod cluster; a training-job configuration has none",
+                        got=config.cluster.orchestrator.value,
+                        allowed="slurm or eks",
+                    ).at("cluster.orchestrator")
+                ]
+            )
+    except ConfigError as error:
+        return report(args.config, error)
+    import boto3
+
+    try:
+        status = cluster_status(
+            config,
+            boto3.client("sagemaker", region_name=config.region),
+            boto3.client("logs", region_name=config.region),
+        )
+    except NoCredentialsError:
+        print(
+            f"{args.config}: no AWS credentials were found: set AWS_PROFILE or run `aws configure` "
+            f"for the account that holds cluster {config.name} in {config.region}",
+            file=sys.stderr,
+        )
+        return EXIT_UNHEALTHY
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("ResourceNotFound", "ResourceNotFoundException", "ValidationException"):
+            print(
+                f"{args.config}: cluster {config.name} was not found in {config.region} ({code}): "
+                "is the cluster stack deployed there?",
+                file=sys.stderr,
+            )
+        else:
+            print(f"{args.config}: AWS refused the request: {error}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    except BotoCoreError as error:
+        print(f"{args.config}: AWS could not be reached: {error}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    if args.json:
+        print(json.dumps(to_json(status), indent=2))
+    else:
+        sys.stdout.write(render_status(status))
+    return 0 if status.healthy else EXIT_UNHEALTHY
+
+
+def add_parser(subcommands) -> argparse.ArgumentParser:
+    parser = subcommands.add_parser(
+        "status",
+        help="the deployed HyperPod cluster and each node; for a failed node, its first failed lifecycle step "
+        "and what to do; exit 1 unless InService with every node Running",
+    )
+    parser.add_argument("--config", required=True, help="infrastructure YAML of a HyperPod cluster (slurm or eks)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    parser.set_defaults(run=run)
+    return parser

@@ -1,0 +1,176 @@
+"""``moe-cdk status``: a HyperPod cluster's state, each node's, and why a node's lifecycle failed.
+
+Read with the caller's boto3 clients (SageMaker ``DescribeCluster`` and ``ListClusterNodes``, CloudWatch
+Logs ``FilterLogEvents``); nothing is changed. HyperPod sends each node's lifecycle output to the log
+group ``/aws/sagemaker/Clusters/<cluster name>/<cluster id>``, stream
+``LifecycleConfig/<instance group>/<instance id>`` (the cluster id is the last part of its ARN). The
+lifecycle scripts write one step record per step there (lifecycle_scripts/lib.sh):
+``moe-cdk-step {"node":..., "group":..., "step":..., "outcome":"ok"|"failed", "seconds":..., "hint":...}``;
+for a node whose status is ``Failure`` this finds its first failed step and the hint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from botocore.exceptions import ClientError
+
+from moe_cdk.schema.config import Config
+
+RECORD_MARK = "moe-cdk-step"
+LIFECYCLE_STREAM_PREFIX = "LifecycleConfig/"
+# CloudWatch Logs filter pattern syntax: quoted terms, all of which must appear in the event.
+FAILED_RECORDS = f'"{RECORD_MARK}" "\\"outcome\\":\\"failed\\""'
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One lifecycle step record, as lib.sh writes it."""
+
+    node: str
+    group: str
+    step: str
+    outcome: str
+    seconds: int
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    group: str
+    instance_id: str
+    instance_type: str
+    status: str
+    """``InstanceStatus.Status``: Running, Pending, Failure, ..."""
+    message: str = ""
+    """``InstanceStatus.Message``, HyperPod's own words."""
+    failed_step: StepRecord | None = None
+    """The first failed lifecycle step in the node's log stream, for a node in Failure."""
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    name: str
+    arn: str
+    status: str
+    failure_message: str
+    log_group: str
+    nodes: list[NodeStatus] = field(default_factory=list)
+    log_note: str = ""
+    """Why no step could be read (the log group does not exist yet), or empty."""
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "InService" and all(n.status == "Running" for n in self.nodes)
+
+
+def parse_record(message: str) -> StepRecord | None:
+    """The step record in one log line, or None when the line holds none (or a damaged one)."""
+    _, mark, payload = message.partition(f" {RECORD_MARK} ")
+    if not mark:
+        return None
+    try:
+        data = json.loads(payload)
+        return StepRecord(
+            node=str(data["node"]),
+            group=str(data["group"]),
+            step=str(data["step"]),
+            outcome=str(data["outcome"]),
+            seconds=int(data["seconds"]),
+            hint=str(data.get("hint", "")),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def first_failures(logs, log_group: str) -> dict[str, StepRecord]:
+    """Stream name -> the earliest failed step record in it, across every lifecycle stream of the group.
+    Raises ``ClientError`` ``ResourceNotFoundException`` when the group does not exist."""
+    found: dict[str, tuple[int, StepRecord]] = {}
+    pages = logs.get_paginator("filter_log_events").paginate(
+        logGroupName=log_group, logStreamNamePrefix=LIFECYCLE_STREAM_PREFIX, filterPattern=FAILED_RECORDS
+    )
+    for page in pages:
+        for event in page.get("events", []):
+            record = parse_record(event.get("message", ""))
+            if record is None or record.outcome != "failed":
+                continue
+            stream, at = event["logStreamName"], event.get("timestamp", 0)
+            if stream not in found or at < found[stream][0]:
+                found[stream] = (at, record)
+    return {stream: record for stream, (_, record) in found.items()}
+
+
+def cluster_status(config: Config, sagemaker, logs) -> ClusterStatus:
+    """The cluster of ``config`` (a HyperPod configuration: its name is the cluster's) as the APIs see it."""
+    described = sagemaker.describe_cluster(ClusterName=config.name)
+    arn = described["ClusterArn"]
+    log_group = f"/aws/sagemaker/Clusters/{config.name}/{arn.rsplit('/', 1)[-1]}"
+    summaries = [
+        summary
+        for page in sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=config.name)
+        for summary in page.get("ClusterNodeSummaries", [])
+    ]
+    failures: dict[str, StepRecord] = {}
+    note = ""
+    if any(s["InstanceStatus"]["Status"] == "Failure" for s in summaries):
+        try:
+            failures = first_failures(logs, log_group)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                raise
+            note = f"log group {log_group} does not exist yet: no node has run its lifecycle scripts so far"
+    nodes = [
+        NodeStatus(
+            group=s["InstanceGroupName"],
+            instance_id=s["InstanceId"],
+            instance_type=s.get("InstanceType", ""),
+            status=s["InstanceStatus"]["Status"],
+            message=s["InstanceStatus"].get("Message", ""),
+            failed_step=failures.get(f"{LIFECYCLE_STREAM_PREFIX}{s['InstanceGroupName']}/{s['InstanceId']}")
+            if s["InstanceStatus"]["Status"] == "Failure"
+            else None,
+        )
+        for s in summaries
+    ]
+    return ClusterStatus(
+        name=described["ClusterName"],
+        arn=arn,
+        status=described["ClusterStatus"],
+        failure_message=described.get("FailureMessage", ""),
+        log_group=log_group,
+        nodes=sorted(nodes, key=lambda n: (n.group, n.instance_id)),
+        log_note=note,
+    )
+
+
+def render_status(status: ClusterStatus) -> str:
+    """The cluster line, then one line per node; a failed node's first failed step and hint under it."""
+    lines = [
+        f"cluster {status.name}: {status.status}" + (f" ({status.failure_message})" if status.failure_message else "")
+    ]
+    lines.append(
+        f"  lifecycle logs: CloudWatch Logs {status.log_group}, streams {LIFECYCLE_STREAM_PREFIX}<group>/<instance>"
+    )
+    if not status.nodes:
+        lines.append("  no nodes")
+    width = max([len(n.group) for n in status.nodes] + [5])
+    for node in status.nodes:
+        lines.append(f"  {node.group:<{width}}  {node.instance_id:<19}  {node.instance_type:<17}  {node.status}")
+        if node.status != "Failure":
+            continue
+        if node.failed_step is not None:
+            step = node.failed_step
+            lines.append(f"      step {step.step} failed after {step.seconds}s: {step.hint}")
+        elif status.log_note:
+            lines.append(f"      {status.log_note}")
+        else:
+            lines.append("      no failed moe-cdk step in its lifecycle log: HyperPod failed it outside the scripts")
+        if node.message:
+            lines.append(f"      HyperPod: {node.message}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(status: ClusterStatus) -> dict:
+    return {**asdict(status), "healthy": status.healthy}
