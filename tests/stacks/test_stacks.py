@@ -228,3 +228,12 @@ def test_a_redeploy_after_destroy_adopts_the_retained_buckets(tmp_path):
         for a in _by_type(resources, "AWS::FSx::DataRepositoryAssociation")
     ]
     assert paths and all("moe-data-" in p and "-us-east-2-moe/" in p for p in paths)
+
+
+def test_readme_shows_the_synth_summary_of_the_default_config(default_synth):
+    _, templates = default_synth
+    shown = re.findall(r"^moe-\S+: \d+ resources -> \S+$", (ROOT / "README.md").read_text(), re.MULTILINE)
+    assert shown == [
+        f"{name}: {len(template['Resources'])} resources -> cdk.out/{name}.template.json"
+        for name, template in templates.items()
+    ]
