@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("megatron", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from moe_cdk.training import _megatron
+
+    _megatron.import_core()
     from moe_cdk.training import hf_convert
 
     source = str(args.hf_dir if args.command == "import-hf" else args.config)

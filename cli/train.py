@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequested()
     _configure_logging(env.rank)
 
+    from moe_cdk.training import _megatron
+
+    _megatron.import_core()
     from moe_cdk.training.trainer import train
 
     try:

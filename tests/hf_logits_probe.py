@@ -13,6 +13,9 @@ import torch
 
 
 def main(profile: str, tokens_path: str, out: str, save: str | None, overrides: list[str]) -> None:
+    from moe_cdk.training import _megatron
+
+    _megatron.import_core()  # as moe-train does
     from moe_cdk.training import cpu_compat, trainer
     from moe_cdk.training.checkpoint import CheckpointManager
     from moe_cdk.training.config import load_train_config
