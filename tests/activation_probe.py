@@ -1,9 +1,13 @@
 """Bytes of the activations the trainer's model keeps for its backward pass (a script, not a test file).
 
-Run as ``python tests/activation_probe.py CONFIG [KEY=VALUE ...]`` (under torchrun for more
-than one rank). It builds the model as the trainer does, runs the forward pass and loss of
-one micro-batch under ``torch.autograd.graph.saved_tensors_hooks``, and prints rank 0's
-count as JSON: every storage autograd saved, once, parameters excluded.
+Run as ``python tests/activation_probe.py CONFIG CASES_JSON``, where CASES_JSON maps a case's name
+to its ``KEY=VALUE`` overrides, or under torchrun with one case for more than one rank (a second
+process group would find the first one's keys in the launcher's store). For each case, in one
+process (so torch and megatron are imported once), it builds the model as the trainer does, runs the
+forward pass and loss of one micro-batch under ``torch.autograd.graph.saved_tensors_hooks``, and
+prints rank 0's count as one JSON line ``{"case": ..., "saved_bytes": ...}``: every storage autograd
+saved, once, parameters excluded. The process group and megatron's parallel state are set up and
+torn down for each case, as for a run of its own.
 """
 
 from __future__ import annotations
@@ -13,16 +17,27 @@ import sys
 
 import torch
 
-from moe_cdk.training import cpu_compat, trainer
-from moe_cdk.training.config import load_train_config
-from moe_cdk.training.launch_env import detect
-from moe_cdk.training.model import build_model
+from moe_cdk.training import _megatron
+
+_megatron.import_core()  # as moe-train does, before the model code imports megatron-core
+
+from moe_cdk.training import cpu_compat, trainer  # noqa: E402
+from moe_cdk.training.config import load_train_config  # noqa: E402
+from moe_cdk.training.launch_env import detect  # noqa: E402
+from moe_cdk.training.model import build_model  # noqa: E402
 
 VOCAB = 257  # the byte tokenizer
 
 
 def main(argv: list[str]) -> None:
-    config = load_train_config(argv[0], argv[1:])
+    for case, overrides in json.loads(argv[1]).items():
+        saved = saved_bytes(load_train_config(argv[0], overrides))
+        if saved is not None:
+            print(json.dumps({"case": case, "saved_bytes": saved}), flush=True)
+
+
+def saved_bytes(config) -> int | None:
+    """Rank 0's saved activation bytes for one micro-batch of ``config`` (None on the other ranks)."""
     env = detect()
     trainer.setup(config, env)
     try:
@@ -43,8 +58,7 @@ def main(argv: list[str]) -> None:
         with cpu_compat.cuda_factories_on_cpu(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = chunk(tokens, positions, trainer.causal_mask(s, torch.device("cpu")), labels=tokens).float().mean()
         loss.backward()
-        if env.rank == 0:
-            print(json.dumps({"saved_bytes": sum(saved.values())}))
+        return sum(saved.values()) if env.rank == 0 else None
     finally:
         trainer.teardown()
 

@@ -151,9 +151,14 @@ def initialize(layout: Layout, *, timeout_minutes: int = 30) -> None:
 
 
 def destroy() -> None:
+    """Megatron's process groups, and the MoE loss tracker it keeps beside them: that holds one
+    tensor per loss sized by the first model's layer count (moe_utils.save_to_aux_losses_tracker),
+    so a second model with more layers in the same process would index past it."""
     from megatron.core import parallel_state
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     parallel_state.destroy_model_parallel()
+    get_moe_layer_wise_logging_tracker().clear()
 
 
 def data_parallel_rank() -> int:
