@@ -85,8 +85,12 @@ destroy: setup
 hyperpod-chart: setup
 	$(PY) -m moe_cdk.cli.chart --config $(CONFIG)
 
+# One worker per core, each taking whole test files (--dist loadfile), so a module's fixtures (a
+# Slurm cluster, an imported model) are built once; the Slurm and trainer tests draw free ports
+# (tests/ports.py) and keep their files under their own tmp_path. `$(PY) -m pytest tests/x.py`
+# runs one file in this process, as before.
 test: setup system-packages
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses=4 --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

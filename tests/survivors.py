@@ -18,7 +18,12 @@ MARKER = "MOE_CDK_TEST_SESSION"
 
 
 def mark_session() -> str:
-    os.environ[MARKER] = os.environ.get(MARKER) or uuid.uuid4().hex
+    """This process's marker, made once per process: a pytest-xdist worker inherits its
+    controller's environment but needs a marker of its own, or each worker would count the
+    other's live children as orphans."""
+    owner = f"{os.getpid()}-"
+    if not os.environ.get(MARKER, "").startswith(owner):
+        os.environ[MARKER] = owner + uuid.uuid4().hex
     return os.environ[MARKER]
 
 

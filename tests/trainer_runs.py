@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ports import free_port
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,9 +29,9 @@ def data_prefix(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
 
 
-def python(nproc: int = 1, *, ports: range = range(29600, 29901)) -> list[str]:
-    """The interpreter, or torchrun with ``nproc`` processes on a master port drawn from ``ports``
-    (each test file draws from its own range); a script or ``-m module`` follows."""
+def python(nproc: int = 1) -> list[str]:
+    """The interpreter, or torchrun with ``nproc`` processes on a free master port; a script or
+    ``-m module`` follows."""
     if nproc == 1:
         return [sys.executable]
     return [
@@ -39,7 +39,7 @@ def python(nproc: int = 1, *, ports: range = range(29600, 29901)) -> list[str]:
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
-        f"--master_port={random.choice(ports)}",
+        f"--master_port={free_port()}",
     ]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
 from moe_cdk.schema.config import Orchestrator, load_config, parse_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ports import free_port  # noqa: E402
 from slurm_harness import Rejected, SlurmCluster, SlurmUnavailable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,16 +218,10 @@ def test_unknown_group_is_refused_with_the_option_named(capsys):
 # -- run for real ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_local_collectives_under_torchrun_print_an_all_to_all_figure(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(PYTHON).parent)) or "torchrun"
     done = subprocess.run(
-        [torchrun, "--nproc-per-node=2", f"--master-port={_free_port()}", "-m", "moe_cdk.cli.preflight", "--"]
+        [torchrun, "--nproc-per-node=2", f"--master-port={free_port()}", "-m", "moe_cdk.cli.preflight", "--"]
         + ["collectives", "--config", str(MIXTRAL), "--local", "--all-reduce-bytes", "1048576", "--iterations", "5"],
         capture_output=True,
         text=True,
@@ -270,7 +264,7 @@ def _job_log(tmp_path: Path, job_id: str) -> str:
 
 def test_local_preflight_completes_on_two_slurm_nodes_with_a_verdict_per_node(slurm, tmp_path):
     script = tmp_path / "preflight.sh"
-    args = ["--config", str(_ci_config(tmp_path)), "--local", "--python", PYTHON, "--master-port", str(_free_port())]
+    args = ["--config", str(_ci_config(tmp_path)), "--local", "--python", PYTHON, "--master-port", str(free_port())]
     script.write_text(_render(tmp_path, *args))
     job_id = slurm.submit(script)
     assert not isinstance(job_id, Rejected), job_id
@@ -302,7 +296,7 @@ def test_training_after_a_passed_preflight_runs(slurm, tmp_path):
     config = _ci_config(tmp_path)
     preflight = tmp_path / "preflight.sh"
     preflight.write_text(
-        _render(tmp_path, "--config", str(config), "--local", "--python", PYTHON, "--master-port", str(_free_port()))
+        _render(tmp_path, "--config", str(config), "--local", "--python", PYTHON, "--master-port", str(free_port()))
     )
     first = _submit(slurm, preflight)
     gated = _submit(slurm, _gated_training(tmp_path, config, first))

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, render_sbatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ports import free_port  # noqa: E402
 from slurm_harness import Rejected, SlurmCluster, SlurmUnavailable  # noqa: E402
 from trainer_runs import MEGATRON_REJECTS  # noqa: E402
 
@@ -176,12 +176,6 @@ def slurm():
         cluster.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TinyJob:
     """The rendered --local script for the tiny MoE on 2 nodes x 1 task, with its files in ``root``."""
 
@@ -198,7 +192,7 @@ class TinyJob:
             python=PYTHON,
             train_config=str(TINY),
             output=str(root / "job-%j.out"),
-            master_port=_free_port(),
+            master_port=free_port(),
             train_args=(
                 "--set",
                 "parallel.expert=2",

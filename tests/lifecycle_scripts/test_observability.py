@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ports import free_port  # noqa: E402
 from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import PARAMS, SCRIPTS, Sandbox, resource_config, sandbox, succeeded  # noqa: E402, F401
 
@@ -683,12 +683,6 @@ def slurm(gpu_slurm):
         assert time.monotonic() < deadline, gpu_slurm.log_tail(20)
         time.sleep(0.5)
     return gpu_slurm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> tuple[str, str]:

@@ -34,7 +34,7 @@ PROBE = ROOT / "tests/hf_logits_probe.py"
 
 def _run(*command: str, nproc: int = 1) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [*python(nproc, ports=range(29900, 29991)), *command],
+        [*python(nproc), *command],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
