@@ -19,6 +19,18 @@ ENROOT_VERSION = "3.4.1"
 PYXIS_VERSION = "0.19.0"
 
 
+def spank_standin(out_dir: Path) -> Path:
+    """The stand-in SPANK plugin built into ``out_dir``: the pyxis a test registers in a plugstack."""
+    plugin = out_dir / "spank_standin.so"
+    compiler = shutil.which("gcc") or "cc"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(plugin), str(FIXTURES / "spank_standin.c")],
+        check=True,
+        capture_output=True,
+    )
+    return plugin
+
+
 def sha256(path: Path) -> str:
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 

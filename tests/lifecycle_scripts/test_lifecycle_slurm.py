@@ -15,7 +15,6 @@ built here from libslurm-dev's spank.h) takes its place in the plugstack: it add
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -24,12 +23,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from node_packages import spank_standin  # noqa: E402
 from slurm_harness import TERMINAL_STATES, SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import Sandbox, succeeded  # noqa: E402
 
 from moe_cdk.jobs.slurm_job import SlurmJobSpec, render_sbatch  # noqa: E402
 
-STANDIN_SOURCE = Path(__file__).resolve().parents[1] / "fixtures/spank_standin.c"
 SPANK_HEADER = Path("/usr/include/slurm/spank.h")
 COMPUTE, CONTROLLER = "i-0456", "i-0123"  # instance ids of gpu-1 and controller-1 in resource_config()
 
@@ -100,13 +99,7 @@ def standin_plugin(tmp_path) -> Path:
         ]
         subprocess.run(install, capture_output=True, check=False)
     assert SPANK_HEADER.is_file(), "libslurm-dev (Slurm's spank.h) is needed: make system-packages installs it"
-    plugin = tmp_path / "spank_standin.so"
-    subprocess.run(
-        [shutil.which("gcc") or "cc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(plugin), str(STANDIN_SOURCE)],
-        check=True,
-        capture_output=True,
-    )
-    return plugin
+    return spank_standin(tmp_path)
 
 
 def register_standin_pyxis(box: Sandbox, slurm: SlurmCluster, plugin: Path) -> None:

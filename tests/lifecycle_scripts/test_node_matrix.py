@@ -37,11 +37,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from node_packages import enroot_debs, pyxis_repo  # noqa: E402
+from node_packages import enroot_debs, pyxis_repo, spank_standin  # noqa: E402
 from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import Sandbox  # noqa: E402
 
-STANDIN_SOURCE = Path(__file__).resolve().parents[1] / "fixtures/spank_standin.c"
 COMPUTE, CONTROLLER = "10.0.64.11", "10.0.64.10"  # gpu-1 and controller-1 in resource_config()
 LATE_START_S = 60.0
 FEATURES = "efa,p5en,gpu"
@@ -87,16 +86,6 @@ class Outcome:
         for node, run in self.runs.items():
             parts.append(f"--- {node}: exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
         return "\n".join(parts)
-
-
-def _build_standin(shared: Path) -> Path:
-    plugin = shared / "spank_standin.so"
-    subprocess.run(
-        [shutil.which("gcc") or "cc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(plugin), str(STANDIN_SOURCE)],
-        check=True,
-        capture_output=True,
-    )
-    return plugin
 
 
 def _node(box: Sandbox, address: str, path: str, slurm: SlurmCluster) -> subprocess.Popen:
@@ -209,7 +198,7 @@ def matrix() -> dict[str, Outcome]:
     try:
         shared = base / "shared"
         shared.mkdir()
-        plugin = _build_standin(shared)
+        plugin = spank_standin(shared)
         packages = (enroot_debs(shared / "enroot"), pyxis_repo(shared / "pyxis"))
         lock = threading.Lock()
         outcomes: dict[str, Outcome] = {}
