@@ -9,8 +9,8 @@ import sys
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from moe_cdk.cli.report import report
-from moe_cdk.core.problems import ConfigError, problem
-from moe_cdk.schema.config import Orchestrator, load_config
+from moe_cdk.core.problems import ConfigError
+from moe_cdk.schema.config import load_config, require_hyperpod
 from moe_cdk.tools.cluster_status import cluster_status, render_status, to_json
 
 EXIT_UNHEALTHY = 1
@@ -21,16 +21,7 @@ def run(args: argparse.Namespace) -> int:
     2 when the configuration is invalid."""
     try:
         config = load_config(args.config)
-        if config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
-            raise ConfigError(
-                [
-                    problem(
-                        "status reads a HyperPod cluster; a training-job configuration has none",
-                        got=config.cluster.orchestrator.value,
-                        allowed="slurm or eks",
-                    ).at("cluster.orchestrator")
-                ]
-            )
+        require_hyperpod(config, "status reads a HyperPod cluster; a training-job configuration has none")
     except ConfigError as error:
         return report(args.config, error)
     import boto3

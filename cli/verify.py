@@ -8,23 +8,14 @@ import argparse
 
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
-from moe_cdk.schema.config import Orchestrator, load_config
+from moe_cdk.schema.config import Orchestrator, load_config, require_hyperpod
 
 
 def _render(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
-        if config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
-            # SageMaker Training Jobs pick fresh instances for every job: there is no fleet to verify first.
-            raise ConfigError(
-                [
-                    problem(
-                        "verify render needs a HyperPod configuration",
-                        got=config.cluster.orchestrator.value,
-                        allowed="slurm or eks",
-                    ).at("cluster.orchestrator")
-                ]
-            )
+        # SageMaker Training Jobs pick fresh instances for every job: there is no fleet to verify first.
+        require_hyperpod(config, "verify render needs a HyperPod configuration")
         if config.cluster.orchestrator is Orchestrator.EKS:
             text, summary = _eks(args, config)
         else:

@@ -657,6 +657,15 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data)
 
 
+def require_hyperpod(config: Config, refusal: str) -> None:
+    """Raise ``ConfigError`` with ``refusal`` at cluster.orchestrator unless ``config`` deploys a
+    HyperPod cluster (Slurm or EKS): for the commands that act on one."""
+    if config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+        raise ConfigError(
+            [problem(refusal, got=config.cluster.orchestrator.value, allowed="slurm or eks").at("cluster.orchestrator")]
+        )
+
+
 SCHEMA_FILE = "config/moe-cdk.schema.json"
 """Where the JSON Schema of a configuration file ships, for editors (``make docs`` writes it)."""
 

@@ -223,3 +223,11 @@ def test_the_command_prints_json_and_exits_1_for_an_unhealthy_cluster(clients, m
     assert status_command.run(args) == 1
     shown = json.loads(capsys.readouterr().out)
     assert shown["status"] == "Creating" and shown["nodes"][0]["status"] == "Pending" and shown["healthy"] is False
+
+
+def test_training_job_configuration_is_refused_before_aws_is_asked(capsys, monkeypatch):
+    monkeypatch.setattr(sys.modules["boto3"], "client", lambda *_, **__: pytest.fail("AWS was asked"))
+    args = status_command.argparse.Namespace(config=str(ROOT / "config/training-job.yaml"), json=False)
+    assert status_command.run(args) == 2
+    err = capsys.readouterr().err
+    assert "cluster.orchestrator: status reads a HyperPod cluster" in err and "got 'training-job'" in err

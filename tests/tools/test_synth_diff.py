@@ -342,7 +342,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     """A clone of HEAD with two commits of its own: rev1 marks the network stack's description
-    (so the base revision's code differs from both /work/main and the working tree), rev2 changes
+    (so the base revision's code differs from both this checkout and the clone's working tree), rev2 changes
     the marker again and the default configuration's storage capacity and subnet mask."""
     repo = tmp_path_factory.mktemp("diff") / "repo"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(repo)], check=True, capture_output=True)
