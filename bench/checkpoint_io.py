@@ -8,7 +8,11 @@ each timing a checkpoint save and a plain write into fresh folders, then a check
 a plain read, the plain side first in every other round. Both writes end with an fsync of
 every file; before the reads both are evicted from the page cache (``drop_caches`` where root
 may write it, else ``posix_fadvise``; the JSON says which), so both read from the disk, into
-preallocated tensors. Reported: min, median and max of each, and of the round-by-round ratios.
+preallocated tensors. On a file system held in memory (tmpfs, ramfs) there is nothing to evict:
+the files are the cache, and ``drop_caches`` would only evict the program's own code, which the
+checkpoint side, running more of it, would then read back from the disk. Reported: min, median
+and max of each, and of the round-by-round ratios; the JSON also names the directory and its
+file system type.
 
     .venv/bin/python bench/checkpoint_io.py [--size-mib 512] [--repeats 9] [--dir /tmp/moe-bench-checkpoint]
 """
@@ -39,13 +43,28 @@ def fsync_tree(path: Path) -> None:
 
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+IN_MEMORY = frozenset({"tmpfs", "ramfs"})
 
 
-def evict(*paths: Path) -> str:
+def filesystem_type(path: Path) -> str:
+    """The type of the file system ``path`` is on: the mount in /proc/self/mounts with the
+    longest mount point that contains it (mount points there escape spaces as \\040)."""
+    resolved, best, kind = path.resolve(), -1, "unknown"
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        mount = Path(fields[1].replace("\\040", " "))
+        if (resolved == mount or mount in resolved.parents) and len(mount.parts) > best:
+            best, kind = len(mount.parts), fields[2]
+    return kind
+
+
+def evict(fs_type: str, *paths: Path) -> str:
     """Drop the pages of ``paths`` (files, or every file under a folder) from the page cache,
     so the next reads come from the disk: the whole cache where root may write
-    ``drop_caches``, else each file's written-back pages (POSIX_FADV_DONTNEED). Returns which
-    was used."""
+    ``drop_caches``, else each file's written-back pages (POSIX_FADV_DONTNEED); nothing on a
+    file system held in memory. Returns which was used."""
+    if fs_type in IN_MEMORY:
+        return "none (in memory)"
     os.sync()
     try:
         DROP_CACHES.write_text("3\n")
@@ -83,6 +102,7 @@ def main() -> None:
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    fs_type = filesystem_type(root)
     # Layer-like tensors of 16 MiB each (fp32), like a model's weight matrices.
     count = max(args.size_mib // 16, 1)
     tensors = {f"layer{i}.weight": torch.randn(2048, 2048) for i in range(count)}
@@ -128,7 +148,7 @@ def main() -> None:
         }
         for key in in_turn(["save", "write"], i):
             times[key].append(_timed(operations[key]))
-        eviction = evict(folder, file)
+        eviction = evict(fs_type, folder, file)
         for key in in_turn(["load", "read"], i):
             times[key].append(_timed(operations[key]))
         shutil.rmtree(folder)
@@ -161,6 +181,7 @@ def main() -> None:
             "bytes": nbytes,
             "repeats": args.repeats,
             "directory": args.dir,
+            "filesystem": fs_type,
             "cache_eviction": eviction,
             "save_over_plain_write": ratios(times["write"], times["save"]),
             "load_over_plain_read": ratios(times["read"], times["load"]),

@@ -2,8 +2,10 @@
 
     moe-checkpoint import-hf HF_DIR --output CKPT_DIR --write-config PROFILE.yaml [--set section.key=value ...]
     moe-checkpoint export-hf CKPT_DIR --config PROFILE.yaml --output HF_DIR [--step N] [--dtype D] [--family F]
+    moe-checkpoint verify CKPT_DIR [--step N]
 
-Exit codes: 0 success, 2 bad input (printed one problem per line, never as a traceback).
+Exit codes: 0 success (verify: every step checked is intact), 1 verify found a step that is not,
+2 bad input (printed one problem per line, never as a traceback).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 
 from moe_cdk.cli.report import report
-from moe_cdk.core.problems import ConfigError
+from moe_cdk.core.problems import ConfigError, Problem
 from moe_cdk.training.exit_codes import EXIT_CONFIG
 
 
@@ -76,7 +78,45 @@ def _parser() -> argparse.ArgumentParser:
         choices=list(FAMILIES),
         help="the format to write; default: the imported model's (CKPT_DIR/hf/config.json)",
     )
+    ver = commands.add_parser(
+        "verify",
+        help="read a checkpoint in full and check every file's size and checksums",
+        description="Checks each step-N folder's completion marker, file sizes and checksums, and the CRC32C "
+        "of every stored item of every data file, as a resume would. Prints one line per step.",
+    )
+    ver.add_argument(
+        "checkpoint",
+        metavar="CKPT_DIR",
+        type=Path,
+        help="a run's checkpoint folder (every step-N in it) or one step-N folder",
+    )
+    ver.add_argument("--step", type=int, help="check step-N of CKPT_DIR only")
     return parser
+
+
+def _verify(root: Path, step: int | None) -> int:
+    """Print each step's verdict; 1 when any step is not intact."""
+    from moe_cdk.training.checkpoint import MARKER, step_dirs, verify_step
+
+    if (root / MARKER).is_file() or (root.is_dir() and root.name.startswith("step-") and step is None):
+        steps = [root]
+    else:
+        steps = [path for number, path in step_dirs(root) if step is None or number == step]
+    if not steps:
+        wanted = f"step-{step}" if step is not None else "step-N folder"
+        return report(
+            str(root),
+            ConfigError([Problem("CKPT_DIR", f"holds no {wanted}", got=str(root), allowed="a checkpoint folder")]),
+            EXIT_CONFIG,
+        )
+    failed = 0
+    for path in steps:
+        problems = verify_step(path)
+        print(f"{path}: {'intact' if not problems else 'NOT INTACT'}")
+        for line in problems:
+            print(f"  {line}")
+        failed += bool(problems)
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("megatron", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.command == "verify":  # reads files only: no megatron
+        return _verify(args.checkpoint, args.step)
     from moe_cdk.training import _megatron
 
     _megatron.import_core()

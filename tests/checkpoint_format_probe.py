@@ -5,15 +5,21 @@ Run as ``python tests/checkpoint_format_probe.py DIR``. It saves a set of tensor
 ``save_strategy()``, loads them back with ``load_strategy()`` and with megatron's stock
 ``TorchDistLoadShardedStrategy`` (torch's FileSystemReader: the reference), into whole and
 resharded targets, and prints JSON: which cases load equal to the reference and to the saved
-tensors, how each archive was read, whether the archives carry CRC-32s, and the same with the
-in-place read forced onto the wrong offset.
+tensors, how each archive was read, whether the archives carry CRC-32s, the same with the
+in-place read forced onto the wrong offset, how many processes each writer forked, whether the
+CRC32C records match the files, and what a load reports for a flipped byte and for files
+without a record.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
+import os
+import shutil
 import sys
+import threading
 import zipfile
 import zlib
 from pathlib import Path
@@ -115,6 +121,75 @@ def checksums(folder: Path) -> dict:
     return {"written": written, "right": right}
 
 
+def records_match(folder: Path) -> dict[str, bool]:
+    """Per data file: its CRC32C record holds its size and items that tile it, each with the
+    CRC32C of its bytes, computed here from the file as read back."""
+    import crc32c
+
+    from moe_cdk.training.checkpoint import read_checksums
+
+    out = {}
+    for data_file in sorted(folder.glob("*.distcp")):
+        raw, record = data_file.read_bytes(), read_checksums(data_file)
+        items = sorted(record["items"])
+        tiles = [offset for offset, _, _ in items] == [0] + [o + n for o, n, _ in items[:-1]]
+        out[data_file.name] = (
+            record["bytes"] == len(raw)
+            and tiles
+            and sum(n for _, n, _ in items) == len(raw)
+            and all(crc == crc32c.crc32c(raw[o : o + n]) for o, n, crc in items)
+        )
+    return out
+
+
+def planner_lock_use() -> dict:
+    """Whether ``_resolved`` holds the planner lock during its block, for a planner that keeps a
+    request's state between resolve and commit (as megatron's does for FP8 targets) and for one
+    that does not, and whether it commits and releases after."""
+    from moe_cdk.training.checkpoint_format import _resolved
+
+    class Planner:
+        def __init__(self, keeps_state: bool) -> None:
+            self.keeps_state, self._intermediate_read_item_and_target, self.committed = keeps_state, None, []
+
+        def resolve_tensor(self, req):
+            if self.keeps_state:
+                self._intermediate_read_item_and_target = (req, None)
+            return torch.zeros(1)
+
+        def commit_tensor(self, req, tensor):
+            self._intermediate_read_item_and_target = None
+            self.committed.append(req)
+
+    out = {}
+    for keeps_state in (True, False):
+        planner, lock = Planner(keeps_state), threading.Lock()
+        with _resolved(planner, lock, "req") as target:
+            held_in_block = lock.locked()
+            target += 1
+        out["stateful" if keeps_state else "stateless"] = {
+            "held_in_block": held_in_block,
+            "committed": planner.committed == ["req"],
+            "released": not lock.locked(),
+        }
+    return out
+
+
+def forks_during(save) -> int:
+    real, count = os.fork, [0]
+
+    def counting_fork():
+        count[0] += 1
+        return real()
+
+    os.fork = counting_fork
+    try:
+        save()
+    finally:
+        os.fork = real
+    return count[0]
+
+
 def main(root: Path) -> dict:
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state
@@ -133,27 +208,37 @@ def main(root: Path) -> dict:
     torch.manual_seed(0)
     saved = {name: make() for name, make in SAVED.items()}
     ours, stock = root / "ours", root / "stock"
-    for folder, strategy in ((ours, save_strategy()), (stock, TorchDistSaveShardedStrategy("torch_dist", 1))):
+    forks = {}
+    for name, folder, strategy in (
+        ("ours", ours, save_strategy()),
+        ("stock", stock, TorchDistSaveShardedStrategy("torch_dist", 1)),
+    ):
         folder.mkdir(parents=True)
-        dist_checkpointing.save(sharded(saved), str(folder), sharded_strategy=strategy)
+        forks[name] = forks_during(
+            lambda folder=folder, strategy=strategy: dist_checkpointing.save(
+                sharded(saved), str(folder), sharded_strategy=strategy
+            )
+        )
 
-    paths = {"in_place": 0, "copied": 0}
-    read_in_place, read_and_copy = (
+    paths, counting = {"in_place": 0, "copied": 0}, threading.Lock()  # the reader's threads count
+    read_in_place, read_archive = (
         SequentialFileSystemReader._read_in_place,
-        SequentialFileSystemReader._read_and_copy,
+        SequentialFileSystemReader._read_archive,
     )
 
     def counting_in_place(*args):
         done = read_in_place(*args)
-        paths["in_place"] += done
+        with counting:
+            paths["in_place"] += done
         return done
 
     def counting_copy(*args):
-        paths["copied"] += 1
-        return read_and_copy(*args)
+        with counting:
+            paths["copied"] += 1
+        return read_archive(*args)
 
     SequentialFileSystemReader._read_in_place = staticmethod(counting_in_place)
-    SequentialFileSystemReader._read_and_copy = staticmethod(counting_copy)
+    SequentialFileSystemReader._read_archive = staticmethod(counting_copy)
 
     def load(strategy, *, non_contiguous: bool = False) -> dict[str, torch.Tensor]:
         targets = targets_like(saved, non_contiguous=non_contiguous)
@@ -189,6 +274,42 @@ def main(root: Path) -> dict:
 
     result["checksums"] = {"ours": checksums(ours), "stock": checksums(stock)}
     result["crc_setting_after_save"] = serialization_config.save.compute_crc32
+    result["forks_during_save"] = forks
+    result["records_match"] = records_match(ours)
+    result["planner_lock"] = planner_lock_use()
+
+    from moe_cdk.training.checkpoint import _checksum_mismatch_in, verify_file
+
+    flipped = root / "flipped"
+    shutil.copytree(ours, flipped)
+    victim = max(flipped.glob("*.distcp"), key=lambda f: f.stat().st_size)
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    victim.write_bytes(raw)
+    try:
+        dist_checkpointing.load(
+            sharded(targets_like(saved, non_contiguous=False)), str(flipped), sharded_strategy=load_strategy()
+        )
+        result["flipped_load"] = "loaded"
+    except BaseException as error:  # torch's CheckpointException is a BaseException
+        result["flipped_load"] = str(_checksum_mismatch_in(error))
+    result["flipped_file"] = victim.name
+    result["flipped_byte"] = len(raw) // 2
+    result["verify_flipped"] = verify_file(victim)
+    result["verify_ours"] = [verify_file(f) for f in sorted(ours.glob("*.distcp"))]
+
+    unrecorded = root / "unrecorded"
+    shutil.copytree(ours, unrecorded)
+    for record in unrecorded.glob("*.crc32c"):
+        record.unlink()
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("moe_cdk.training.checkpoint_format").addHandler(handler)
+    targets = targets_like(saved, non_contiguous=False)
+    dist_checkpointing.load(sharded(targets), str(unrecorded), sharded_strategy=load_strategy())
+    result["unrecorded_equals_saved"] = all(torch.equal(targets[name], want[name]) for name in TARGETS)
+    result["unrecorded_warnings"] = warnings
     return result
 
 

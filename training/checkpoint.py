@@ -2,10 +2,13 @@
 
 Layout: ``<dir>/step-<N>/`` holds one torch_dist checkpoint. It counts only once
 ``<dir>/step-<N>/moe-cdk-complete.json`` exists; rank 0 writes that marker last, after
-every rank has finished writing, and records each file's size in it. On start the newest
-checkpoint whose marker exists and whose files all have their recorded sizes is loaded;
-newer ones that fail the check are skipped with a warning naming them. The newest
-``keep_last`` complete checkpoints are kept.
+every rank has finished writing, and records each file's size in it, and the CRC32C of each
+file that has no checksum record of its own (the data files have one each, written with them:
+training/checkpoint_format.py). On start the newest checkpoint whose marker exists and whose
+files all have their recorded sizes and checksums is loaded, and every item read from the
+data files is checked as it is read. Newer ones that fail a check are skipped with a warning
+naming the file; if every checkpoint that was completed fails, the run stops with a permanent
+error rather than train from scratch. The newest ``keep_last`` complete checkpoints are kept.
 
 Saved: the model and megatron's optimizer state (sharded like the model, so both reshard
 to any TP/EP/PP/DP layout on load), the learning-rate scheduler, the data position, the step,
@@ -27,16 +30,94 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from moe_cdk.core.problems import ConfigError, Problem
 from moe_cdk.training import cpu_compat
 
 log = logging.getLogger(__name__)
 
 MARKER = "moe-cdk-complete.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+CHECKSUM_SUFFIX = ".crc32c"
+"""``F`` + this names the checksum record of data file ``F`` (training/checkpoint_format.py writes it)."""
+
+
+_CRC_CHUNK_BYTES = 4 << 20  # each chunk is checksummed while it is still in the CPU's cache
+
+
+def read_into(fd: int, into: memoryview, offset: int, crc: int = 0) -> int:
+    """Fill ``into`` from the file at ``offset``; returns ``crc`` extended over the bytes read."""
+    done = 0
+    while done < len(into):
+        count = os.preadv(fd, [into[done : done + _CRC_CHUNK_BYTES]], offset + done)
+        if not count:
+            raise EOFError(f"checkpoint file ends at byte {offset + done}, inside a stored item")
+        crc = crc32c.crc32c(into[done : done + count], crc)
+        done += count
+    return crc
+
+
+class ChecksumMismatch(Exception):
+    """Bytes of a checkpoint file that are not the bytes written."""
+
+
+def read_checksums(data_file: Path) -> dict | None:
+    """The CRC32C record written with ``data_file``; None when there is none (a checkpoint from
+    before moe-cdk wrote them). A record that cannot be read is a mismatch."""
+    record_file = Path(str(data_file) + CHECKSUM_SUFFIX)
+    try:
+        record = json.loads(record_file.read_bytes())
+        return {"bytes": int(record["bytes"]), "items": [[int(v) for v in item] for item in record["items"]]}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as error:  # TypeError: an item that is not a list
+        raise ChecksumMismatch(f"{record_file.name}: unreadable checksum record ({error})") from error
+
+
+def crc32c_of_range(fd: int, offset: int, length: int, *, chunk_bytes: int = 64 << 20) -> int:
+    """The CRC32C of ``length`` bytes of an open file from ``offset``, read ``chunk_bytes`` at a time."""
+    buffer = memoryview(bytearray(max(min(chunk_bytes, length), 1)))
+    crc, done = 0, 0
+    while done < length:
+        part = buffer[: min(len(buffer), length - done)]
+        crc = read_into(fd, part, offset + done, crc)
+        done += len(part)
+    return crc
+
+
+def verify_file(data_file: Path) -> str | None:
+    """Why ``data_file`` is not the file that was written, or None when its size and each stored
+    item's CRC32C match its record (or it has no record). The items cover the file end to end,
+    so every byte is checked."""
+    try:
+        record = read_checksums(data_file)
+    except ChecksumMismatch as error:
+        return str(error)
+    if record is None:
+        return None
+    size = data_file.stat().st_size
+    if size != record["bytes"]:
+        return f"{data_file.name} has {size} bytes, {record['bytes']} were written"
+    at = 0
+    with open(data_file, "rb", buffering=0) as file:
+        for offset, length, want in sorted(record["items"]):
+            if offset != at:
+                return f"{data_file.name}: its checksum record does not cover bytes {at}-{offset}"
+            got = crc32c_of_range(file.fileno(), offset, length)
+            if got != want:
+                return mismatch_text(data_file.name, offset, length, got, want)
+            at = offset + length
+    if at != size:
+        return f"{data_file.name}: its checksum record does not cover bytes {at}-{size}"
+    return None
+
+
+def mismatch_text(name: str, offset: int, length: int, got: int, want: int) -> str:
+    return f"{name}: the {length}-byte item at byte {offset} has CRC32C {got:08x}, {want:08x} was written"
 
 
 def _rng_state() -> dict:
@@ -97,6 +178,32 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
     return sorted(found, reverse=True)
+
+
+def _marker_entry(file: Path) -> dict:
+    """A file's size, and its CRC32C unless it has a checksum record of its own or is one."""
+    size = file.stat().st_size
+    if file.name.endswith(CHECKSUM_SUFFIX) or Path(str(file) + CHECKSUM_SUFFIX).is_file():
+        return {"bytes": size}
+    with open(file, "rb", buffering=0) as handle:
+        return {"bytes": size, "crc32c": crc32c_of_range(handle.fileno(), 0, size)}
+
+
+def verify_step(path: Path) -> list[str]:
+    """Every problem of one step-N folder, read in full: its marker, sizes and small files'
+    checksums, then each data file's size and each stored item's CRC32C. Empty when intact."""
+    reason = CheckpointManager.problem_with(path)
+    if reason is not None:
+        return [reason]
+    problems = []
+    for data_file in sorted(path.glob("*.distcp")):
+        if read_checksums(data_file) is None:
+            problems.append(f"{data_file.name} has no checksum record ({data_file.name}{CHECKSUM_SUFFIX})")
+            continue
+        found = verify_file(data_file)
+        if found:
+            problems.append(found)
+    return problems
 
 
 @dataclass(frozen=True)
@@ -171,32 +278,46 @@ class CheckpointManager:
 
     @staticmethod
     def problem_with(path: Path) -> str | None:
-        """Why ``path`` cannot be resumed from, or None when it is complete and intact."""
+        """Why ``path`` cannot be resumed from, or None when it is complete and its files have
+        the sizes, and the small ones the checksums, that its marker records. The data files'
+        bytes are checked as they are loaded (or by :func:`verify_step`)."""
         marker = path / MARKER
         if not marker.is_file():
             return "no completion marker (the save did not finish)"
         try:
-            recorded = json.loads(marker.read_text())["files"]
-        except (ValueError, KeyError):
+            # Markers written before checksums hold each file's size alone.
+            recorded = {
+                name: (entry, None) if isinstance(entry, int) else (int(entry["bytes"]), entry.get("crc32c"))
+                for name, entry in json.loads(marker.read_text())["files"].items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError):
             return "unreadable completion marker"
-        for name, size in recorded.items():
+        for name, (size, crc) in recorded.items():
             file = path / name
             if not file.is_file():
                 return f"{name} is missing"
             if file.stat().st_size != size:
                 return f"{name} has {file.stat().st_size} bytes, {size} were written"
+            if crc is not None:
+                with open(file, "rb", buffering=0) as handle:
+                    got = crc32c_of_range(handle.fileno(), 0, size)
+                if got != crc:
+                    return f"{name} has CRC32C {got:08x}, {crc:08x} was written"
         return None
 
-    def latest_complete(self) -> list[tuple[int, Path]]:
-        """Complete, intact checkpoints, newest first; the skipped newer ones are logged by name."""
-        good = []
+    def _scan(self) -> tuple[list[tuple[int, Path]], list[str]]:
+        """Complete, intact checkpoints, newest first, and why each newer completed one was
+        rejected; the skipped newer ones are logged by name."""
+        good, rejected = [], []
         for step, path in step_dirs(self.root):
             reason = self.problem_with(path)
             if reason is None:
                 good.append((step, path))
             elif not good:
                 log.warning("skipping checkpoint %s: %s", path, reason)
-        return good
+                if (path / MARKER).is_file():
+                    rejected.append(f"{path.name}: {reason}")
+        return good, rejected
 
     # -- saving -------------------------------------------------------------------------
 
@@ -276,7 +397,7 @@ class CheckpointManager:
     def _complete(self, step: int, path: Path) -> None:
         dist.barrier()
         if self.rank == 0:
-            files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file()}
+            files = {str(f.relative_to(path)): _marker_entry(f) for f in sorted(path.rglob("*")) if f.is_file()}
             tmp = path / (MARKER + ".tmp")
             tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
             os.replace(tmp, path / MARKER)
@@ -298,22 +419,27 @@ class CheckpointManager:
 
     # -- loading ------------------------------------------------------------------------
 
-    def _candidates(self) -> list[tuple[int, Path]]:
-        """Rank 0's list of complete checkpoints, the same on every rank (each rank checking
-        for itself could pick a different one while a save is being pruned)."""
-        found = [self.latest_complete() if self.rank == 0 else None]
+    def _candidates(self) -> tuple[list[tuple[int, Path]], list[str]]:
+        """Rank 0's list of complete checkpoints, and of the completed ones it rejected, the same
+        on every rank (each rank checking for itself could pick a different one while a save is
+        being pruned)."""
+        found = [self._scan() if self.rank == 0 else None]
         if dist.get_world_size() > 1:
             dist.broadcast_object_list(found, src=0)
         return found[0]
 
     def load_latest(self, trainable) -> Restored | None:
         """Restore the newest loadable checkpoint into the model, optimizer, scheduler and RNGs,
-        under this run's layout whatever the layout it was saved with."""
+        under this run's layout whatever the layout it was saved with. A checkpoint whose bytes
+        fail their checksums is skipped for the one before it; when no completed checkpoint is
+        left, ConfigError (a permanent stop: training from step 0 would discard the run)."""
         from megatron.core import dist_checkpointing
+        from torch.distributed.checkpoint.api import CheckpointException
 
         from moe_cdk.training.checkpoint_format import load_strategy
 
-        for _, path in self._candidates():
+        candidates, rejected = self._candidates()
+        for _, path in candidates:
             started = time.perf_counter()
             common = dist_checkpointing.load_common_state_dict(str(path))
             try:
@@ -323,10 +449,15 @@ class CheckpointManager:
                 )
                 with cpu_compat.cuda_factories_on_cpu():
                     state = dist_checkpointing.load(template, str(path), sharded_strategy=load_strategy())
-            except Exception as error:  # a corrupt file that still has its recorded size
-                if dist.get_world_size() > 1:
+            except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
+                # torch's reader gathers every rank's failure and raises them on all ranks, so a
+                # checksum mismatch is seen, and skipped, by every rank alike.
+                mismatch = _checksum_mismatch_in(error)
+                if mismatch is None and dist.get_world_size() > 1:
                     raise
-                log.warning("skipping checkpoint %s: %s", path, error)
+                reason = str(mismatch or error)
+                log.warning("skipping checkpoint %s: %s; trying the step before it", path, reason)
+                rejected.append(f"{path.name}: {reason}")
                 continue
             for i, chunk in enumerate(trainable.chunks):
                 chunk.module.load_state_dict(state["model"][f"chunk{i}"])
@@ -354,4 +485,33 @@ class CheckpointManager:
                     )
             log.info("resumed from %s in %.2fs", path, time.perf_counter() - started)
             return Restored(step=int(state["step"]), consumed_samples=int(state["consumed_samples"]), path=path)
+        if rejected:
+            raise ConfigError(
+                [
+                    Problem(
+                        "checkpoint.dir",
+                        f"no intact checkpoint is left in {self.root}, so the run stops rather than start again "
+                        f"from step 0: {'; '.join(rejected)}",
+                        allowed="a folder whose newest completed step passes `moe-checkpoint verify`, "
+                        "or a new folder to train from scratch",
+                    )
+                ]
+            )
         return None
+
+
+def _checksum_mismatch_in(error: BaseException) -> ChecksumMismatch | None:
+    """The checksum mismatch behind ``error``: itself, a cause, or one of the per-rank failures a
+    torch CheckpointException carries (``failures``: rank -> (exception, traceback))."""
+    seen, pending = set(), [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ChecksumMismatch):
+            return current
+        pending += [current.__cause__, current.__context__]
+        for failure in (getattr(current, "failures", None) or {}).values():
+            pending.append(failure[0] if isinstance(failure, tuple) else failure)
+    return None

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from trainer_runs import ENV, ROOT
@@ -15,6 +16,7 @@ GPU_CHECK = ROOT / "bench/gpu_check.py"
 GPU_CHECK_SH = ROOT / "bench/gpu_check.sh"
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import paired  # noqa: E402
+from checkpoint_io import evict, filesystem_type  # noqa: E402
 
 
 def test_paired_rounds_reverse_the_order_every_other_round():
@@ -30,6 +32,16 @@ def test_paired_rounds_reverse_the_order_every_other_round():
     runs = paired({"a": side("a"), "b": side("b")}, repeats=3, warmup=1)
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # the warm-up round, then A B, B A, A B
     assert runs == {"a": [3.0, 6.0, 7.0], "b": [4.0, 5.0, 8.0]}
+
+
+def test_checkpoint_bench_names_the_file_system_of_a_path():
+    assert filesystem_type(ROOT / "no/such/file") == filesystem_type(ROOT)  # the mount that would hold it
+    assert filesystem_type(Path("/proc/self/status")) == "proc"  # the longest mount point wins over /
+
+
+def test_checkpoint_bench_evicts_nothing_on_a_file_system_held_in_memory(tmp_path):
+    # drop_caches there would evict only the bench's own code, not the files
+    assert evict("tmpfs", tmp_path) == evict("ramfs", tmp_path) == "none (in memory)"
 
 
 def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path):

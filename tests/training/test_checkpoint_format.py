@@ -55,3 +55,39 @@ def test_archives_are_written_without_checksums(probe):
 
 def test_the_checksum_setting_is_restored_after_a_save(probe):
     assert probe["crc_setting_after_save"] is True
+
+
+def test_files_are_written_by_threads_without_a_fork(probe):
+    # a fork write-protects every page of the rank, and each page it writes next faults
+    assert probe["forks_during_save"]["ours"] == 0
+    assert probe["forks_during_save"]["stock"] > 0  # the count can tell: megatron's writer forks
+
+
+def test_every_data_file_has_a_crc32c_record_of_itself_and_each_item(probe):
+    assert probe["records_match"] and all(probe["records_match"].values())
+
+
+def test_a_flipped_byte_fails_the_load_naming_the_file_and_the_item(probe):
+    name, byte = probe["flipped_file"], probe["flipped_byte"]
+    assert probe["flipped_load"].startswith(f"{name}: the ") and "has CRC32C" in probe["flipped_load"]
+    at = int(probe["flipped_load"].split(" at byte ")[1].split()[0])
+    length = int(probe["flipped_load"].split(": the ")[1].split("-byte")[0])
+    assert at <= byte < at + length
+
+
+def test_verify_file_reports_the_flipped_byte_and_passes_intact_files(probe):
+    assert probe["verify_flipped"] == probe["flipped_load"]
+    assert probe["verify_ours"] == [None] * len(probe["records_match"])
+
+
+def test_files_without_a_record_load_unchecked_with_one_warning(probe):
+    assert probe["unrecorded_equals_saved"] is True
+    [warning] = probe["unrecorded_warnings"]
+    assert "4 file(s) read without a checksum record" in warning
+
+
+def test_a_planner_that_keeps_state_between_resolve_and_commit_is_held_by_one_reader(probe):
+    assert probe["planner_lock"] == {
+        "stateful": {"held_in_block": True, "committed": True, "released": True},
+        "stateless": {"held_in_block": False, "committed": True, "released": True},
+    }

@@ -72,23 +72,48 @@ def test_only_the_last_two_complete_checkpoints_are_kept(single_run):
     assert (single_run / "ckpt/step-20" / MARKER).is_file()
 
 
-def test_two_processes_with_expert_parallel_2_train(tmp_path, data_prefix, single_run):
-    result = run_training(
-        tmp_path,
-        data_prefix,
-        "--max-steps",
-        "10",
-        "--save-interval",
-        "10",
-        "--set",
-        "parallel.expert=2",
-        "--set",
-        "data.num_workers=1",
-        nproc=2,
-    )
+EXPERT_PARALLEL_2 = (
+    "--max-steps",
+    "10",
+    "--save-interval",
+    "5",
+    "--set",
+    "parallel.expert=2",
+    "--set",
+    "data.num_workers=1",
+)
+
+
+@pytest.fixture(scope="module")
+def expert_parallel_run(tmp_path_factory, data_prefix, single_run) -> Path:
+    """10 steps on two processes with expert parallelism 2, checkpointing at steps 5 and 10."""
+    run_dir = tmp_path_factory.mktemp("expert-parallel-2")
+    result = run_training(run_dir, data_prefix, *EXPERT_PARALLEL_2, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
-    losses = [r["loss"] for r in records(tmp_path)]
+    return run_dir
+
+
+def test_two_processes_with_expert_parallel_2_train(expert_parallel_run):
+    losses = [r["loss"] for r in records(expert_parallel_run)]
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.5
+
+
+def test_a_flipped_byte_in_one_ranks_file_makes_every_rank_fall_back(tmp_path, data_prefix, expert_parallel_run):
+    # Rank 1 reads the flipped file; rank 0 must learn of it and load the same earlier step.
+    run_dir = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(expert_parallel_run), str(run_dir)], check=True)
+    shard = run_dir / "ckpt/step-10/__1_0.distcp"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x20
+    shard.write_bytes(raw)
+    result = run_training(run_dir, data_prefix, *EXPERT_PARALLEL_2, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank{rank} WARNING moe_cdk.training.checkpoint: skipping checkpoint {run_dir / 'ckpt/step-10'}: " in (
+            result.stderr
+        )
+    assert f"resumed from {run_dir / 'ckpt/step-5'}" in result.stderr
+    assert records(run_dir)[-1]["loss"] == records(expert_parallel_run)[-1]["loss"]
 
 
 def test_kubeflow_pod_starts_one_rank_per_device_and_trains(tmp_path, data_prefix, single_run):
@@ -205,6 +230,70 @@ def test_truncated_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, d
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"skipping checkpoint {run_dir / 'ckpt/step-20'}: {shard.name} has" in result.stderr
     assert f"resumed from {run_dir / 'ckpt/step-16'}" in result.stderr
+
+
+def _flip_one_byte(step_dir: Path) -> tuple[Path, str]:
+    """Flip one bit of a random byte of a random data file; returns the file and how it was chosen."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    shard = rng.choice(sorted(step_dir.glob("*.distcp")))
+    raw = bytearray(shard.read_bytes())
+    at = rng.randrange(len(raw))
+    raw[at] ^= 1 << rng.randrange(8)
+    shard.write_bytes(raw)
+    return shard, f"seed {seed}: {shard.name} byte {at}"
+
+
+def test_a_flipped_byte_in_the_latest_checkpoint_falls_back_to_the_step_before(tmp_path, data_prefix, single_run):
+    run_dir = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(single_run), str(run_dir)], check=True)
+    shard, chosen = _flip_one_byte(run_dir / "ckpt/step-20")
+    result = run_training(run_dir, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert result.returncode == 0, f"{chosen}\n{result.stderr[-3000:]}"
+    assert f"skipping checkpoint {run_dir / 'ckpt/step-20'}: {shard.name}: the " in result.stderr, chosen
+    assert f"resumed from {run_dir / 'ckpt/step-16'}" in result.stderr, chosen
+    assert records(run_dir)[-1]["loss"] == records(single_run)[-1]["loss"], chosen
+
+
+def test_no_intact_checkpoint_left_stops_the_run_with_a_permanent_error(tmp_path, data_prefix, single_run):
+    run_dir = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(single_run), str(run_dir)], check=True)
+    chosen = [_flip_one_byte(run_dir / f"ckpt/step-{step}")[1] for step in (16, 20)]
+    result = run_training(run_dir, data_prefix, "--max-steps", "20", "--save-interval", "4")
+    assert result.returncode == 2, f"{chosen}\n{result.stderr[-3000:]}"
+    assert f"checkpoint.dir: no intact checkpoint is left in {run_dir / 'ckpt'}" in result.stderr, chosen
+    assert "starting at step 0" not in result.stderr
+
+
+def test_moe_checkpoint_verify_names_the_flipped_file_and_passes_the_rest(tmp_path, single_run, capsys):
+    from moe_cdk.cli.checkpoint import main
+
+    ckpt = tmp_path / "ckpt"
+    subprocess.run(["cp", "-r", str(single_run / "ckpt"), str(ckpt)], check=True)
+    shard, chosen = _flip_one_byte(ckpt / "step-20")
+    assert main(["verify", str(ckpt)]) == 1, chosen
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{ckpt / 'step-20'}: NOT INTACT", chosen
+    assert out[1].startswith(f"  {shard.name}: the "), chosen
+    assert out[2:] == [f"{ckpt / 'step-16'}: intact"], chosen
+    assert main(["verify", str(ckpt), "--step", "16"]) == 0
+
+
+def test_a_flipped_byte_in_a_small_file_fails_the_markers_checksum(tmp_path, single_run):
+    # common.pt, metadata.json and .metadata have no record of their own: the marker holds their CRC32C
+    step = tmp_path / "step-20"
+    subprocess.run(["cp", "-r", str(single_run / "ckpt/step-20"), str(step)], check=True)
+    raw = bytearray((step / ".metadata").read_bytes())
+    raw[len(raw) // 2] ^= 0x08
+    (step / ".metadata").write_bytes(raw)
+    assert CheckpointManager.problem_with(step).startswith(".metadata has CRC32C ")
+
+
+def test_moe_checkpoint_verify_of_a_folder_without_steps_names_it(tmp_path, capsys):
+    from moe_cdk.cli.checkpoint import main
+
+    assert main(["verify", str(tmp_path)]) == 2
+    assert f"CKPT_DIR: holds no step-N folder (got {str(tmp_path)!r}" in capsys.readouterr().err
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_retryable(tmp_path, data_prefix, single_run):
