@@ -84,10 +84,13 @@ controller_node() {
   triggers="$(retry 6 3 strigger --get)"
   if grep -qF -- "${MOE_LC_DIR}/slurm_features.sh" <<<"${triggers}"; then
     log "the reconfig trigger that restores node features is already registered"
-    return 0
+  else
+    retry 6 3 as_slurm_user strigger --set --reconfig --flags=PERM --program="${program}"
+    log "registered a permanent reconfig trigger as SlurmUser $(slurm_user): ${program}"
   fi
-  retry 6 3 as_slurm_user strigger --set --reconfig --flags=PERM --program="${program}"
-  log "registered a permanent reconfig trigger as SlurmUser $(slurm_user): ${program}"
+  # The compute nodes run their lifecycle at the same time as this one, so a reconfigure before
+  # the trigger existed (setup_pyxis's, on this node) may already have reset features they set.
+  reapply
 }
 
 # reapply: every node whose Extra names its features gets them back where they were reset.

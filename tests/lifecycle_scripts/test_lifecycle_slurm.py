@@ -85,6 +85,17 @@ def test_features_survive_reconfigure_through_the_controllers_trigger(box, slurm
     assert features(slurm, "node2") == "efa,cpu"  # a node without our Extra is left alone
 
 
+def test_features_reset_before_the_trigger_existed_are_restored_by_the_controllers_step(box, slurm):
+    # The nodes' lifecycles run side by side: a compute node can set its features before the
+    # controller's setup_pyxis reconfigures and before its slurm_features step sets the trigger.
+    step(box, slurm, "slurm_features.sh")
+    assert slurm.run("scontrol", "reconfigure").returncode == 0
+    assert features(slurm, "node1") == "efa,cpu"
+    as_node(box, CONTROLLER)
+    step(box, slurm, "slurm_features.sh")
+    assert features(slurm, "node1") == "efa,p5en,gpu"
+
+
 @pytest.fixture
 def standin_plugin(tmp_path) -> Path:
     if not SPANK_HEADER.is_file():
