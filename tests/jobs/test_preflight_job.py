@@ -313,7 +313,12 @@ def test_training_after_a_failed_preflight_is_cancelled_without_running(slurm, t
     gated = _submit(slurm, _gated_training(tmp_path, config, first))
     assert slurm.wait_for(first, {"FAILED"}, timeout=120).exit_code == "1:0"
     cancelled = slurm.wait_for(gated, {"CANCELLED"}, timeout=60)
-    assert cancelled.fields["RunTime"] == "00:00:00" and not list(tmp_path.glob(f"gated-{first}-*.out"))
+    # Never started: Slurm sets StartTime to the cancel time. RunTime is no proof: it was once
+    # read as 20789-18:20:41, counted from the epoch, as from a start time not yet set.
+    start, end = cancelled.fields["StartTime"], cancelled.fields["EndTime"]
+    assert start in {"Unknown", "None", end}, cancelled.fields
+    assert cancelled.fields["Reason"] == "DependencyNeverSatisfied"
+    assert not list(tmp_path.glob(f"gated-{first}-*.out"))
     assert "preflight FAILED: nodes collectives" in _job_log(tmp_path, first)
 
 
