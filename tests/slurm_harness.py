@@ -38,6 +38,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from ports import reserve_ports
+
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 NODES = ("node1", "node2")
 TERMINAL_STATES = frozenset(
@@ -83,23 +85,20 @@ _PORTS_LOCK = threading.Lock()
 _PORTS_GIVEN: set[int] = set()
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` free loopback ports, none handed out before in this process (clusters may start
-    side by side in threads, and a port closed here could be given to the next caller again)."""
+def _reserve_ports(count: int) -> list[socket.socket]:
+    """``count`` ports held by bound sockets (tests/ports.py), none handed out before in this
+    process (clusters may start side by side in threads, and a port released here could be drawn
+    again by the next caller)."""
     with _PORTS_LOCK:
-        sockets, ports = [], []
-        try:
-            while len(ports) < count:
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind(("127.0.0.1", 0))
-                sockets.append(s)
-                if s.getsockname()[1] not in _PORTS_GIVEN:
-                    ports.append(s.getsockname()[1])
-            _PORTS_GIVEN.update(ports)
-            return ports
-        finally:
-            for s in sockets:
+        held: list[socket.socket] = []
+        while len(held) < count:
+            [s] = reserve_ports(1)
+            if s.getsockname()[1] in _PORTS_GIVEN:
                 s.close()
+                continue
+            held.append(s)
+        _PORTS_GIVEN.update(s.getsockname()[1] for s in held)
+        return held
 
 
 def ensure_installed() -> None:
@@ -178,6 +177,7 @@ class SlurmCluster:
         self._procs: dict[str, subprocess.Popen] = {}
         self._stopped = False
         self._launcher: threading.Thread | None = None
+        self._reserved: list[socket.socket] = []
         self._launch_error: BaseException | None = None
         self._launched = threading.Event()
         self._stopping = threading.Event()
@@ -275,6 +275,8 @@ class SlurmCluster:
                 raise SlurmUnavailable(f"{self.conf} is not readable by SlurmUser {self.slurm_user}: open its folders")
 
     def _launch(self) -> None:
+        for reservation in self._reserved:
+            reservation.close()
         munge = self._munge
         self._spawn(
             "munged",
@@ -303,6 +305,8 @@ class SlurmCluster:
         if self._stopped:
             return
         self._stopped = True
+        for reservation in self._reserved:  # a cluster stopped before its launch
+            reservation.close()
         if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
             jobs = self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
             if jobs:
@@ -402,7 +406,9 @@ class SlurmCluster:
     def _slurm_conf(self) -> str:
         assert self.dir is not None
         hw = _hardware()
-        self.ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        # Held until _launch starts the daemons, which may be launch_after_s later.
+        self._reserved = _reserve_ports(1 + len(NODES))
+        self.ctld_port, *node_ports = (s.getsockname()[1] for s in self._reserved)
         d = self.dir
         lines = [
             "# Written by tests/slurm_harness.py: a private two-node cluster on one machine.",
