@@ -420,7 +420,7 @@ class SlurmCluster:
             "AuthType=auth/munge",
             "CredType=cred/munge",
             # A requeued job waits about cred_expire seconds before it may start again (default
-            # 120). REFERENCE.md tested 10; 5 works as well on Slurm 22.05 and saves time.
+            # 120); 5 works on Slurm 22.05 and saves time.
             f"AuthInfo=socket={self.munge_socket},cred_expire=5",
             f"StateSaveLocation={d / 'ctld'}",
             f"SlurmdSpoolDir={d / 'spool'}/%n",

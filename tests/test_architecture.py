@@ -113,3 +113,19 @@ def test_the_scan_finds_a_print(tmp_path):
     module = tmp_path / "module.py"
     module.write_text("import sys\n\ndef f():\n    print('x')\n    sys.exit(2)\n")
     assert [line.split(": ")[1] for line in _prints_or_exits(module)] == ["print", "sys.exit"]
+
+
+# Files of the machine the project was built on, which a clone does not have.
+OUTSIDE = ("../shared", "REFERENCE.md", "STYLE.md", "/work/")
+
+
+def test_no_tracked_file_cites_a_file_outside_the_repository():
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    found = []
+    for name in filter(None, listed.decode().split("\0")):
+        path = ROOT / name
+        if name == "tests/test_architecture.py" or not path.is_file():
+            continue
+        text = path.read_bytes().decode(errors="ignore")
+        found += [f"{name}: {marker}" for marker in (*OUTSIDE, str(ROOT)) if marker in text]
+    assert not found, found
