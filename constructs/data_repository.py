@@ -123,7 +123,7 @@ class DataRepository(Construct):
             # One at a time: associations created in parallel on one file system fail
             # intermittently (hashicorp/terraform-provider-aws#24678, labelled upstream).
             if self.associations:
-                association.add_dependency(self.associations[-1])
+                association.add_resource_dependency(self.associations[-1])
             self.associations.append(association)
 
     def s3_uri(self, prefix: str) -> str:

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# A deprecated aws-cdk-lib API raises instead of printing a warning at every synth (jsii's
+# JSII_DEPRECATED=fail), so every test that builds a construct checks that none is used.
+os.environ.setdefault("JSII_DEPRECATED", "fail")
 
 import aws_cdk as cdk  # noqa: E402
 from survivors import mark_session, survivors  # noqa: E402
