@@ -8,20 +8,13 @@ import argparse
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.jobs.eks_job import helm_values, job_spec_from_config, render_hyperpod_job, render_pytorchjob, to_yaml
-from moe_cdk.schema.config import Orchestrator, load_config
+from moe_cdk.schema.config import Orchestrator, load_config, require_orchestrator
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
-        if config.cluster.orchestrator is not Orchestrator.EKS:
-            raise ConfigError(
-                [
-                    problem(
-                        "eks render needs an EKS configuration", got=config.cluster.orchestrator.value, allowed="eks"
-                    ).at("cluster.orchestrator")
-                ]
-            )
+        require_orchestrator(config, "eks render needs an EKS configuration", Orchestrator.EKS)
         spec = job_spec_from_config(
             config,
             image=args.image,

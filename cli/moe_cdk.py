@@ -17,7 +17,7 @@ from pathlib import Path
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
-from moe_cdk.schema.config import load_config, reference_docs
+from moe_cdk.schema.config import Orchestrator, load_config, reference_docs, require_orchestrator
 
 EXIT_CHECK_FAILED = 1
 
@@ -34,6 +34,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _slurm_render(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
+        require_orchestrator(config, "slurm render needs a HyperPod Slurm configuration", Orchestrator.SLURM)
         spec = job_spec_from_config(
             config,
             train_config=args.train_config,

@@ -10,7 +10,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from moe_cdk.cli.report import report
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.schema.config import load_config, require_hyperpod
+from moe_cdk.schema.config import HYPERPOD, load_config, require_orchestrator
 from moe_cdk.tools.cluster_status import cluster_status, render_status, to_json
 
 EXIT_UNHEALTHY = 1
@@ -21,7 +21,9 @@ def run(args: argparse.Namespace) -> int:
     2 when the configuration is invalid."""
     try:
         config = load_config(args.config)
-        require_hyperpod(config, "status reads a HyperPod cluster; a training-job configuration has none")
+        require_orchestrator(
+            config, "status reads a HyperPod cluster; a training-job configuration has none", *HYPERPOD
+        )
     except ConfigError as error:
         return report(args.config, error)
     import boto3

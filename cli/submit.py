@@ -12,7 +12,7 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from moe_cdk.cli.report import report
-from moe_cdk.core.problems import ConfigError, problem
+from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.sagemaker_submit import (
     SubmitOptions,
     build_request,
@@ -21,7 +21,7 @@ from moe_cdk.jobs.sagemaker_submit import (
     placeholder_outputs,
     run_chain,
 )
-from moe_cdk.schema.config import Orchestrator, load_config
+from moe_cdk.schema.config import Orchestrator, load_config, require_orchestrator
 
 
 def add_parser(subcommands) -> None:
@@ -56,16 +56,7 @@ def add_parser(subcommands) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
-        if config.cluster.orchestrator is not Orchestrator.TRAINING_JOB:
-            raise ConfigError(
-                [
-                    problem(
-                        "submit needs a training-job configuration",
-                        got=config.cluster.orchestrator.value,
-                        allowed="training-job",
-                    ).at("cluster.orchestrator")
-                ]
-            )
+        require_orchestrator(config, "submit needs a training-job configuration", Orchestrator.TRAINING_JOB)
         stack_name = f"{config.name}-training-job"
         options = SubmitOptions(
             run_name=args.run_name

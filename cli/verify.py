@@ -8,14 +8,14 @@ import argparse
 
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
-from moe_cdk.schema.config import Orchestrator, load_config, require_hyperpod
+from moe_cdk.schema.config import HYPERPOD, Orchestrator, load_config, require_orchestrator
 
 
 def _render(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         # SageMaker Training Jobs pick fresh instances for every job: there is no fleet to verify first.
-        require_hyperpod(config, "verify render needs a HyperPod configuration")
+        require_orchestrator(config, "verify render needs a HyperPod configuration", *HYPERPOD)
         if config.cluster.orchestrator is Orchestrator.EKS:
             text, summary = _eks(args, config)
         else:

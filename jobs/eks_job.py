@@ -35,7 +35,7 @@ from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.eks import KUBERNETES_NAME
-from moe_cdk.schema.config import Config
+from moe_cdk.schema.config import Config, nodes_of
 from moe_cdk.training.config import load_train_config
 
 CONTAINER = "pytorch"  # the container name the Kubeflow training operator looks for
@@ -363,14 +363,7 @@ def job_spec_from_config(
     nothing is typed twice. Raises ``ConfigError`` naming the option when the group does not
     exist or has no accelerators."""
     chosen = config.cluster.compute_group(group)
-    if nodes is not None and not 1 <= nodes <= chosen.instance_count:
-        raise ConfigError(
-            [
-                problem(
-                    f"more nodes than group {chosen.name} has", got=nodes, allowed=f"1 to {chosen.instance_count}"
-                ).at("--nodes")
-            ]
-        )
+    nodes = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
     if not spec.is_accelerated:
         raise ConfigError(
@@ -388,7 +381,7 @@ def job_spec_from_config(
         name=name or PurePosixPath(config.training.profile).stem,
         namespace=config.eks.namespace,
         image=image,
-        nodes=nodes or chosen.instance_count,
+        nodes=nodes,
         instance_type=spec.sagemaker_name,
         devices_per_node=spec.accelerator_count,
         device_resource=eks_rules.GPU_RESOURCE if gpu else eks_rules.NEURON_RESOURCE,

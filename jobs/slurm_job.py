@@ -30,7 +30,7 @@ from pathlib import Path
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem, raise_if_any
-from moe_cdk.schema.config import Config
+from moe_cdk.schema.config import Config, nodes_of
 
 # Slurm's --time formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
 # days-hours, days-hours:minutes and days-hours:minutes:seconds; or UNLIMITED / INFINITE.
@@ -464,11 +464,12 @@ def job_spec_from_config(
             ]
         )
     chosen = config.cluster.compute_group(group)
+    node_count = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
     gpus = spec.accelerator_count if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else None
     return SlurmJobSpec(
         job_name=job_name or Path(train_config).stem,
-        nodes=nodes or chosen.instance_count,
+        nodes=node_count,
         tasks_per_node=1 if local else (spec.accelerator_count or 1),
         gpus_per_node=None if local else gpus,
         partition=chosen.to_props().partition_name,

@@ -657,13 +657,35 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data)
 
 
-def require_hyperpod(config: Config, refusal: str) -> None:
-    """Raise ``ConfigError`` with ``refusal`` at cluster.orchestrator unless ``config`` deploys a
-    HyperPod cluster (Slurm or EKS): for the commands that act on one."""
-    if config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+def require_orchestrator(config: Config, refusal: str, *allowed: Orchestrator) -> None:
+    """Raise ``ConfigError`` with ``refusal`` at cluster.orchestrator unless ``config``'s
+    orchestrator is one of ``allowed``: for the commands that act on one kind of cluster."""
+    if config.cluster.orchestrator not in allowed:
         raise ConfigError(
-            [problem(refusal, got=config.cluster.orchestrator.value, allowed="slurm or eks").at("cluster.orchestrator")]
+            [
+                problem(
+                    refusal, got=config.cluster.orchestrator.value, allowed=" or ".join(o.value for o in allowed)
+                ).at("cluster.orchestrator")
+            ]
         )
+
+
+HYPERPOD = (Orchestrator.SLURM, Orchestrator.EKS)
+"""The orchestrators of a HyperPod cluster (``require_orchestrator(config, refusal, *HYPERPOD)``)."""
+
+
+def nodes_of(group: InstanceGroupConfig, nodes: int | None) -> int:
+    """How many of ``group``'s nodes a job uses: ``nodes``, or all of them when None; raises
+    ``ConfigError`` on the ``--nodes`` option outside 1 to the group's instance_count."""
+    if nodes is not None and not 1 <= nodes <= group.instance_count:
+        raise ConfigError(
+            [
+                problem(
+                    f"more nodes than group {group.name} has", got=nodes, allowed=f"1 to {group.instance_count}"
+                ).at("--nodes")
+            ]
+        )
+    return nodes or group.instance_count
 
 
 SCHEMA_FILE = "config/moe-cdk.schema.json"

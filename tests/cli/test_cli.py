@@ -109,6 +109,26 @@ def test_slurm_render_needs_an_image_or_local():
     assert "  --image: give an image, or --local for a CPU-only cluster, not both (got None;" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "config, orchestrator", [("config/eks-p5en.yaml", "eks"), ("config/training-job.yaml", "training-job")]
+)
+def test_slurm_render_refuses_a_configuration_without_slurm(config, orchestrator):
+    result = moe_cdk("slurm", "render", "--config", config, "--train-config", "x.yaml", "--local")
+    assert result.returncode == 2 and not result.stdout
+    assert (
+        f"  cluster.orchestrator: slurm render needs a HyperPod Slurm configuration (got '{orchestrator}'; "
+        "allowed slurm)" in result.stderr
+    )
+
+
+def test_slurm_render_refuses_more_nodes_than_the_group_has():
+    result = moe_cdk(
+        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--nodes", "5"
+    )
+    assert result.returncode == 2 and not result.stdout
+    assert "  --nodes: more nodes than group gpu has (got 5; allowed 1 to 2)" in result.stderr
+
+
 def test_slurm_render_rejects_an_unknown_group():
     result = moe_cdk(
         "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--group", "tpu"
