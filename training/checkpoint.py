@@ -89,35 +89,58 @@ def crc32c_of_range(fd: int, offset: int, length: int, *, chunk_bytes: int = 64 
     return crc
 
 
+def crc32c_of_file(path: Path, size: int) -> int:
+    """The CRC32C of the first ``size`` bytes of ``path``."""
+    with open(path, "rb", buffering=0) as handle:
+        return crc32c_of_range(handle.fileno(), 0, size)
+
+
+class ItemCheck:
+    """Checks each item read from one file against the file's checksum record."""
+
+    def __init__(self, relative_path: str, record: dict | None) -> None:
+        self.name = relative_path
+        self._expected = None if record is None else {offset: (length, crc) for offset, length, crc in record["items"]}
+
+    @property
+    def recorded(self) -> bool:
+        return self._expected is not None
+
+    def __call__(self, offset: int, length: int, crc: int) -> None:
+        if self._expected is None:
+            return
+        want = self._expected.get(offset)
+        if want is None or want[0] != length:
+            raise ChecksumMismatch(f"{self.name}: no checksum was recorded for the {length}-byte item at byte {offset}")
+        if want[1] != crc:
+            raise ChecksumMismatch(
+                f"{self.name}: the {length}-byte item at byte {offset} has CRC32C {crc:08x}, {want[1]:08x} was written"
+            )
+
+
 def verify_file(data_file: Path) -> str | None:
     """Why ``data_file`` is not the file that was written, or None when its size and each stored
-    item's CRC32C match its record (or it has no record). The items cover the file end to end,
-    so every byte is checked."""
+    item's CRC32C match its record. The items cover the file end to end, so every byte is
+    checked; a file without a record cannot be checked, and says so."""
     try:
         record = read_checksums(data_file)
+        if record is None:
+            return f"{data_file.name} has no checksum record ({data_file.name}{CHECKSUM_SUFFIX})"
+        size = data_file.stat().st_size
+        if size != record["bytes"]:
+            return f"{data_file.name} has {size} bytes, {record['bytes']} were written"
+        check, at = ItemCheck(data_file.name, record), 0
+        with open(data_file, "rb", buffering=0) as file:
+            for offset, length, _ in sorted(record["items"]):
+                if offset != at:
+                    return f"{data_file.name}: its checksum record does not cover bytes {at}-{offset}"
+                check(offset, length, crc32c_of_range(file.fileno(), offset, length))
+                at = offset + length
+        if at != size:
+            return f"{data_file.name}: its checksum record does not cover bytes {at}-{size}"
     except ChecksumMismatch as error:
         return str(error)
-    if record is None:
-        return None
-    size = data_file.stat().st_size
-    if size != record["bytes"]:
-        return f"{data_file.name} has {size} bytes, {record['bytes']} were written"
-    at = 0
-    with open(data_file, "rb", buffering=0) as file:
-        for offset, length, want in sorted(record["items"]):
-            if offset != at:
-                return f"{data_file.name}: its checksum record does not cover bytes {at}-{offset}"
-            got = crc32c_of_range(file.fileno(), offset, length)
-            if got != want:
-                return mismatch_text(data_file.name, offset, length, got, want)
-            at = offset + length
-    if at != size:
-        return f"{data_file.name}: its checksum record does not cover bytes {at}-{size}"
     return None
-
-
-def mismatch_text(name: str, offset: int, length: int, got: int, want: int) -> str:
-    return f"{name}: the {length}-byte item at byte {offset} has CRC32C {got:08x}, {want:08x} was written"
 
 
 def _rng_state() -> dict:
@@ -185,8 +208,7 @@ def _marker_entry(file: Path) -> dict:
     size = file.stat().st_size
     if file.name.endswith(CHECKSUM_SUFFIX) or Path(str(file) + CHECKSUM_SUFFIX).is_file():
         return {"bytes": size}
-    with open(file, "rb", buffering=0) as handle:
-        return {"bytes": size, "crc32c": crc32c_of_range(handle.fileno(), 0, size)}
+    return {"bytes": size, "crc32c": crc32c_of_file(file, size)}
 
 
 def verify_step(path: Path) -> list[str]:
@@ -195,15 +217,7 @@ def verify_step(path: Path) -> list[str]:
     reason = CheckpointManager.problem_with(path)
     if reason is not None:
         return [reason]
-    problems = []
-    for data_file in sorted(path.glob("*.distcp")):
-        if read_checksums(data_file) is None:
-            problems.append(f"{data_file.name} has no checksum record ({data_file.name}{CHECKSUM_SUFFIX})")
-            continue
-        found = verify_file(data_file)
-        if found:
-            problems.append(found)
-    return problems
+    return [found for data_file in sorted(path.glob("*.distcp")) if (found := verify_file(data_file))]
 
 
 @dataclass(frozen=True)
@@ -298,11 +312,8 @@ class CheckpointManager:
                 return f"{name} is missing"
             if file.stat().st_size != size:
                 return f"{name} has {file.stat().st_size} bytes, {size} were written"
-            if crc is not None:
-                with open(file, "rb", buffering=0) as handle:
-                    got = crc32c_of_range(handle.fileno(), 0, size)
-                if got != crc:
-                    return f"{name} has CRC32C {got:08x}, {crc:08x} was written"
+            if crc is not None and (got := crc32c_of_file(file, size)) != crc:
+                return f"{name} has CRC32C {got:08x}, {crc:08x} was written"
         return None
 
     def _scan(self) -> tuple[list[tuple[int, Path]], list[str]]:

@@ -76,13 +76,7 @@ from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 from torch.utils.serialization import config as serialization_config
 
-from moe_cdk.training.checkpoint import (
-    CHECKSUM_SUFFIX,
-    ChecksumMismatch,
-    mismatch_text,
-    read_checksums,
-    read_into,
-)
+from moe_cdk.training.checkpoint import CHECKSUM_SUFFIX, ItemCheck, read_checksums, read_into
 
 log = logging.getLogger(__name__)
 
@@ -311,27 +305,6 @@ def _data_start(head: memoryview) -> int | None:
     return None
 
 
-class _ItemCheck:
-    """Checks each item read from one file against the file's checksum record."""
-
-    def __init__(self, relative_path: str, record: dict | None) -> None:
-        self.name = relative_path
-        self._expected = None if record is None else {offset: (length, crc) for offset, length, crc in record["items"]}
-
-    @property
-    def recorded(self) -> bool:
-        return self._expected is not None
-
-    def __call__(self, offset: int, length: int, crc: int) -> None:
-        if self._expected is None:
-            return
-        want = self._expected.get(offset)
-        if want is None or want[0] != length:
-            raise ChecksumMismatch(f"{self.name}: no checksum was recorded for the {length}-byte item at byte {offset}")
-        if want[1] != crc:
-            raise ChecksumMismatch(mismatch_text(self.name, offset, length, crc, want[1]))
-
-
 class SequentialFileSystemReader(CachedMetadataFileSystemReader):
     """megatron's metadata-caching reader, reading each file once, in order, and checking what it read.
 
@@ -369,8 +342,15 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
     def _read_file(self, relative_path: str, archives: dict, planner, planner_lock) -> bool:
         """Read the requested archives of one file, in file order; False when it has no checksum record."""
         path = Path(self.fs.concat_path(self.path, relative_path))
-        check = _ItemCheck(relative_path, read_checksums(path))
+        check = ItemCheck(relative_path, read_checksums(path))
         buffer = bytearray()
+
+        def whole(fd: int, offset: int, length: int) -> torch.Tensor:
+            nonlocal buffer
+            if len(buffer) < length:
+                buffer = bytearray(length)
+            return self._read_archive(fd, offset, memoryview(buffer)[:length], check)
+
         with open(path, "rb", buffering=0) as file:
             fd = file.fileno()
             for (offset, length), reqs in sorted(archives.items()):
@@ -380,26 +360,19 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
                     with planner_lock:
                         for req in reqs:
                             planner.load_bytes(req, io.BytesIO(data))
-                    continue
-                if len(reqs) == 1:
+                elif len(reqs) == 1:
                     with _resolved(planner, planner_lock, reqs[0]) as target:
-                        if self._read_in_place(fd, offset, length, reqs[0], target, check):
-                            continue
-                        if len(buffer) < length:
-                            buffer = bytearray(length)
-                        stored = self._read_archive(fd, offset, memoryview(buffer)[:length], check)
-                        _copy_slice(stored, reqs[0], target)
-                    continue
-                if len(buffer) < length:
-                    buffer = bytearray(length)
-                stored = self._read_archive(fd, offset, memoryview(buffer)[:length], check)
-                for req in reqs:
-                    with _resolved(planner, planner_lock, req) as target:
-                        _copy_slice(stored, req, target)
+                        if not self._read_in_place(fd, offset, length, reqs[0], target, check):
+                            _copy_slice(whole(fd, offset, length), reqs[0], target)
+                else:
+                    stored = whole(fd, offset, length)
+                    for req in reqs:
+                        with _resolved(planner, planner_lock, req) as target:
+                            _copy_slice(stored, req, target)
         return check.recorded
 
     @staticmethod
-    def _read_in_place(fd: int, offset: int, length: int, req, target: torch.Tensor, check: _ItemCheck) -> bool:
+    def _read_in_place(fd: int, offset: int, length: int, req, target: torch.Tensor, check: ItemCheck) -> bool:
         """Read one archive's tensor straight into ``target`` where the request wants the whole of
         it in a contiguous CPU tensor; True if done, False to read it another way."""
         if (
@@ -439,7 +412,7 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
         return True
 
     @staticmethod
-    def _read_archive(fd: int, offset: int, archive: memoryview, check: _ItemCheck) -> torch.Tensor:
+    def _read_archive(fd: int, offset: int, archive: memoryview, check: ItemCheck) -> torch.Tensor:
         """Read one archive whole into ``archive``; its tensor, viewing those bytes."""
         check(offset, len(archive), read_into(fd, archive, offset))
         stored, start = _layout(len(archive), {0: archive})
