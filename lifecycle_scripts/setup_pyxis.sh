@@ -25,8 +25,9 @@
 # (the one slurmctld sends) needs the include line. An explicit name rather than
 # plugstack.conf.d/*: configless Slurm takes the * literally (AWS's
 # utils/slurm_fix_plugstackconf.sh works around exactly that). After changing it, the controller
-# waits for slurmctld (which may start after this script, lib.sh wait_for_slurmctld) and runs
-# `scontrol reconfigure` so the nodes fetch the new file.
+# waits for slurmctld (which may start after this script, lib.sh wait_for_slurmctld) and, unless
+# slurmctld read its configuration after the change, runs `scontrol reconfigure` so the nodes
+# fetch the new file.
 #
 # The paths Slurm reads carry ${MOE_LC_ROOT}, because in the tests a real slurmctld reads them.
 set -euo pipefail
@@ -115,17 +116,41 @@ restart_slurm() {
 
 # include_pyxis: append the include line to the controller's plugstack.conf, in one rename.
 include_pyxis() {
-  local tmp
+  local tmp changed_at read_at
   tmp="$(mktemp "${PLUGSTACK}.moe-cdk.XXXXXX")"
   if [[ -f "${PLUGSTACK}" ]]; then
     cat -- "${PLUGSTACK}" >"${tmp}"
   fi
   printf 'include %s\n' "${PYXIS_LINK}" >>"${tmp}"
   replace_if_changed "${tmp}" "${PLUGSTACK}" 644  # always changed: a line was added
+  changed_at="$(date +%s)"
   log "${PLUGSTACK}: include ${PYXIS_LINK}"
   wait_for_slurmctld
+  read_at="$(slurmctld_config_read_at)"
+  if [[ -n "${read_at}" ]] && ((read_at > changed_at)); then
+    log "slurmctld read its configuration at $(date -u -d "@${read_at}" +%FT%TZ), after plugstack.conf changed: the nodes fetch the new file from it; no reconfigure"
+    return 0
+  fi
   retry 5 2 scontrol reconfigure
   log "scontrol reconfigure: the nodes fetch the new plugstack.conf"
+}
+
+# slurmctld_config_read_at: when slurmctld last read its configuration (start or reconfigure), in
+# seconds since the epoch, from `scontrol show config` ("Configuration data as of
+# 2026-12-02T20:35:51", local time); empty when it says nothing parseable.
+#
+# A slurmctld that started after plugstack.conf changed already serves the new file, and a
+# reconfigure then only reaches slurmd daemons that are starting at that moment, which is when
+# Slurm 22.05's configless slurmd can crash on it: reproduced here with a reconfigure arriving as
+# slurmd starts (SIGSEGV in write_configs_to_conf_cache; 300 reconfigures of a running cluster
+# crashed nothing). So the reconfigure is sent only when slurmctld read its configuration before
+# the change.
+slurmctld_config_read_at() {
+  local stamp
+  stamp="$(scontrol show config 2>/dev/null | sed -n 's/^Configuration data as of //p' | head -n 1)"
+  if [[ -n "${stamp}" ]]; then
+    date -d "${stamp}" +%s 2>/dev/null || true
+  fi
 }
 
 main() {

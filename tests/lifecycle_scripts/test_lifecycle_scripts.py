@@ -151,7 +151,8 @@ case "${name}" in
 esac
 """,
     # A Slurm that is up (MOE_STUB_SLURM_USER: its SlurmUser), down with MOE_STUB_SLURM_DOWN=1, or up
-    # only MOE_STUB_SLURM_UP_AFTER_S seconds after its first call; updates and reconfigure succeed.
+    # only MOE_STUB_SLURM_UP_AFTER_S seconds after its first call (when it reads its configuration);
+    # updates and reconfigure succeed.
     "scontrol": r"""
 down="${MOE_STUB_SLURM_DOWN:-0}"
 if [ -n "${MOE_STUB_SLURM_UP_AFTER_S:-}" ]; then
@@ -165,7 +166,14 @@ fi
 case "$1 $2" in
   "ping "*) echo "Slurmctld(primary) at localhost is UP" ;;
   "show node") echo "NodeName=$4 Arch=x86_64 State=IDLE ThreadsPerCore=1" ;;
-  "show config") echo "SlurmUser               = ${MOE_STUB_SLURM_USER:-root}(0)" ;;
+  "show config")
+    # Read at its start: MOE_STUB_SLURM_UP_AFTER_S after the first call, or long before this run.
+    read_at=1767225600
+    if [ -n "${MOE_STUB_SLURM_UP_AFTER_S:-}" ]; then
+      read_at=$(($(cat "${MOE_STUB_STATE}/slurm_since") + MOE_STUB_SLURM_UP_AFTER_S))
+    fi
+    echo "Configuration data as of $(date -d "@${read_at}" +%FT%T)"
+    echo "SlurmUser               = ${MOE_STUB_SLURM_USER:-root}(0)" ;;
 esac
 exit 0
 """,
@@ -459,6 +467,16 @@ def test_controller_includes_pyxis_in_its_plugstack_and_reconfigures(tmp_path):
         f"# HyperPod's plugstack.conf\ninclude {box.root}/opt/slurm/etc/plugstack.conf.d/pyxis.conf\n"
     )
     assert box.calls("scontrol reconfigure") == ["scontrol reconfigure"] and box.calls("scontrol update") == []
+
+
+def test_controller_does_not_reconfigure_a_slurmctld_that_started_after_the_change(tmp_path):
+    # Such a slurmctld already serves the new plugstack.conf; a reconfigure then reaches only slurmd
+    # daemons that are starting, which Slurm 22.05 can crash (test_node_matrix's late variants).
+    box = Sandbox(tmp_path, instance_id="i-0123")
+    box.write("opt/slurm/etc/plugstack.conf", "# HyperPod's plugstack.conf\n")
+    result = succeeded(box.on_create(MOE_STUB_SLURM_UP_AFTER_S="3"))
+    assert "include " in box.read("opt/slurm/etc/plugstack.conf") and box.calls("scontrol reconfigure") == []
+    assert "after plugstack.conf changed: the nodes fetch the new file from it; no reconfigure" in result.stdout
 
 
 def test_controller_leaves_hyperpods_pyxis_registration_alone(tmp_path):
