@@ -3,10 +3,11 @@ what it rendered to a file or to stdout."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from moe_cdk.core.problems import EXIT_INVALID, ConfigError
+from moe_cdk.core.problems import EXIT_INVALID, ConfigError, problem
 
 
 def report(source: str, error: ConfigError, exit_code: int = EXIT_INVALID) -> int:
@@ -19,10 +20,24 @@ def report(source: str, error: ConfigError, exit_code: int = EXIT_INVALID) -> in
 
 
 def emit(text: str, output: str | None, what: str = "") -> int:
-    """Write a rendered file to ``output`` and say so (``wrote FILE: what``), or print it on stdout; 0."""
+    """Write a rendered file to ``output`` and say so (``wrote FILE: what``), or print it on stdout; 0.
+    The file appears whole or not at all (written beside it, then renamed); a folder that is missing
+    or not writable is reported as a problem with ``--output`` (2), an existing file left as it was."""
     if output is None:
         sys.stdout.write(text)
         return 0
-    Path(output).write_text(text)
+    path = Path(output)
+    partial = path.with_name(f".{path.name}.partial")  # same folder, so the rename is atomic
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        found = problem(
+            f"cannot be written in {path.parent} ({error.strerror or error})",
+            got=output,
+            allowed="a file in an existing, writable folder",
+        )
+        return report(output, ConfigError([found.at("--output")]))
     print(f"wrote {output}: {what}" if what else f"wrote {output}")
     return 0

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from botocore.exceptions import WaiterError
+from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.schema.config import Config
@@ -45,6 +45,7 @@ OUTPUT_KEYS = (
     "FileSystemMountName",
     "TrainingImageUri",
 )
+OUTPUTS_FILE = "the JSON `cdk deploy --outputs-file FILE` writes"
 
 # Regexes over the trainer's log lines, e.g.
 # "step 12/100 loss 4.0725 tokens/s 11197 imbalance 2.00 dispatch 0.3ms" (metrics.MetricsSink.write).
@@ -109,7 +110,21 @@ class SubmitOptions:
 
 def outputs_from_file(path: str, stack_name: str) -> dict[str, str]:
     """The stack's outputs from ``cdk deploy --outputs-file``."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(
+            [problem(f"cannot be read ({reason})", got=path, allowed=OUTPUTS_FILE).at("--outputs-file")]
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                problem("is not a JSON object of stacks", got=type(data).__name__, allowed=OUTPUTS_FILE).at(
+                    "--outputs-file"
+                )
+            ]
+        )
     if stack_name not in data:
         raise ConfigError(
             [problem("has no outputs for the stack", got=sorted(data), allowed=stack_name).at("--outputs-file")]
@@ -119,7 +134,18 @@ def outputs_from_file(path: str, stack_name: str) -> dict[str, str]:
 
 def outputs_from_cloudformation(client, stack_name: str) -> dict[str, str]:
     """The stack's outputs from CloudFormation (needs credentials)."""
-    stack = client.describe_stacks(StackName=stack_name)["Stacks"][0]
+    try:
+        stack = client.describe_stacks(StackName=stack_name)["Stacks"][0]
+    except (BotoCoreError, ClientError) as error:  # no credentials, no such stack, no permission
+        raise ConfigError(
+            [
+                problem(
+                    f"cannot be read from CloudFormation ({error})",
+                    got=stack_name,
+                    allowed=f"a deployed stack and credentials for its account, or --outputs-file with {OUTPUTS_FILE}",
+                ).at("stack outputs")
+            ]
+        ) from None
     return _required_outputs({o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}, stack_name)
 
 

@@ -135,3 +135,23 @@ def test_slurm_render_rejects_an_unknown_group():
     )
     assert result.returncode == 2
     assert "  --group: unknown compute group (got 'tpu'; allowed gpu)" in result.stderr
+
+
+def test_an_output_in_a_missing_folder_is_a_problem_with_output(tmp_path):
+    target = tmp_path / "missing" / "x.sbatch"
+    result = moe_cdk(
+        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--output", target
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"  --output: cannot be written in {target.parent} (No such file or directory)" in result.stderr
+    assert not target.parent.exists()
+
+
+def test_an_output_is_replaced_whole_with_nothing_left_beside_it(tmp_path):
+    target = tmp_path / "x.sbatch"
+    target.write_text("old\n")
+    result = moe_cdk(
+        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--output", target
+    )
+    assert result.returncode == 0, result.stderr
+    assert target.read_text().startswith("#!") and [p.name for p in tmp_path.iterdir()] == ["x.sbatch"]

@@ -23,6 +23,7 @@ from moe_cdk.jobs.sagemaker_submit import (
     SubmitOptions,
     build_request,
     classify,
+    outputs_from_cloudformation,
     outputs_from_file,
     run_chain,
     wait_for_job,
@@ -314,3 +315,51 @@ def test_submit_rejects_a_slurm_configuration():
         "  cluster.orchestrator: submit needs a training-job configuration (got 'slurm'; allowed training-job)"
         in result.stderr
     )
+
+
+def test_a_missing_outputs_file_is_a_problem_with_the_option(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        outputs_from_file(str(tmp_path / "outputs.json"), "moe-tj-training-job")
+    assert error.value.errors == [
+        f"--outputs-file: cannot be read (No such file or directory) (got '{tmp_path / 'outputs.json'}'; "
+        "allowed the JSON `cdk deploy --outputs-file FILE` writes)"
+    ]
+
+
+def test_an_outputs_file_that_is_not_json_is_a_problem_with_the_option(tmp_path):
+    path = tmp_path / "outputs.json"
+    path.write_text("Outputs:\n  RoleArn: x\n")
+    with pytest.raises(ConfigError) as error:
+        outputs_from_file(str(path), "moe-tj-training-job")
+    assert error.value.errors[0].startswith("--outputs-file: cannot be read (Expecting value")
+
+
+def test_a_stack_cloudformation_does_not_know_is_a_problem_that_points_to_the_outputs_file(sagemaker):
+    client = boto3.client("cloudformation", region_name="us-east-2")
+    with Stubber(client) as stubber:
+        stubber.add_client_error(
+            "describe_stacks", "ValidationError", "Stack with id moe-tj-training-job does not exist", 400
+        )
+        with pytest.raises(ConfigError) as error:
+            outputs_from_cloudformation(client, "moe-tj-training-job")
+    (line,) = error.value.errors
+    assert line.startswith("stack outputs: cannot be read from CloudFormation (An error occurred (ValidationError)")
+    assert line.endswith("or --outputs-file with the JSON `cdk deploy --outputs-file FILE` writes)")
+
+
+def test_submit_without_credentials_is_an_error_not_a_traceback(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+    }
+    result = subprocess.run(
+        [str(ROOT / ".venv/bin/moe-cdk"), "sagemaker", "submit", "--config", "config/training-job.yaml"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "  stack outputs: cannot be read from CloudFormation (Unable to locate credentials)" in result.stderr
+    assert "or --outputs-file with" in result.stderr
