@@ -130,6 +130,12 @@ def _tensors_of(model) -> dict[str, torch.Tensor]:
     return {name: value for name, value in model.state_dict(keep_vars=True).items() if isinstance(value, torch.Tensor)}
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _newest_complete_step(root: Path) -> Path | None:
     return next((p for _, p in step_dirs(root) if CheckpointManager.problem_with(p) is None), None)
 
@@ -180,6 +186,14 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
     problems = hf.hf_problems(table, source.names(), where=str(hf_dir))
     if problems:
         raise ConfigError(problems)
+    if config.data.tokenizer == "byte":
+        log.warning(
+            "%s has no tokenizer.json, so the profile's data.tokenizer is the byte tokenizer (257 tokens), "
+            "not the one the weights were trained on (%d rows); copy the model's tokenizer.json there or "
+            "pass --set data.tokenizer=PATH",
+            hf_dir,
+            one.model.vocab_size,
+        )
     tokenizer_vocab = None
     if (hf_dir / "tokenizer.json").is_file():
         from moe_cdk.training.tokenizers import load_tokenizer
@@ -343,6 +357,8 @@ def export_hf(
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
+        # mkdtemp makes it 0700; the export is for other users and inference pods on a shared /fsx too.
+        staging.chmod(0o777 & ~_umask())
         _write_safetensors(staging, tensors)
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
         for name in SIDE_FILES[1:]:

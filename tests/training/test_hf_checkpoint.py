@@ -11,7 +11,9 @@ expert parallel 1 and 2 alike.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -331,3 +333,28 @@ def test_export_refuses_a_folder_that_is_not_empty(imported, tmp_path, capsys):
     )
     assert code == 2 and "--output: the folder exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+
+
+def test_import_without_a_tokenizer_json_warns_that_the_profile_uses_the_byte_tokenizer(mixtral_dir, tmp_path):
+    hf_dir = tmp_path / "no-tokenizer"
+    shutil.copytree(mixtral_dir, hf_dir, ignore=shutil.ignore_patterns("tokenizer*"))
+    profile = tmp_path / "profile.yaml"
+    result = _checkpoint_cli(
+        "import-hf", str(hf_dir), "--output", str(tmp_path / "ckpt"), "--write-config", str(profile)
+    )
+    assert (
+        f"WARNING moe_cdk.training.hf_convert: {hf_dir} has no tokenizer.json, so the profile's data.tokenizer is "
+        f"the byte tokenizer (257 tokens), not the one the weights were trained on ({VOCAB_SIZE} rows)"
+    ) in result.stderr
+    assert yaml.safe_load(profile.read_text())["data"]["tokenizer"] == "byte"
+
+
+@pytest.mark.parametrize("imported", ["mixtral"], indirect=True)
+def test_an_export_is_readable_by_other_users(imported, tmp_path):
+    out = tmp_path / "exported"
+    umask = os.umask(0o022)  # the subprocess inherits it
+    try:
+        _checkpoint_cli("export-hf", str(imported.ckpt), "--config", str(imported.profile), "--output", str(out))
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
