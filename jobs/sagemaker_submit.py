@@ -48,12 +48,16 @@ OUTPUT_KEYS = (
 OUTPUTS_FILE = "the JSON `cdk deploy --outputs-file FILE` writes"
 
 # Regexes over the trainer's log lines, e.g.
-# "step 12/100 loss 4.0725 tokens/s 11197 imbalance 2.00 dispatch 0.3ms" (metrics.MetricsSink.write).
+# "step 12/100 loss 4.0725 tokens/s 11197 imbalance 2.00 dispatch 0.3ms lr 0.0003 grad_norm 1.204 step_time 0.41s
+# eta 0:06:01" (metrics.MetricsSink.write).
 METRIC_DEFINITIONS = [
     {"Name": "train:loss", "Regex": r"step \d+/\d+ loss ([0-9.]+)"},
     {"Name": "train:tokens_per_s", "Regex": r"tokens/s ([0-9.]+)"},
     {"Name": "train:expert_imbalance", "Regex": r"imbalance ([0-9.]+)"},
     {"Name": "train:dispatch_ms", "Regex": r"dispatch ([0-9.]+)ms"},
+    {"Name": "train:lr", "Regex": r" lr ([0-9.]+(?:e[-+][0-9]+)?)"},
+    {"Name": "train:grad_norm", "Regex": r"grad_norm ([0-9.]+)"},
+    {"Name": "train:step_time_s", "Regex": r"step_time ([0-9.]+)s"},
 ]
 
 

@@ -12,6 +12,7 @@ all-to-all runs inside autograd).
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -256,6 +257,7 @@ class MetricsSink:
         self.rank = rank
         self.max_steps = max_steps
         self.latest: dict = {}
+        self._first: tuple[float, int] | None = None  # (monotonic time, step) of the first record
         self.readiness = Path(readiness_file) if readiness_file else None
         self.liveness = Path(liveness_file) if liveness_file else None
         self._file = None
@@ -301,12 +303,34 @@ class MetricsSink:
             f"{max(v for v in record['expert_imbalance'] if v is not None):.2f} "
             f"dispatch {record['dispatch_time_s'] * 1000:.1f}ms"
         )
+        # The trainer's records have all three; the line leaves out what a partial record lacks.
+        for key, text in (("lr", "lr {:.3g}"), ("grad_norm", "grad_norm {:.3f}"), ("step_time_s", "step_time {:.2f}s")):
+            if record.get(key) is not None:
+                line += " " + text.format(record[key])
+        eta_s = self._eta_s(record)
+        if eta_s is not None:
+            line += f" eta {datetime.timedelta(seconds=round(eta_s))}"
         if self._tty:
             done = int(30 * record["step"] / self.max_steps)
             sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {line}")
             sys.stderr.flush()
         else:
             log.info("%s", line)
+
+    def _eta_s(self, record: dict) -> float | None:
+        """Seconds to ``max_steps`` at the mean pace since this sink's first record (before a second
+        record: at the first one's ``step_time_s``); None when neither is known."""
+        now, step = time.monotonic(), record["step"]
+        if self._first is None:
+            self._first = (now, step)
+        started, first_step = self._first
+        if step > first_step:
+            per_step = (now - started) / (step - first_step)
+        elif record.get("step_time_s") is not None:
+            per_step = record["step_time_s"]
+        else:
+            return None
+        return per_step * max(0, self.max_steps - step)
 
     def prometheus_text(self) -> str:
         """The latest record in Prometheus's text format, as the endpoint serves it; empty before the first."""

@@ -287,6 +287,15 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     restored = checkpoints.load_latest(trainable)
     step = restored.step if restored else 0
     consumed = restored.consumed_samples if restored else 0
+    if step >= config.max_steps:
+        log.warning(
+            "the checkpoint in %s is at step %d and max_steps is %d: nothing left to train "
+            "(raise max_steps, e.g. --max-steps %d, to train further)",
+            checkpoint_dir,
+            step,
+            config.max_steps,
+            step + config.max_steps,
+        )
     if restored is None:
         log.info("no checkpoint in %s: starting at step 0", checkpoint_dir)
         if config.checkpoint.save_initial:

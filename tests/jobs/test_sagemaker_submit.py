@@ -142,6 +142,9 @@ def test_metric_regexes_match_the_trainers_log_line(caplog):
         "tokens_per_s": 11197.4,
         "expert_imbalance": [2.0, 1.5],
         "dispatch_time_s": 0.0003,
+        "lr": 3e-5,
+        "grad_norm": 1.2041,
+        "step_time_s": 0.4123,
     }
     with caplog.at_level(logging.INFO, logger="moe_cdk.training.metrics"):
         MetricsSink(rank=0, max_steps=100).write(record)
@@ -152,6 +155,9 @@ def test_metric_regexes_match_the_trainers_log_line(caplog):
         "train:tokens_per_s": "11197",
         "train:expert_imbalance": "2.00",
         "train:dispatch_ms": "0.3",
+        "train:lr": "3e-05",
+        "train:grad_norm": "1.204",
+        "train:step_time_s": "0.41",
     }
 
 

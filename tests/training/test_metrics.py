@@ -102,3 +102,23 @@ def test_other_ranks_write_no_records(tmp_path):
 def test_peak_figure_matches_the_part_not_a_substring_of_it(name, tflops):
     # An H100 PCIe or NVL part must not get the SXM part's 989 TFLOP/s.
     assert peak_tflops_for(name) == tflops
+
+
+def test_the_step_line_has_lr_grad_norm_step_time_and_an_eta(tmp_path, caplog):
+    sink = _sink(tmp_path)
+    with caplog.at_level("INFO", logger="moe_cdk.training.metrics"):
+        sink.write({**RECORD, "lr": 3e-4, "grad_norm": 1.25, "step_time_s": 0.5})
+    assert caplog.messages == [
+        "step 3/10 loss 2.5000 tokens/s 1000 imbalance 1.50 dispatch 10.0ms "
+        "lr 0.0003 grad_norm 1.250 step_time 0.50s eta 0:00:04"
+    ]
+
+
+def test_the_eta_follows_the_mean_pace_since_the_first_record(tmp_path, caplog, monkeypatch):
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr("moe_cdk.training.metrics.time.monotonic", lambda: next(clock))
+    sink = _sink(tmp_path)
+    with caplog.at_level("INFO", logger="moe_cdk.training.metrics"):
+        sink.write({**RECORD, "step_time_s": 0.5})
+        sink.write({**RECORD, "step": 5, "step_time_s": 0.5})  # 10 s for 2 steps: 5 s each, 5 steps left
+    assert caplog.messages[-1].endswith("step_time 0.50s eta 0:00:25")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -432,3 +433,11 @@ def test_a_shrunk_copy_of_each_modern_profile_trains(tmp_path, data_prefix, sing
     assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
     parameters = final_parameters(tmp_path / "ckpt/step-20", tmp_path / "final.pt")
     assert _parameter_count(parameters) == _planned_parameters(parameters, config=config)
+
+
+def test_rerunning_a_finished_run_says_there_is_nothing_left_to_train(tmp_path, data_prefix, single_run):
+    shutil.copytree(single_run / "ckpt", tmp_path / "ckpt")
+    rerun = run_training(tmp_path, data_prefix, "--max-steps", "20")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "is at step 20 and max_steps is 20: nothing left to train" in rerun.stderr
+    assert not (tmp_path / "metrics.jsonl").exists() or records(tmp_path) == []
