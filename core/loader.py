@@ -119,10 +119,46 @@ def parse(cls: type, data: Any, errors: list[Problem], prefix: str = "") -> Any:
         # text and are then wrong types.
         instance = _adapter(cls).validate_json(json.dumps({} if data is None else data, default=str), strict=True)
     except ValidationError as error:
-        errors.extend(_problem(cls, prefix, e) for e in error.errors(include_url=False))
+        refused = error.errors(include_url=False)
+        errors.extend(_problem(cls, prefix, e) for e in refused)
+        errors.extend(_checks_of_valid_sections(cls, data, {tuple(e["loc"]) for e in refused}, prefix))
         return None
     errors.extend(checks(instance, prefix))
     return instance
+
+
+def _checks_of_valid_sections(cls: type, data: Any, refused: set[tuple], prefix: str) -> list[Problem]:
+    """With ``data`` refused as a whole (the ``refused`` error locations), the checks of every section
+    inside it that has no such error, so that a typo in one section does not hide a bad value in
+    another: each given section (or list item) is validated on its own and checked; one with errors
+    inside it is searched the same way."""
+    if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
+        return []
+    found: list[Problem] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        tp, value, key = _inner(hints.get(f.name)), data[f.name], f"{prefix}.{f.name}" if prefix else f.name
+        inside = {loc[1:] for loc in refused if loc[:1] == (f.name,)}
+        if dataclasses.is_dataclass(tp):
+            found += _checks_of(tp, value, inside, key)
+        elif typing.get_origin(tp) is tuple and dataclasses.is_dataclass(_inner(typing.get_args(tp)[0])):
+            if isinstance(value, list) and () not in inside:
+                item_type = _inner(typing.get_args(tp)[0])
+                for i, item in enumerate(value):
+                    found += _checks_of(item_type, item, {loc[1:] for loc in inside if loc[:1] == (i,)}, f"{key}[{i}]")
+    return found
+
+
+def _checks_of(cls: type, data: Any, refused: set[tuple], key: str) -> list[Problem]:
+    if refused:
+        return _checks_of_valid_sections(cls, data, refused, key)
+    try:
+        instance = _adapter(cls).validate_json(json.dumps(data, default=str), strict=True)
+    except ValidationError:  # valid only where the whole is: a missing key or a wrong type at this level
+        return []
+    return checks(instance, key)
 
 
 def checks(instance: Any, prefix: str = "") -> list[Problem]:

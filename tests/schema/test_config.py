@@ -338,3 +338,27 @@ def test_efa_file_system_connection_limit_is_checked():
         "storage.lustre.efa_enabled: more EFA connections than one file system accepts (got 1032; allowed at most "
         "1024 (8 per P5-family node by default))"
     ]
+
+
+def test_a_typo_in_one_section_does_not_hide_a_bad_value_in_another():
+    def mutate(data):
+        data["network"]["vpc_cidrr"] = "10.0.0.0/16"
+        data["storage"]["lustre"]["per_unit_storage_throughput_mb_s_tib"] = 300
+
+    errors = errors_for(mutate)
+    assert [e.split(":")[0] for e in errors] == [
+        "network.vpc_cidrr",
+        "storage.lustre.per_unit_storage_throughput_mb_s_tib",
+    ], errors
+
+
+def test_a_typo_in_an_instance_group_does_not_hide_a_bad_throughput_tier():
+    def mutate(data):
+        data["cluster"]["instance_groups"][0]["instanc_type"] = "ml.m5.2xlarge"
+        data["storage"]["lustre"]["per_unit_storage_throughput_mb_s_tib"] = 300
+
+    errors = errors_for(mutate)
+    assert [e.split(":")[0] for e in errors] == [
+        "cluster.instance_groups[0].instanc_type",
+        "storage.lustre.per_unit_storage_throughput_mb_s_tib",
+    ], errors

@@ -198,3 +198,9 @@ def test_a_vocabulary_smaller_than_the_tokenizer_names_model_vocab_size():
     assert caught.value.errors == [
         "model.vocab_size: smaller than the tokenizer's vocabulary (got 200; allowed 256 or more, or null)"
     ]
+
+
+def test_an_unknown_key_does_not_hide_a_bad_value_in_another_section():
+    with pytest.raises(ConfigError) as error:
+        load_train_config(TINY, ["moe.top_k=9", "data.bogus=1"])
+    assert [e.split(":")[0] for e in error.value.errors] == ["data.bogus", "moe.top_k"]
