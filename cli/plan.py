@@ -13,7 +13,8 @@ from moe_cdk.tools.plan import DEFAULT_MFU, plan, render_table, to_json
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plan; 0 when it fits, 2 (problems on stderr) when the configuration is invalid or does not fit."""
+    """Print the plan; 0 when it fits, 2 (problems on stderr) when the configuration is invalid or, after
+    printing the plan, when it does not fit."""
     try:
         result = plan(
             load_config(args.config),
@@ -23,12 +24,13 @@ def run(args: argparse.Namespace) -> int:
         )
     except ConfigError as error:
         return report(args.config, error)
-    if result.problems:
-        return report(args.config, ConfigError(result.problems))
+    # The whole plan, also when it does not fit: its breakdown shows which term is too large.
     if args.json:
         print(json.dumps(to_json(result), indent=2))
     else:
         sys.stdout.write(render_table(result))
+    if result.problems:
+        return report(args.config, ConfigError(result.problems))
     return 0
 
 

@@ -24,7 +24,7 @@ from moe_cdk.core.catalog import AcceleratorKind
 from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.schema.config import Config, NodeRole, Orchestrator
-from moe_cdk.training.config import RecomputeModule, Spec, TrainConfig, load_train_config
+from moe_cdk.training.config import RecomputeGranularity, RecomputeModule, Spec, TrainConfig, load_train_config
 from moe_cdk.training.parallel import Layout, plan_layout
 
 GIB = 2**30
@@ -475,6 +475,15 @@ def plan(
         device_memory_gib=device_memory,
         reserve_fraction=reserve_fraction,
     )
+    # megatron orders the expert ranks expert-tensor first, then expert: each expert-parallel group
+    # is EP x ETP consecutive ranks, on one node only while that fits its devices.
+    per_node = min(s.accelerator_count for _, s in groups)
+    expert_ranks = memory.layout.expert * memory.layout.expert_tensor
+    if expert_ranks > per_node:
+        notes.append(
+            f"the expert-parallel group spans nodes (EP {memory.layout.expert} x ETP {memory.layout.expert_tensor} = "
+            f"{expert_ranks} ranks, {per_node} devices per node): the MoE all-to-all crosses EFA, not NVLink"
+        )
     model = _model()
     counts = model.parameter_counts(train, vocab)
     flops = model.flops_per_token(train, vocab)
@@ -514,11 +523,13 @@ def plan(
         notes=tuple(notes),
     )
     if not memory.fits:
+        term, gib = max(_memory_terms(memory).items(), key=lambda item: item[1])
         result = dataclasses.replace(
             result,
             problems=(
                 problem(
-                    f"{profile} does not fit in device memory",
+                    f"{profile} does not fit in device memory; the largest term is {term} at {gib:.1f} GiB: "
+                    f"{_shrink(term, train)}",
                     got=f"{memory.total:.1f} GiB per device",
                     allowed=f"at most {memory.capacity:.1f} GiB per device: {device_memory:.1f} GiB {'/'.join(models)} "
                     f"less {reserve_fraction:.0%} reserve",
@@ -526,6 +537,33 @@ def plan(
             ),
         )
     return result
+
+
+def _memory_terms(memory: MemoryEstimate) -> dict[str, float]:
+    return {
+        "parameters": memory.parameters,
+        "gradients": memory.gradients,
+        "optimizer": memory.optimizer,
+        "activations": memory.activations,
+    }
+
+
+def _shrink(term: str, train: TrainConfig) -> str:
+    """What shrinks ``term`` per device, in the profile's keys (`moe-cdk plan --set` tries each)."""
+    p = train.parallel
+    if term == "activations":
+        ways = (
+            [f"optim.micro_batch_size below {train.optim.micro_batch_size}"] if train.optim.micro_batch_size > 1 else []
+        )
+        if train.recompute.granularity is RecomputeGranularity.NONE:
+            ways.append("recompute.granularity=selective with recompute.modules=[core_attn,moe_act]")
+        ways.append(f"parallel.tensor above {p.tensor} (sequence parallel then splits them too)")
+    else:
+        ways = [f"parallel.expert above {p.expert}"] if p.expert < train.moe.num_experts else []
+        ways += [f"parallel.tensor above {p.tensor}", f"parallel.pipeline above {p.pipeline}"]
+        if term == "optimizer" and not train.optim.distributed_optimizer:
+            ways.insert(0, "optim.distributed_optimizer=true")
+    return "try " + ", or ".join(ways) + ", or more nodes"
 
 
 # ---------------------------------------------------------------------------------- output
@@ -637,4 +675,5 @@ def to_json(plan: Plan) -> dict:
         "estimated_run_hours": plan.estimated_run_hours,
         "recommendation": {"orchestrator": plan.recommendation, "reasons": list(plan.reasons)},
         "notes": list(plan.notes),
+        "problems": [str(found) for found in plan.problems],
     }
