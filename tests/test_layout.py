@@ -6,6 +6,7 @@ import os
 import subprocess
 import sysconfig
 import textwrap
+import tomllib
 import venv
 
 from conftest import PYTHON, ROOT
@@ -91,3 +92,16 @@ def test_an_unrelated_app_synthesizes_the_installed_constructs(tmp_path):
     template = (app_dir / "out/TheirStack.template.json").read_text()
     assert '"AWS::FSx::FileSystem"' in template and '"us-west-2c"' in template
     assert '"Custom::GrafanaDashboards"' in template
+
+
+def test_every_importable_folder_of_the_package_is_in_the_packages_list():
+    # Otherwise setuptools warns at every install ("Package would be ignored", about 40 lines).
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    importable = {
+        ".".join([package, *folder.relative_to(ROOT / source).parts])
+        for package, source in setuptools["package-dir"].items()
+        for folder in (ROOT / source).rglob("*")
+        if folder.is_dir() and folder.name != "__pycache__" and folder.name.isidentifier() and any(folder.glob("*.py"))
+    }
+    assert importable - listed == set()
