@@ -172,7 +172,8 @@ wait_for_slurmd() {
 # LifecycleScripts/base-config/setup_rds_accounting.sh and setup_mariadb_accounting.sh); nothing says the
 # AMI's own slurm.conf does. So both are handled, and the tests run both.
 slurm_user() {
-  scontrol show config 2>/dev/null | awk '$1 == "SlurmUser" { sub(/\(.*/, "", $3); print $3; exit }'
+  # awk reads to the end: an early exit would kill scontrol with SIGPIPE, and pipefail fail the step.
+  scontrol show config 2>/dev/null | awk '$1 == "SlurmUser" && !found { sub(/\(.*/, "", $3); print $3; found = 1 }'
 }
 
 # as_slurm_user cmd args...: run "$@" as SlurmUser, for what Slurm allows SlurmUser (or root, when

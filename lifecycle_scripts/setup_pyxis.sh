@@ -116,7 +116,7 @@ restart_slurm() {
 
 # include_pyxis: append the include line to the controller's plugstack.conf, in one rename.
 include_pyxis() {
-  local tmp changed_at read_at
+  local tmp changed_at booted_at
   tmp="$(mktemp "${PLUGSTACK}.moe-cdk.XXXXXX")"
   if [[ -f "${PLUGSTACK}" ]]; then
     cat -- "${PLUGSTACK}" >"${tmp}"
@@ -126,28 +126,30 @@ include_pyxis() {
   changed_at="$(date +%s)"
   log "${PLUGSTACK}: include ${PYXIS_LINK}"
   wait_for_slurmctld
-  read_at="$(slurmctld_config_read_at)"
-  if [[ -n "${read_at}" ]] && ((read_at > changed_at)); then
-    log "slurmctld read its configuration at $(date -u -d "@${read_at}" +%FT%TZ), after plugstack.conf changed: the nodes fetch the new file from it; no reconfigure"
+  booted_at="$(slurmctld_booted_at)"
+  if [[ -n "${booted_at}" ]] && ((booted_at > changed_at)); then
+    log "slurmctld started at $(date -u -d "@${booted_at}" +%FT%TZ), after plugstack.conf changed: the nodes fetch the new file from it; no reconfigure"
     return 0
   fi
   retry 5 2 scontrol reconfigure
   log "scontrol reconfigure: the nodes fetch the new plugstack.conf"
 }
 
-# slurmctld_config_read_at: when slurmctld last read its configuration (start or reconfigure), in
-# seconds since the epoch, from `scontrol show config` ("Configuration data as of
-# 2026-12-02T20:35:51", local time); empty when it says nothing parseable.
+# slurmctld_booted_at: when the running slurmctld started, in seconds since the epoch, from
+# `scontrol show config` ("BOOT_TIME = 2026-12-03T07:08:07", local time); empty when it says nothing
+# parseable. Its "Configuration data as of" line is no such time: Slurm 22.05 prints the moment of the
+# query there (measured here: it moves with every call and with no reconfigure in between).
 #
 # A slurmctld that started after plugstack.conf changed already serves the new file, and a
 # reconfigure then only reaches slurmd daemons that are starting at that moment, which is when
 # Slurm 22.05's configless slurmd can crash on it: reproduced here with a reconfigure arriving as
 # slurmd starts (SIGSEGV in write_configs_to_conf_cache; 300 reconfigures of a running cluster
-# crashed nothing). So the reconfigure is sent only when slurmctld read its configuration before
-# the change.
-slurmctld_config_read_at() {
+# crashed nothing). So the reconfigure is sent only when slurmctld started before the change, or
+# in the same second.
+slurmctld_booted_at() {
   local stamp
-  stamp="$(scontrol show config 2>/dev/null | sed -n 's/^Configuration data as of //p' | head -n 1)"
+  # awk reads to the end, as in slurm_user (lib.sh): no SIGPIPE for scontrol.
+  stamp="$(scontrol show config 2>/dev/null | awk '$1 == "BOOT_TIME" && !found { print $3; found = 1 }')"
   if [[ -n "${stamp}" ]]; then
     date -d "${stamp}" +%s 2>/dev/null || true
   fi

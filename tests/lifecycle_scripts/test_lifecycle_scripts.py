@@ -167,12 +167,15 @@ case "$1 $2" in
   "ping "*) echo "Slurmctld(primary) at localhost is UP" ;;
   "show node") echo "NodeName=$4 Arch=x86_64 State=IDLE ThreadsPerCore=1" ;;
   "show config")
-    # Read at its start: MOE_STUB_SLURM_UP_AFTER_S after the first call, or long before this run.
-    read_at=1767225600
+    # As Slurm 22.05 prints it: the moment of the query, then slurmctld's start (MOE_STUB_SLURM_UP_AFTER_S
+    # after the first call, or long before this run). MOE_STUB_SLURM_ANSWER_DELAY_S: a slow answer.
+    sleep "${MOE_STUB_SLURM_ANSWER_DELAY_S:-0}"
+    booted_at=1767225600
     if [ -n "${MOE_STUB_SLURM_UP_AFTER_S:-}" ]; then
-      read_at=$(($(cat "${MOE_STUB_STATE}/slurm_since") + MOE_STUB_SLURM_UP_AFTER_S))
+      booted_at=$(($(cat "${MOE_STUB_STATE}/slurm_since") + MOE_STUB_SLURM_UP_AFTER_S))
     fi
-    echo "Configuration data as of $(date -d "@${read_at}" +%FT%T)"
+    echo "Configuration data as of $(date +%FT%T)"
+    echo "BOOT_TIME               = $(date -d "@${booted_at}" +%FT%T)"
     echo "SlurmUser               = ${MOE_STUB_SLURM_USER:-root}(0)" ;;
 esac
 exit 0
@@ -467,6 +470,15 @@ def test_controller_includes_pyxis_in_its_plugstack_and_reconfigures(tmp_path):
         f"# HyperPod's plugstack.conf\ninclude {box.root}/opt/slurm/etc/plugstack.conf.d/pyxis.conf\n"
     )
     assert box.calls("scontrol reconfigure") == ["scontrol reconfigure"] and box.calls("scontrol update") == []
+
+
+def test_controller_reconfigures_a_slurmctld_that_started_before_the_change_however_late_it_answers(tmp_path):
+    # "Configuration data as of" is the moment of the query, not of slurmctld's start: taking it for
+    # the start skipped the reconfigure whenever the answer came a second after the change (CI, 310e7b0+).
+    box = Sandbox(tmp_path, instance_id="i-0123")
+    box.write("opt/slurm/etc/plugstack.conf", "# HyperPod's plugstack.conf\n")
+    result = succeeded(box.on_create(MOE_STUB_SLURM_ANSWER_DELAY_S="1.2"))
+    assert box.calls("scontrol reconfigure") == ["scontrol reconfigure"], result.stdout
 
 
 def test_controller_does_not_reconfigure_a_slurmctld_that_started_after_the_change(tmp_path):
