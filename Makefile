@@ -104,6 +104,7 @@ bench: setup
 	$(PY) bench/checkpoint_io.py
 	$(PY) bench/dataloader.py
 	$(PY) bench/trainer_overhead.py
+	$(PY) bench/data_prepare.py
 
 # What bench/gpu_check.sh needs on a GPU machine without network (Python 3.12): the wheels
 # torch does not bring, and moe-cdk plan's memory figures for the shapes it runs.

@@ -17,6 +17,7 @@ GPU_CHECK_SH = ROOT / "bench/gpu_check.sh"
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import paired  # noqa: E402
 from checkpoint_io import evict, filesystem_type  # noqa: E402
+from data_prepare import write_corpus  # noqa: E402
 
 
 def test_paired_rounds_reverse_the_order_every_other_round():
@@ -42,6 +43,14 @@ def test_checkpoint_bench_names_the_file_system_of_a_path():
 def test_checkpoint_bench_evicts_nothing_on_a_file_system_held_in_memory(tmp_path):
     # drop_caches there would evict only the bench's own code, not the files
     assert evict("tmpfs", tmp_path) == evict("ramfs", tmp_path) == "none (in memory)"
+
+
+def test_data_prepare_bench_writes_the_same_corpus_every_time(tmp_path):
+    write_corpus(tmp_path / "a.jsonl", 1)
+    write_corpus(tmp_path / "b.jsonl", 1)
+    corpus = (tmp_path / "a.jsonl").read_bytes()
+    assert corpus == (tmp_path / "b.jsonl").read_bytes() and len(corpus) >= 2**20
+    assert all(json.loads(line)["text"] for line in corpus.splitlines())
 
 
 def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from data_files import PLAIN_DOCUMENTS, PLAIN_TEXT, documents_of, indexed_dataset
 
 from moe_cdk.core.problems import ConfigError
+from moe_cdk.training import prepare as prepare_module
 from moe_cdk.training.prepare import prepare
-from moe_cdk.training.tokenizers import ByteTokenizer
+from moe_cdk.training.tokenizers import ByteTokenizer, load_tokenizer
 
 
 def test_prepare_plain_text_splits_documents_on_blank_lines(tmp_path):
@@ -45,3 +47,83 @@ def test_prepare_bad_json_line_is_reported_and_writes_nothing(tmp_path):
         f"{source}:3: missing key 'text' (got ['other']; allowed an object with the document text under 'text')",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]
+
+
+def _mixed_corpus(folder):
+    """A JSON-lines and a plain-text file, enough documents for several batches at BATCH_CHARS=64."""
+    jsonl = folder / "a.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": f"document {i} " + "é" * (i % 7) * 9}) + "\n" for i in range(60)))
+    text = folder / "b.txt"
+    text.write_text("\n\n".join(f"plain {i}\nsecond line {i}" for i in range(40)) + "\n")
+    return [jsonl, text]
+
+
+def _bpe_tokenizer(folder, inputs):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.train([str(p) for p in inputs], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "</s>"]))
+    hf.save(str(folder / "tokenizer.json"))
+    return load_tokenizer(str(folder / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("tokenizer_kind", ["byte", "bpe"])
+def test_prepare_with_two_workers_writes_the_bytes_one_writes(tmp_path, monkeypatch, tokenizer_kind):
+    monkeypatch.setattr(prepare_module, "BATCH_CHARS", 64)  # many batches, so their order is tested
+    inputs = _mixed_corpus(tmp_path)
+    tokenizer = ByteTokenizer() if tokenizer_kind == "byte" else _bpe_tokenizer(tmp_path, inputs)
+    one = prepare(inputs, tmp_path / "one" / "c", tokenizer, workers=1)
+    two = prepare(inputs, tmp_path / "two" / "c", tokenizer, workers=2)
+    assert (one["documents"], one["tokens"]) == (two["documents"], two["tokens"]) == (one["documents"], one["tokens"])
+    assert one["documents"] == 100
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / "one" / f"c{suffix}").read_bytes() == (tmp_path / "two" / f"c{suffix}").read_bytes()
+
+
+def test_prepare_with_two_workers_reports_every_bad_line_and_writes_nothing(tmp_path):
+    source = tmp_path / "corpus.jsonl"
+    source.write_text('{"text": "fine"}\n' * 50 + "{not json\n" + '{"text": "fine"}\n' * 50 + '{"other": "x"}\n')
+    with pytest.raises(ConfigError) as caught:
+        prepare([source], tmp_path / "out" / "corpus", ByteTokenizer(), workers=2)
+    assert caught.value.errors == [
+        f"{source}:51: not valid JSON (got '{{not json'; allowed one JSON object per line)",
+        f"{source}:102: missing key 'text' (got ['other']; allowed an object with the document text under 'text')",
+    ]
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_prepare_refuses_workers_below_one(tmp_path):
+    source = tmp_path / "corpus.txt"
+    source.write_text("one\n")
+    with pytest.raises(ConfigError) as caught:
+        prepare([source], tmp_path / "corpus", ByteTokenizer(), workers=0)
+    assert caught.value.errors == ["workers: not a whole number of at least 1 (got 0; allowed 1, 2, ...)"]
+
+
+def test_prepare_reports_progress_in_input_bytes_up_to_the_total(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare_module, "PROGRESS_INTERVAL_S", 0.0)
+    inputs = _mixed_corpus(tmp_path)
+    total = sum(p.stat().st_size for p in inputs)
+    calls = []
+    prepare(inputs, tmp_path / "c", ByteTokenizer(), progress=lambda done, of: calls.append((done, of)))
+    assert len(calls) > 100 and calls[-1] == (total, total)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls) and {of for _, of in calls} == {total}
+
+
+class _DyingTokenizer(ByteTokenizer):
+    """Ends its process at the first document, as the kernel's OOM killer would."""
+
+    def encode(self, text: str) -> list[int]:
+        os._exit(137)
+
+
+def test_prepare_reports_a_tokenizing_process_that_died_and_writes_nothing(tmp_path):
+    source = tmp_path / "corpus.txt"
+    source.write_text("one\n\ntwo\n")
+    with pytest.raises(ConfigError) as caught:
+        prepare([source], tmp_path / "out" / "corpus", _DyingTokenizer(), workers=2)
+    assert caught.value.errors == [
+        "workers: a tokenizing process died (killed for memory?) (got 2; allowed fewer workers, or more memory)"
+    ]
+    assert list((tmp_path / "out").iterdir()) == []
