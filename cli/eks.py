@@ -7,7 +7,15 @@ import argparse
 
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
-from moe_cdk.jobs.eks_job import helm_values, job_spec_from_config, render_hyperpod_job, render_pytorchjob, to_yaml
+from moe_cdk.jobs.eks_job import (
+    helm_values,
+    job_spec_from_config,
+    render_hyperpod_job,
+    render_profile_config_map,
+    render_pytorchjob,
+    to_yaml,
+)
+from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.schema.config import Orchestrator, load_config, require_orchestrator
 
 
@@ -17,6 +25,7 @@ def _run(args: argparse.Namespace) -> int:
         require_orchestrator(config, "eks render needs an EKS configuration", Orchestrator.EKS)
         spec = job_spec_from_config(
             config,
+            profile=load_job_profile(config, args.train_config, args.train_arg),
             image=args.image,
             group=args.group,
             name=args.name,
@@ -43,14 +52,18 @@ def _run(args: argparse.Namespace) -> int:
             ),
         )
     if args.helm_values:
-        document = helm_values(spec, hyperpod=args.hyperpod)
+        documents, kind = [helm_values(spec, hyperpod=args.hyperpod)], "Helm values"
     else:
-        document = render_hyperpod_job(spec) if args.hyperpod else render_pytorchjob(spec)
+        job = render_hyperpod_job(spec) if args.hyperpod else render_pytorchjob(spec)
+        documents, kind = (
+            [render_profile_config_map(spec), job],
+            f"ConfigMap {spec.profile_config_map} and {job['kind']}",
+        )
     summary = (
-        f"{document.get('kind', 'Helm values')} {spec.name}, {spec.nodes} pod(s) x "
+        f"{kind} {spec.name}, {spec.nodes} pod(s) x "
         f"{spec.devices_per_node} {spec.device_resource}, {spec.efa_per_node} EFA"
     )
-    return emit(to_yaml(document), args.output, summary)
+    return emit(to_yaml(*documents), args.output, summary)
 
 
 def add_parser(subcommands) -> argparse.ArgumentParser:
@@ -62,6 +75,12 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         "--config", required=True, help="infrastructure YAML with orchestrator eks, e.g. config/eks-p5en.yaml"
     )
     parser.add_argument("--image", required=True, help="training image URI (the storage stack's TrainingImageUri)")
+    parser.add_argument(
+        "--train-config",
+        metavar="PROFILE.yaml",
+        help="the moe-train profile the job runs, a file here; a ConfigMap beside the job carries it to the pods "
+        "(default: the configuration's training.profile)",
+    )
     parser.add_argument(
         "--hyperpod",
         action="store_true",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError
+from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
 from moe_cdk.schema.config import Orchestrator, load_config, reference_docs, require_orchestrator
 
@@ -37,7 +38,7 @@ def _slurm_render(args: argparse.Namespace) -> int:
         require_orchestrator(config, "slurm render needs a HyperPod Slurm configuration", Orchestrator.SLURM)
         spec = job_spec_from_config(
             config,
-            train_config=args.train_config,
+            profile=load_job_profile(config, args.train_config, args.train_arg),
             image=args.image,
             local=args.local,
             python=args.python,
@@ -105,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     render = slurm_commands.add_parser("render", help="write an sbatch script that runs moe-train on the compute group")
     render.add_argument("--config", required=True, help="infrastructure YAML, e.g. config/default.yaml")
     render.add_argument(
-        "--train-config", required=True, help="trainer YAML as the nodes see it, e.g. /fsx/configs/moe-8x1b.yaml"
+        "--train-config",
+        metavar="PROFILE.yaml",
+        help="the moe-train profile the job runs, a file here; the script carries it to the nodes "
+        "(default: the configuration's training.profile)",
     )
     render.add_argument("--image", help="training image URI (the storage stack's TrainingImageUri); not with --local")
     render.add_argument(
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument(
         "--max-requeues", type=int, default=10, help="self-requeues after retryable exits (default: 10)"
     )
-    render.add_argument("--job-name", help="job name (default: the train config's file name)")
+    render.add_argument("--job-name", help="job name (default: the profile's file name)")
     render.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
     render.add_argument(
         "--after",

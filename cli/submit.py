@@ -7,19 +7,21 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from moe_cdk.cli.report import report
 from moe_cdk.core.problems import ConfigError
+from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.jobs.sagemaker_submit import (
     SubmitOptions,
     build_request,
     outputs_from_cloudformation,
     outputs_from_file,
     placeholder_outputs,
+    profile_key,
     run_chain,
+    upload_profile,
 )
 from moe_cdk.schema.config import Orchestrator, load_config, require_orchestrator
 
@@ -31,6 +33,12 @@ def add_parser(subcommands) -> None:
         "submit", help="start a training job (or a chain of them) for a training-job configuration"
     )
     submit.add_argument("--config", required=True, help="infrastructure YAML with cluster.orchestrator: training-job")
+    submit.add_argument(
+        "--train-config",
+        metavar="PROFILE.yaml",
+        help="the moe-train profile the jobs run, a file here; it is uploaded to the data bucket and reaches "
+        "each job as its profile channel (default: the configuration's training.profile)",
+    )
     submit.add_argument(
         "--outputs-file", help="`cdk deploy --outputs-file` JSON; default: read the stack's outputs from CloudFormation"
     )
@@ -58,9 +66,10 @@ def _run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         require_orchestrator(config, "submit needs a training-job configuration", Orchestrator.TRAINING_JOB)
         stack_name = f"{config.name}-training-job"
+        profile = load_job_profile(config, args.train_config)
         options = SubmitOptions(
-            run_name=args.run_name
-            or f"{config.name}-{Path(config.training.profile).stem}-{time.strftime('%Y%m%d%H%M', time.gmtime())}",
+            run_name=args.run_name or f"{config.name}-{profile.name}-{time.strftime('%Y%m%d%H%M', time.gmtime())}",
+            profile=profile,
             input_mode=args.input_mode,
             max_runtime_hours=args.max_runtime_hours,
             spot=args.spot,
@@ -80,10 +89,18 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         return report(args.config, error)
     if args.dry_run:
+        uri = f"s3://{outputs['DataBucketName']}/{profile_key(options.run_name)}"
+        print(f"would upload {profile.source} to {uri}", file=sys.stderr)
         print(json.dumps(request, indent=2))
         return 0
     import boto3
 
+    try:
+        uri = upload_profile(boto3.client("s3", region_name=config.region), outputs, options.run_name, profile)
+    except (BotoCoreError, ClientError) as error:
+        print(f"{args.config}: S3: {error}", file=sys.stderr)
+        return 1
+    print(f"uploaded {profile.source} to {uri}")
     client = boto3.client("sagemaker", region_name=config.region)
     try:
         if not args.chain:

@@ -2,40 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 
 from moe_cdk.cli.report import report
 from moe_cdk.core.problems import ConfigError
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="moe-train", description="Train a Megatron-core MoE model.")
-    parser.add_argument("--config", required=True, help="YAML file, e.g. training/configs/tiny.yaml")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one configuration value (repeatable)",
-    )
-    parser.add_argument("--max-steps", type=int, help="same as --set max_steps=N")
-    parser.add_argument("--checkpoint-dir", help="same as --set checkpoint.dir=DIR")
-    parser.add_argument("--save-interval", type=int, help="same as --set checkpoint.save_interval=N")
-    parser.add_argument("--metrics-file", help="same as --set metrics.file=FILE")
-    return parser
-
-
-def overrides_from(args: argparse.Namespace) -> list[str]:
-    """The --set assignments, with the shortcut flags appended (they win)."""
-    shortcuts = {
-        "max_steps": args.max_steps,
-        "checkpoint.dir": args.checkpoint_dir,
-        "checkpoint.save_interval": args.save_interval,
-        "metrics.file": args.metrics_file,
-    }
-    return [*args.set, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
 
 
 def _configure_logging(rank: int) -> None:
@@ -50,13 +21,14 @@ def _configure_logging(rank: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
-    from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.config import load_train_config, trainer_overrides, trainer_parser
+
+    args = trainer_parser().parse_args(argv)
     from moe_cdk.training.exit_codes import EXIT_CONFIG, EXIT_FAILED_RETRYABLE
     from moe_cdk.training.launch_env import detect
 
     try:
-        config = load_train_config(args.config, overrides_from(args))
+        config = load_train_config(args.config, trainer_overrides(args))
         env = detect()
     except ConfigError as error:
         return report(args.config, error, EXIT_CONFIG)

@@ -8,6 +8,7 @@ import argparse
 
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
+from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.schema.config import HYPERPOD, Orchestrator, load_config, require_orchestrator
 
 
@@ -29,10 +30,9 @@ def _slurm(args: argparse.Namespace, config) -> tuple[str, str]:
     from moe_cdk.jobs.preflight_job import preflight_job, render_preflight_sbatch
     from moe_cdk.jobs.slurm_job import job_spec_from_config
 
-    train_config = args.train_config or (str(config.training.path) if args.local else config.training.image_path)
     job = job_spec_from_config(
         config,
-        train_config=train_config,
+        profile=load_job_profile(config, args.train_config),
         image=args.image,
         local=args.local,
         python=args.python,
@@ -49,7 +49,7 @@ def _slurm(args: argparse.Namespace, config) -> tuple[str, str]:
 
 
 def _eks(args: argparse.Namespace, config) -> tuple[str, str]:
-    from moe_cdk.jobs.eks_job import job_spec_from_config, to_yaml
+    from moe_cdk.jobs.eks_job import job_spec_from_config, render_profile_config_map, to_yaml
     from moe_cdk.jobs.preflight_job import render_preflight_mpijob, render_preflight_pytorchjob
 
     if args.local or not args.image:
@@ -62,14 +62,21 @@ def _eks(args: argparse.Namespace, config) -> tuple[str, str]:
                 ).at("--image")
             ]
         )
-    spec = job_spec_from_config(config, image=args.image, group=args.group, name=args.job_name, nodes=args.nodes)
+    spec = job_spec_from_config(
+        config,
+        profile=load_job_profile(config, args.train_config),
+        image=args.image,
+        group=args.group,
+        name=args.job_name,
+        nodes=args.nodes,
+    )
     if problems := spec.problems():
         raise ConfigError(problems)
     job, nccl = render_preflight_pytorchjob(spec), render_preflight_mpijob(spec)
     return (
-        f"{to_yaml(job)}---\n{to_yaml(nccl)}",
-        f"PyTorchJob {job['metadata']['name']} and MPIJob {nccl['metadata']['name']} (nccl-tests), "
-        f"{spec.nodes} pod(s) of {spec.instance_type}",
+        to_yaml(render_profile_config_map(spec), job, nccl),
+        f"ConfigMap {spec.profile_config_map}, PyTorchJob {job['metadata']['name']} and MPIJob "
+        f"{nccl['metadata']['name']} (nccl-tests), {spec.nodes} pod(s) of {spec.instance_type}",
     )
 
 
@@ -90,8 +97,9 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, help="nodes (default: the group's instance_count)")
     parser.add_argument(
         "--train-config",
-        help="training profile as the nodes see it, for the dispatch shape (default: the configuration's "
-        "training.profile, in the image or, with --local, in this checkout)",
+        metavar="PROFILE.yaml",
+        help="the moe-train profile the training job will run, a file here, for the dispatch shape; the job "
+        "carries it to the nodes (default: the configuration's training.profile)",
     )
     parser.add_argument(
         "--job-name", help="the training job's name; the preflight adds -preflight (default: the profile's)"

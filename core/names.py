@@ -1,13 +1,8 @@
-"""Names and places more than one layer uses: where a deployment's files are, and where the
-training image holds them."""
+"""Names and places more than one layer uses: where a deployment's files are."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-# Where the training image holds the project's files (training/Dockerfile's WORKDIR): a trainer
-# profile `training/configs/x.yaml` is `/opt/moe-cdk/training/configs/x.yaml` in a job.
-IMAGE_CHECKOUT_DIR = "/opt/moe-cdk"
 
 
 def project_root(start: Path | None = None) -> Path:

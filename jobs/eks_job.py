@@ -10,6 +10,9 @@ run one pod per node:
   device the node has, never more (a pod asking for more than the node advertises would
   stay Pending forever);
 * the FSx claim at ``/fsx`` and a memory-backed ``/dev/shm`` for the data loaders and NCCL;
+* the training profile from a ConfigMap rendered beside the job (``render_profile_config_map``),
+  mounted read-only at ``/etc/moe-train``: the job runs the profile it was rendered from, not one
+  baked into the image;
 * ``restartPolicy: ExitCode``: the training operator restarts a pod only for 130, 137, 138
   and 143 and treats every other code as permanent (``training/exit_codes.py``); the
   trainer exits 2 for a bad configuration, 143 after SIGTERM and a checkpoint, 138 after a
@@ -26,17 +29,17 @@ gives those values, and the tests check that both agree.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
 import yaml
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem
+from moe_cdk.jobs.profile import PROFILE_FILE, JobProfile, load_job_profile
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.eks import KUBERNETES_NAME
 from moe_cdk.schema.config import Config, nodes_of
-from moe_cdk.training.config import load_train_config
 
 CONTAINER = "pytorch"  # the container name the Kubeflow training operator looks for
 FSX_MOUNT = "/fsx"
@@ -44,6 +47,9 @@ LIVENESS_FILE = "/tmp/moe-train/alive"
 READINESS_FILE = "/tmp/moe-train/ready"
 # The trainer's progress line (training/metrics.py), e.g. "step 120/5000 loss 2.3140 tokens/s ...".
 PROGRESS_LOG_PATTERN = r".*step \d+/\d+ loss .*"
+PROFILE_MOUNT = "/etc/moe-train"
+# Kubernetes docs, "ConfigMaps": the data stored in a ConfigMap cannot exceed 1 MiB.
+CONFIG_MAP_MAX_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,12 +72,10 @@ class EksJobSpec:
     """``nvidia.com/gpu`` or ``aws.amazon.com/neuron``."""
     efa_per_node: int
     """``vpc.amazonaws.com/efa`` per pod: every EFA device of the node, 0 for none."""
-    train_config: str
-    """The trainer's YAML, as a path in the image."""
-    num_experts: int
-    """Experts per MoE layer (``--set moe.num_experts``)."""
-    expert_parallel: int
-    """Expert-parallel size (``--set parallel.expert``)."""
+    train_profile: str
+    """The trainer's YAML configuration itself, which the job's ConfigMap holds."""
+    profile_config_map: str
+    """Name of that ConfigMap, mounted at ``PROFILE_MOUNT``."""
     train_args: tuple[str, ...] = ()
     """Further trainer arguments, e.g. ``("--max-steps", "100")``."""
     claim_name: str = "fsx-lustre"
@@ -103,7 +107,7 @@ class EksJobSpec:
         def add(name: str, what: str, got: object, allowed: str) -> None:
             found.append(problem(what, got=got, allowed=allowed).at(name))
 
-        for key in ("name", "namespace", "claim_name"):
+        for key in ("name", "namespace", "claim_name", "profile_config_map"):
             if not KUBERNETES_NAME.match(getattr(self, key)):
                 add(
                     key,
@@ -121,8 +125,6 @@ class EksJobSpec:
         for key, minimum in (
             ("nodes", 1),
             ("devices_per_node", 1),
-            ("num_experts", 2),
-            ("expert_parallel", 1),
             ("shm_size_gib", 1),
             ("backoff_limit", 0),
             ("startup_timeout_s", 60),
@@ -133,6 +135,8 @@ class EksJobSpec:
                 add(key, "too small", getattr(self, key), f"{minimum} or more")
         if self.efa_per_node < 0:
             add("efa_per_node", "negative", self.efa_per_node, "0 or more")
+        if len(self.train_profile.encode()) > CONFIG_MAP_MAX_BYTES:
+            add("train_profile", "too large for a ConfigMap", len(self.train_profile.encode()), "at most 1 MiB")
         return found
 
 
@@ -153,7 +157,11 @@ def pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_po
         "command": command,
         "args": args,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "volumeMounts": [{"name": "fsx", "mountPath": FSX_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": "fsx", "mountPath": FSX_MOUNT},
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True},
+        ],
         "startupProbe": {
             "exec": {"command": ["test", "-f", LIVENESS_FILE]},
             "periodSeconds": probe_period,
@@ -183,6 +191,7 @@ def pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_po
         "volumes": [
             {"name": "fsx", "persistentVolumeClaim": {"claimName": spec.claim_name}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_size_gib}Gi"}},
+            {"name": "profile", "configMap": {"name": spec.profile_config_map}},
         ],
     }
     if spec.preflight:
@@ -213,15 +222,31 @@ def labels(spec: EksJobSpec) -> dict[str, str]:
     }
 
 
+def profile_path() -> str:
+    """Where the pods read the training profile."""
+    return f"{PROFILE_MOUNT}/{PROFILE_FILE}"
+
+
+def profile_config_map_name(job_name: str) -> str:
+    """The ConfigMap of job ``job_name``'s profile: ``<job>-profile``, cut to a Kubernetes name."""
+    return re.sub("-+$", "", f"{job_name}-profile"[:63])
+
+
+def render_profile_config_map(spec: EksJobSpec) -> dict:
+    """The ConfigMap that holds the job's training profile (``v1``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": spec.profile_config_map, "namespace": spec.namespace, "labels": labels(spec)},
+        "data": {PROFILE_FILE: spec.train_profile},
+    }
+
+
 def _trainer_args(spec: EksJobSpec) -> list[str]:
     # The probe files are set here, so the probes and the trainer cannot disagree.
     return [
         "--config",
-        spec.train_config,
-        "--set",
-        f"moe.num_experts={spec.num_experts}",
-        "--set",
-        f"parallel.expert={spec.expert_parallel}",
+        profile_path(),
         "--set",
         f"metrics.readiness_file={READINESS_FILE}",
         "--set",
@@ -246,8 +271,9 @@ def _literal_scripts(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _literal_scripts)
 
 
-def to_yaml(document: dict) -> str:
-    return yaml.dump(document, Dumper=_Dumper, sort_keys=False)
+def to_yaml(*documents: dict) -> str:
+    """The documents as one YAML stream for ``kubectl apply -f``."""
+    return "---\n".join(yaml.dump(document, Dumper=_Dumper, sort_keys=False) for document in documents)
 
 
 def render_pytorchjob(spec: EksJobSpec) -> dict:
@@ -328,9 +354,7 @@ def helm_values(spec: EksJobSpec, *, hyperpod: bool = False) -> dict:
         "devicesPerNode": spec.devices_per_node,
         "deviceResource": spec.device_resource,
         "efaPerNode": spec.efa_per_node,
-        "trainConfig": spec.train_config,
-        "numExperts": spec.num_experts,
-        "expertParallel": spec.expert_parallel,
+        "trainProfile": spec.train_profile,
         "trainArgs": list(spec.train_args),
         "claimName": spec.claim_name,
         "nodeLabels": dict(spec.node_labels),
@@ -347,6 +371,7 @@ def helm_values(spec: EksJobSpec, *, hyperpod: bool = False) -> dict:
 def job_spec_from_config(
     config: Config,
     *,
+    profile: JobProfile | None = None,
     image: str,
     group: str | None = None,
     name: str | None = None,
@@ -359,9 +384,11 @@ def job_spec_from_config(
 ) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
-    catalog, the experts and metrics port from the training profile as the trainer reads it;
+    catalog, the metrics port from ``profile`` (default: the configuration's ``training.profile``),
+    which the job carries in its ConfigMap;
     nothing is typed twice. Raises ``ConfigError`` naming the option when the group does not
     exist or has no accelerators."""
+    profile = profile or load_job_profile(config, None, train_args)
     chosen = config.cluster.compute_group(group)
     nodes = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
@@ -376,9 +403,9 @@ def job_spec_from_config(
             ]
         )
     gpu = spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU
-    profile = load_train_config(config.training.path)
+    name = name or profile.name
     return EksJobSpec(
-        name=name or PurePosixPath(config.training.profile).stem,
+        name=name,
         namespace=config.eks.namespace,
         image=image,
         nodes=nodes,
@@ -386,13 +413,12 @@ def job_spec_from_config(
         devices_per_node=spec.accelerator_count,
         device_resource=eks_rules.GPU_RESOURCE if gpu else eks_rules.NEURON_RESOURCE,
         efa_per_node=spec.efa_interfaces,
-        train_config=config.training.image_path,
-        num_experts=profile.moe.num_experts,
-        expert_parallel=profile.parallel.expert,
+        train_profile=profile.text,
+        profile_config_map=profile_config_map_name(name),
         train_args=tuple(train_args),
         node_labels=dict(chosen.labels),
         tolerations=tuple(t.toleration() for t in chosen.taints),
-        metrics_port=profile.metrics.prometheus_port,
+        metrics_port=profile.config.metrics.prometheus_port,
         backoff_limit=backoff_limit,
         startup_timeout_s=startup_timeout_s,
         stall_timeout_s=stall_timeout_s,

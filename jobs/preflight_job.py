@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import Problem, problem, raise_if_any
 from moe_cdk.jobs import eks_job
-from moe_cdk.jobs.slurm_job import SlurmJobSpec, batch_header, enroot_image
+from moe_cdk.jobs.slurm_job import SlurmJobSpec, batch_header, enroot_image, trainer_config_arg
 
 # Built into the training image at a pinned commit (training/Dockerfile).
 NCCL_TESTS_DIR = "/opt/nccl-tests/build"
@@ -160,7 +160,7 @@ def render_preflight_sbatch(spec: PreflightSpec) -> str:
     raise_if_any(spec.problems(), subject="preflight spec")
     job = spec.job
     itype = shlex.quote(spec.instance_type)
-    config = shlex.quote(job.train_config)
+    config = trainer_config_arg(job)
     kind = "local (CPU, gloo)" if job.local else f"container {job.container_image}"
     parts = batch_header(
         job,
@@ -217,7 +217,7 @@ def render_preflight_pytorchjob(spec: eks_job.EksJobSpec) -> dict:
     itype = shlex.quote(spec.instance_type)
     script = (
         f"moe-preflight node --instance-type {itype} --dcgm-level 0 && "
-        f"exec torchrun -m moe_cdk.cli.preflight -- collectives --config {shlex.quote(spec.train_config)} "
+        f"exec torchrun -m moe_cdk.cli.preflight -- collectives --config {eks_job.profile_path()} "
         f"--instance-type {itype}"
     )
     template = eks_job.pod_template(spec, ["bash", "-c", script], [])

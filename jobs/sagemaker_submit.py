@@ -2,8 +2,11 @@
 past the 28-day limit.
 
 The request is built with boto3's client (no SageMaker SDK) from the infrastructure
-configuration, the trainer profile it names, and the training-job stack's outputs (from
-``cdk deploy --outputs-file`` or CloudFormation). A chained run starts a successor job on the
+configuration, the trainer profile (``--train-config``, default the configuration's
+``training.profile``), and the training-job stack's outputs (from ``cdk deploy --outputs-file``
+or CloudFormation). The profile reaches the job as an input channel: ``upload_profile`` puts it
+in the data bucket under ``profiles/<run>/``, and SageMaker copies it into the container before
+the trainer starts, so a new profile needs no new image. A chained run starts a successor job on the
 same checkpoint prefix whenever a job stops on its runtime limit, and stops on a permanent
 failure: the trainer's exit codes 1-127 (2 is a configuration error). It waits for each job
 with boto3's ``training_job_completed_or_stopped`` waiter.
@@ -21,8 +24,8 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
 from moe_cdk.core.problems import ConfigError, Problem, problem
+from moe_cdk.jobs.profile import PROFILE_FILE, JobProfile, load_job_profile
 from moe_cdk.schema.config import Config
-from moe_cdk.training.config import load_train_config
 
 # SageMaker API reference, StoppingCondition.MaxRuntimeInSeconds: at most 28 days.
 MAX_RUNTIME_S = 28 * 24 * 3600
@@ -34,6 +37,10 @@ JOB_WAITER = "training_job_completed_or_stopped"
 RETRY_RANGE = (1, 30)
 FSX_DATASETS = "/fsx/datasets/"
 CHANNEL_DIR = "/opt/ml/input/data/train/"
+# SageMaker Developer Guide, "How Amazon SageMaker Provides Training Information": File-mode channel
+# <name> is copied to /opt/ml/input/data/<name> before the container starts.
+PROFILE_CHANNEL = "profile"
+PROFILE_PREFIX = "profiles"
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 TENSORBOARD_DIR = "/opt/ml/output/tensorboard"
 OUTPUT_KEYS = (
@@ -77,6 +84,8 @@ class SubmitOptions:
     """Spot only: how long to wait for capacity plus run, at least max_runtime_hours."""
     retries: int = 2
     """SageMaker's own retries of a job after an internal error (1 to 30)."""
+    profile: JobProfile | None = None
+    """The trainer profile every job of the run reads. Default: the configuration's ``training.profile``."""
 
     def problems(self) -> list[Problem]:
         found = []
@@ -179,19 +188,33 @@ def _in_channel(path: str, key: str) -> str:
     return CHANNEL_DIR + path[len(FSX_DATASETS) :]
 
 
+def profile_key(run_name: str) -> str:
+    """The object key of run ``run_name``'s profile in the data bucket; every job of the run reads it."""
+    return f"{PROFILE_PREFIX}/{run_name}/{PROFILE_FILE}"
+
+
+def upload_profile(s3_client, outputs: dict[str, str], run_name: str, profile: JobProfile) -> str:
+    """Put run ``run_name``'s profile where its jobs' profile channel reads it; returns its ``s3://`` URI."""
+    key = profile_key(run_name)
+    s3_client.put_object(
+        Bucket=outputs["DataBucketName"], Key=key, Body=profile.text.encode(), ContentType="application/yaml"
+    )
+    return f"s3://{outputs['DataBucketName']}/{key}"
+
+
 def build_request(config: Config, outputs: dict[str, str], options: SubmitOptions, *, job_index: int = 1) -> dict:
     """The CreateTrainingJob request for job ``job_index`` of the run ``options.run_name``."""
     problems = options.problems()
     if problems:
         raise ConfigError(problems)
-    train = load_train_config(config.training.path)
+    train = (options.profile or load_job_profile(config, None)).config
     (group,) = config.cluster.instance_groups
     bucket = outputs["DataBucketName"]
     run = options.run_name
     prefixes = [_in_channel(p, f"training.profile data.prefixes[{i}]") for i, p in enumerate(train.data.prefixes)]
     arguments = [
         "--config",
-        config.training.image_path,
+        f"/opt/ml/input/data/{PROFILE_CHANNEL}/{PROFILE_FILE}",
         "--checkpoint-dir",
         CHECKPOINT_DIR,
         "--set",
@@ -234,7 +257,20 @@ def build_request(config: Config, outputs: dict[str, str], options: SubmitOption
             "EnableSageMakerMetricsTimeSeries": True,
         },
         "RoleArn": outputs["RoleArn"],
-        "InputDataConfig": [{"ChannelName": "train", "DataSource": source, "InputMode": "File"}],
+        "InputDataConfig": [
+            {"ChannelName": "train", "DataSource": source, "InputMode": "File"},
+            {
+                "ChannelName": PROFILE_CHANNEL,
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": f"s3://{bucket}/{profile_key(run).rsplit('/', 1)[0]}/",
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+                "InputMode": "File",
+            },
+        ],
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/training-jobs/{run}/output"},
         "ResourceConfig": {
             "InstanceType": group.to_props().spec.sagemaker_name,

@@ -13,6 +13,8 @@
   ``srun --auto-resume=1``: after HyperPod replaces a failed node it runs the step again, and
   the trainer resumes from its last checkpoint;
 * for an image in Amazon ECR, writes the enroot credentials that let every node pull it;
+* writes the training profile it carries (``train_profile``) beside the run's checkpoints, on the
+  file system every node shares, and runs the trainer on that copy;
 * maps the trainer's exit code onto Slurm: 0 ends the job, 1 to 127 are permanent failures
   (2 is a bad configuration) and end it with that code, 128 to 255 are retryable (143
   preempted or signalled, 138 crashed, 137 killed) and requeue the job with
@@ -26,10 +28,10 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem, raise_if_any
+from moe_cdk.jobs.profile import JobProfile, load_job_profile
 from moe_cdk.schema.config import Config, nodes_of
 
 # Slurm's --time formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
@@ -85,8 +87,15 @@ class SlurmJobSpec:
     Exactly one of ``container_image`` and ``local`` is set."""
     container_mounts: str | None = None
     """Bind mounts into the container (``srun --container-mounts``), e.g. ``/fsx:/fsx``."""
-    train_config: str
-    """The trainer's YAML configuration, as a path on the nodes (inside the container when there is one)."""
+    train_config: str | None = None
+    """The trainer's YAML configuration, as a path on the nodes (inside the container when there is one).
+    Exactly one of ``train_config`` and ``train_profile`` is set."""
+    train_profile: str | None = None
+    """The trainer's YAML configuration itself: the script writes it to ``<profile_dir>/train-<job id>.yaml``
+    before the first step and runs the trainer on that file (``jobs/profile.py``)."""
+    profile_dir: str = "."
+    """Where the script writes ``train_profile``: a folder every node sees at the same path, inside the container
+    too, e.g. the run's checkpoint folder on /fsx. Relative to the directory the job was submitted from."""
     train_args: tuple[str, ...] = ()
     """Further trainer arguments, e.g. ``("--max-steps", "100", "--set", "parallel.expert=8")``."""
     local: bool = False
@@ -161,8 +170,12 @@ class SlurmJobSpec:
                 self.container_mounts,
                 "null unless container_image is set",
             )
-        if not self.train_config:
+        if (self.train_config is None) == (self.train_profile is None):
+            add("train_config", "set both or neither", self.train_config, "train_config or train_profile, not both")
+        elif self.train_config is not None and not self.train_config:
             add("train_config", "empty", self.train_config, "a path to a YAML file on the nodes")
+        if not self.profile_dir:
+            add("profile_dir", "empty", self.profile_dir, "a folder every node sees")
         if self.local and not self.python:
             add("python", "empty", self.python, "an interpreter such as python3")
         if not 1 <= self.master_port <= 65535:
@@ -259,7 +272,7 @@ def _command(spec: SlurmJobSpec) -> str:
         if spec.container_mounts is not None:
             srun.append(f"--container-mounts={shlex.quote(spec.container_mounts)}")
     trainer = [shlex.quote(spec.python), "-m", "moe_cdk.cli.train"] if spec.local else ["moe-train"]
-    args = ["--config", shlex.quote(spec.train_config)]
+    args = ["--config", trainer_config_arg(spec)]
     args += [shlex.quote(arg) for arg in spec.train_args]
     # Keep an option and its value on one line: "--set key=value", "--max-steps 40".
     pairs: list[str] = []
@@ -394,9 +407,39 @@ fi
 """
 
 
+_PROFILE = """\
+# The training profile this job runs, written where every node, and the container, sees it: beside
+# the run's checkpoints. A requeued job writes the same text again.
+mkdir -p __DIR__
+train_config=__DIR__/"train-${SLURM_JOB_ID}.yaml"
+cat >"${train_config}.tmp" <<'__EOF__'
+__TEXT____EOF__
+mv -f "${train_config}.tmp" "$train_config"
+log "training profile: ${train_config}"
+"""
+
+
+def trainer_config_arg(spec: SlurmJobSpec) -> str:
+    """The trainer's ``--config`` value as the script's shell sees it."""
+    return '"$train_config"' if spec.train_profile is not None else shlex.quote(spec.train_config)
+
+
+def _write_profile(spec: SlurmJobSpec) -> str:
+    text = spec.train_profile if spec.train_profile.endswith("\n") else spec.train_profile + "\n"
+    delimiter = "MOE_CDK_PROFILE"
+    while delimiter in text.splitlines():
+        delimiter += "_"
+    return (
+        _PROFILE.replace("__DIR__", shlex.quote(spec.profile_dir))
+        .replace("__EOF__", delimiter)
+        .replace("__TEXT__", text)
+    )
+
+
 def batch_header(spec: SlurmJobSpec, title: str) -> list[str]:
     """The start of a batch script for ``spec``'s nodes: ``title`` (comment lines), the ``#SBATCH``
-    lines, the rendezvous, and for a container job the EFA environment and the ECR credentials."""
+    lines, the rendezvous, for a container job the EFA environment and the ECR credentials, and the
+    training profile the job carries."""
     parts = [
         "#!/bin/bash",
         title,
@@ -408,6 +451,8 @@ def batch_header(spec: SlurmJobSpec, title: str) -> list[str]:
         parts.append(_EFA.replace("__EFA_ENV_FILE__", shlex.quote(spec.efa_env_file)))
         if (ecr := ecr_registry(spec.container_image)) is not None:
             parts.append(_ENROOT_CREDENTIALS.replace("__REGISTRY__", ecr[0]).replace("__REGION__", ecr[1]))
+    if spec.train_profile is not None:
+        parts.append(_write_profile(spec))
     return parts
 
 
@@ -428,13 +473,21 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["HYPERPOD_MARKER", "SlurmJobSpec", "batch_header", "ecr_registry", "enroot_image", "render_sbatch"]
+__all__ = [
+    "HYPERPOD_MARKER",
+    "SlurmJobSpec",
+    "batch_header",
+    "ecr_registry",
+    "enroot_image",
+    "render_sbatch",
+    "trainer_config_arg",
+]
 
 
 def job_spec_from_config(
     config: Config,
     *,
-    train_config: str,
+    profile: JobProfile | None = None,
     image: str | None = None,
     local: bool = False,
     python: str = "python3",
@@ -451,8 +504,10 @@ def job_spec_from_config(
     master_port: int = 29500,
 ) -> SlurmJobSpec:
     """The sbatch job for a compute group of ``config``: node count, GPUs, partition and
-    constraint come from the configuration and the instance catalog, never typed again.
-    Raises ``ConfigError`` naming the option for an image given with ``local`` (or neither)."""
+    constraint come from the configuration and the instance catalog, never typed again; the job
+    carries ``profile`` (default: the configuration's ``training.profile``) and writes it beside the
+    run's checkpoints. Raises ``ConfigError`` naming the option for an image given with ``local``
+    (or neither)."""
     if local == bool(image):
         raise ConfigError(
             [
@@ -463,12 +518,13 @@ def job_spec_from_config(
                 ).at("--image")
             ]
         )
+    profile = profile or load_job_profile(config, None, train_args)
     chosen = config.cluster.compute_group(group)
     node_count = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
     gpus = spec.accelerator_count if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else None
     return SlurmJobSpec(
-        job_name=job_name or Path(train_config).stem,
+        job_name=job_name or profile.name,
         nodes=node_count,
         tasks_per_node=1 if local else (spec.accelerator_count or 1),
         gpus_per_node=None if local else gpus,
@@ -481,7 +537,8 @@ def job_spec_from_config(
         nice=nice,
         container_image=None if local else image,
         container_mounts=None if local else "/fsx:/fsx",
-        train_config=train_config,
+        train_profile=profile.text,
+        profile_dir=profile.config.checkpoint.dir,
         train_args=train_args,
         local=local,
         python=python,

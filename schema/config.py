@@ -18,7 +18,7 @@ import yaml
 from pydantic.dataclasses import dataclass
 
 from moe_cdk.core.loader import SECTION, json_schema, parse, render_docs
-from moe_cdk.core.names import IMAGE_CHECKOUT_DIR, project_root
+from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.ec2 import availability_zone_problem, cidr_problems, subnet_capacity_problem
@@ -456,17 +456,14 @@ class TrainingConfig:
     """The training run this infrastructure is for: what `moe-cdk plan` sizes and jobs launch."""
 
     profile: str = "training/configs/moe-8x1b.yaml"
-    """Trainer configuration (a `moe-train` YAML), relative to the project folder (the one holding cdk.json)."""
+    """Trainer configuration (a `moe-train` YAML), relative to the project folder (the one holding cdk.json). Every
+    rendered job carries its text (a Slurm script, a Kubernetes ConfigMap, a SageMaker input channel), so changing it
+    needs no new image; `--train-config` on those commands runs another file."""
 
     @property
     def path(self) -> Path:
         """The profile in this project."""
         return project_root() / self.profile
-
-    @property
-    def image_path(self) -> str:
-        """The profile as a job in the training image sees it."""
-        return f"{IMAGE_CHECKOUT_DIR}/{self.profile}"
 
     def problems(self) -> Problems:
         if not self.path.is_file():

@@ -26,6 +26,7 @@ PREFIXES = {
         "checkpoints the trainer writes and resumes from, one folder per run",
     ),
     "training-jobs": (("s3:PutObject", "s3:AbortMultipartUpload"), "job output and TensorBoard logs SageMaker uploads"),
+    "profiles": (("s3:GetObject",), "the trainer profile of each run, which moe-cdk sagemaker submit uploads"),
 }
 
 

@@ -8,6 +8,7 @@ format as the infrastructure configuration. Checks that need the world size
 
 from __future__ import annotations
 
+import argparse
 import enum
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -650,3 +651,33 @@ SCHEMA_FILE = "training/configs/moe-train.schema.json"
 def train_config_schema() -> dict:
     """The JSON Schema of a trainer profile (before ``--set`` overrides)."""
     return json_schema(TrainConfig, title="moe-train profile")
+
+
+def trainer_parser() -> argparse.ArgumentParser:
+    """``moe-train``'s command line. The job renderers parse a job's trainer arguments with it too, so a
+    flag they check is the flag the trainer reads."""
+    parser = argparse.ArgumentParser(prog="moe-train", description="Train a Megatron-core MoE model.")
+    parser.add_argument("--config", required=True, help="YAML file, e.g. training/configs/tiny.yaml")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one configuration value (repeatable)",
+    )
+    parser.add_argument("--max-steps", type=int, help="same as --set max_steps=N")
+    parser.add_argument("--checkpoint-dir", help="same as --set checkpoint.dir=DIR")
+    parser.add_argument("--save-interval", type=int, help="same as --set checkpoint.save_interval=N")
+    parser.add_argument("--metrics-file", help="same as --set metrics.file=FILE")
+    return parser
+
+
+def trainer_overrides(args: argparse.Namespace) -> list[str]:
+    """The --set assignments of parsed ``trainer_parser`` arguments, with the shortcut flags appended (they win)."""
+    shortcuts = {
+        "max_steps": args.max_steps,
+        "checkpoint.dir": args.checkpoint_dir,
+        "checkpoint.save_interval": args.save_interval,
+        "metrics.file": args.metrics_file,
+    }
+    return [*args.set, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]

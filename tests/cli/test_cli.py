@@ -94,8 +94,6 @@ def test_slurm_render_takes_the_job_shape_from_the_configuration():
         "render",
         "--config",
         "config/default.yaml",
-        "--train-config",
-        "/fsx/configs/moe-8x1b.yaml",
         "--image",
         "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest",
     )
@@ -103,8 +101,36 @@ def test_slurm_render_takes_the_job_shape_from_the_configuration():
     assert result.stdout == (ROOT / "tests/golden/sbatch-default.sh").read_text()
 
 
+def test_slurm_render_names_a_profile_it_cannot_read():
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local")
+    assert result.returncode == 2 and not result.stdout
+    assert "  --train-config: cannot read the file (got 'x.yaml: No such file or directory';" in result.stderr
+
+
+def test_slurm_render_checks_the_profile_with_the_trainer_arguments_applied():
+    result = moe_cdk(
+        "slurm", "render", "--config", "config/default.yaml", "--local", "--train-arg=--set", "--train-arg=moe.top_k=9"
+    )
+    assert result.returncode == 2 and not result.stdout
+    assert "  training.profile: moe.top_k: out of range (got 9; allowed 1 to num_experts (8))" in result.stderr
+
+
+def test_slurm_render_refuses_a_second_config_among_the_trainer_arguments():
+    result = moe_cdk(
+        "slurm",
+        "render",
+        "--config",
+        "config/default.yaml",
+        "--local",
+        "--train-arg=--config",
+        "--train-arg=/fsx/b.yaml",
+    )
+    assert result.returncode == 2 and not result.stdout
+    assert "  --train-arg: the job runs the profile it was rendered with (got '--config';" in result.stderr
+
+
 def test_slurm_render_needs_an_image_or_local():
-    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml")
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml")
     assert result.returncode == 2
     assert "  --image: give an image, or --local for a CPU-only cluster, not both (got None;" in result.stderr
 
@@ -113,7 +139,7 @@ def test_slurm_render_needs_an_image_or_local():
     "config, orchestrator", [("config/eks-p5en.yaml", "eks"), ("config/training-job.yaml", "training-job")]
 )
 def test_slurm_render_refuses_a_configuration_without_slurm(config, orchestrator):
-    result = moe_cdk("slurm", "render", "--config", config, "--train-config", "x.yaml", "--local")
+    result = moe_cdk("slurm", "render", "--config", config, "--local")
     assert result.returncode == 2 and not result.stdout
     assert (
         f"  cluster.orchestrator: slurm render needs a HyperPod Slurm configuration (got '{orchestrator}'; "
@@ -122,26 +148,20 @@ def test_slurm_render_refuses_a_configuration_without_slurm(config, orchestrator
 
 
 def test_slurm_render_refuses_more_nodes_than_the_group_has():
-    result = moe_cdk(
-        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--nodes", "5"
-    )
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--local", "--nodes", "5")
     assert result.returncode == 2 and not result.stdout
     assert "  --nodes: more nodes than group gpu has (got 5; allowed 1 to 2)" in result.stderr
 
 
 def test_slurm_render_rejects_an_unknown_group():
-    result = moe_cdk(
-        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--group", "tpu"
-    )
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--local", "--group", "tpu")
     assert result.returncode == 2
     assert "  --group: unknown compute group (got 'tpu'; allowed gpu)" in result.stderr
 
 
 def test_an_output_in_a_missing_folder_is_a_problem_with_output(tmp_path):
     target = tmp_path / "missing" / "x.sbatch"
-    result = moe_cdk(
-        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--output", target
-    )
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--local", "--output", target)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"  --output: cannot be written in {target.parent} (No such file or directory)" in result.stderr
     assert not target.parent.exists()
@@ -150,8 +170,6 @@ def test_an_output_in_a_missing_folder_is_a_problem_with_output(tmp_path):
 def test_an_output_is_replaced_whole_with_nothing_left_beside_it(tmp_path):
     target = tmp_path / "x.sbatch"
     target.write_text("old\n")
-    result = moe_cdk(
-        "slurm", "render", "--config", "config/default.yaml", "--train-config", "x.yaml", "--local", "--output", target
-    )
+    result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--local", "--output", target)
     assert result.returncode == 0, result.stderr
     assert target.read_text().startswith("#!") and [p.name for p in tmp_path.iterdir()] == ["x.sbatch"]

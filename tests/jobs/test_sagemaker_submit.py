@@ -13,9 +13,10 @@ import pytest
 from botocore.exceptions import WaiterError
 from botocore.stub import Stubber
 from botocore.validate import validate_parameters
-from conftest import ROOT
+from conftest import ROOT, resources_of_type, synth
 
 from moe_cdk.core.problems import ConfigError
+from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.jobs.sagemaker_submit import (
     MAX_JOB_LIFETIME_S,
     METRIC_DEFINITIONS,
@@ -25,7 +26,9 @@ from moe_cdk.jobs.sagemaker_submit import (
     classify,
     outputs_from_cloudformation,
     outputs_from_file,
+    profile_key,
     run_chain,
+    upload_profile,
     wait_for_job,
 )
 from moe_cdk.schema.config import load_config
@@ -90,6 +93,60 @@ def test_fsx_input_reads_the_datasets_folder_of_the_file_system():
         "FileSystemType": "FSxLustre",
         "DirectoryPath": "/abcdefgh/datasets",
     }
+
+
+def test_the_job_reads_its_profile_from_the_profile_channel():
+    request = build_request(CONFIG, OUTPUTS, OPTIONS)
+    args = request["AlgorithmSpecification"]["ContainerArguments"]
+    assert args[:2] == ["--config", "/opt/ml/input/data/profile/train.yaml"]
+    (channel,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == "profile"]
+    assert channel["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{OUTPUTS['DataBucketName']}/profiles/moe-run/"
+    assert profile_key("moe-run") == "profiles/moe-run/train.yaml"
+
+
+def test_another_profile_changes_what_the_job_reads_not_the_image(tmp_path):
+    profile = tmp_path / "other.yaml"
+    profile.write_text(
+        (ROOT / "training/configs/moe-8x1b.yaml").read_text().replace("/fsx/datasets/web/", "/fsx/datasets/other/")
+    )
+    options = SubmitOptions(run_name="moe-run", profile=load_job_profile(CONFIG, str(profile)))
+    request = build_request(CONFIG, OUTPUTS, options)
+    assert (
+        "data.prefixes=[/opt/ml/input/data/train/other/train_text_document]"
+        in request["AlgorithmSpecification"]["ContainerArguments"]
+    )
+    assert request["AlgorithmSpecification"]["TrainingImage"] == OUTPUTS["TrainingImageUri"]
+
+
+def test_the_profile_is_uploaded_where_the_channel_reads_it(sagemaker):
+    s3 = boto3.client("s3", region_name="us-east-2")
+    profile = load_job_profile(CONFIG, None)
+    with Stubber(s3) as stubber:  # the request is checked against botocore's S3 model
+        stubber.add_response(
+            "put_object",
+            {"ETag": '"e"'},
+            {
+                "Bucket": OUTPUTS["DataBucketName"],
+                "Key": "profiles/moe-run/train.yaml",
+                "Body": CONFIG.training.path.read_bytes(),
+                "ContentType": "application/yaml",
+            },
+        )
+        uri = upload_profile(s3, OUTPUTS, "moe-run", profile)
+        stubber.assert_no_pending_responses()
+    assert uri == f"s3://{OUTPUTS['DataBucketName']}/profiles/moe-run/train.yaml"
+
+
+def test_the_execution_role_may_read_the_profile_channel(tmp_path):
+    templates = synth(CONFIG, tmp_path)
+    (template,) = [t for name, t in templates.items() if name.endswith("training-job")]
+    statements = [
+        statement
+        for policy in resources_of_type(template, "AWS::IAM::Policy").values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    readable = [json.dumps(s["Resource"]) for s in statements if "s3:GetObject" in json.dumps(s["Action"])]
+    assert any("/profiles/*" in resource for resource in readable), readable
 
 
 def test_profile_paths_under_fsx_datasets_are_mapped_into_the_channel():
@@ -307,6 +364,8 @@ def test_dry_run_prints_a_valid_request_without_credentials(tmp_path):
     request = json.loads(result.stdout)
     validate_parameters(request, _input_shape())
     assert request["TrainingJobName"] == "dry-01"
+    bucket = OUTPUTS["DataBucketName"]
+    assert f"would upload {CONFIG.training.path} to s3://{bucket}/profiles/dry/train.yaml" in result.stderr
 
 
 def test_submit_rejects_a_slurm_configuration():

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, render_sbatch
+from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, job_spec_from_config, render_sbatch
+from moe_cdk.schema.config import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ports import free_port  # noqa: E402
@@ -33,18 +34,9 @@ PYTHON = sys.executable
 TINY = ROOT / "training/configs/tiny.yaml"
 CORPUS = ROOT / "training/configs/tiny-corpus.txt"
 
-DEFAULT_SPEC = SlurmJobSpec(
-    job_name="moe-8x1b",
-    nodes=2,
-    tasks_per_node=8,
-    gpus_per_node=8,
-    partition="gpu",
-    constraint="efa",
-    exclusive=True,
-    time_limit="48:00:00",
-    container_image="123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest",
-    container_mounts="/fsx:/fsx",
-    train_config="/fsx/configs/moe-8x1b.yaml",
+# What `moe-cdk slurm render --config config/default.yaml --image ...` renders (tests/cli/test_cli.py).
+DEFAULT_SPEC = job_spec_from_config(
+    load_config(ROOT / "config/default.yaml"), image="123456789012.dkr.ecr.us-east-2.amazonaws.com/moe:latest"
 )
 LOCAL_SPEC = SlurmJobSpec(
     job_name="moe-tiny",
@@ -132,6 +124,23 @@ def test_spec_needs_a_container_or_local():
     assert [p.key for p in spec.problems()] == ["container_image"]
 
 
+def test_spec_takes_a_profile_path_or_its_text_not_both():
+    both = dataclasses.replace(LOCAL_SPEC, train_profile="max_steps: 1\n")
+    neither = dataclasses.replace(LOCAL_SPEC, train_config=None)
+    assert [p.key for p in both.problems()] == [p.key for p in neither.problems()] == ["train_config"]
+
+
+def test_a_carried_profile_reaches_the_file_whatever_its_lines(tmp_path):
+    text = "max_steps: 1\nMOE_CDK_PROFILE\n# 'quotes' $HOME `date` \\ end"
+    spec = dataclasses.replace(LOCAL_SPEC, train_config=None, train_profile=text, profile_dir=str(tmp_path / "p q"))
+    script = render_sbatch(spec)
+    start, end = script.index("mkdir -p"), script.index('log "training profile')
+    shell = "log() { :; }\nSLURM_JOB_ID=7\n" + script[start:end] + 'printf %s "$train_config"'
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", shell], capture_output=True, text=True, check=True)
+    assert done.stdout == f"{tmp_path}/p q/train-7.yaml"
+    assert Path(done.stdout).read_text() == text + "\n"
+
+
 @pytest.mark.parametrize("limit", ["10", "10:00", "48:00:00", "2-00", "2-12:30", "2-12:30:00", "UNLIMITED"])
 def test_spec_accepts_slurm_time_formats(limit):
     assert (
@@ -190,7 +199,8 @@ class TinyJob:
             time_limit="00:10:00",
             local=True,
             python=PYTHON,
-            train_config=str(TINY),
+            train_profile=TINY.read_text(),
+            profile_dir=str(root / "checkpoints"),
             output=str(root / "job-%j.out"),
             master_port=free_port(),
             train_args=(
@@ -272,6 +282,9 @@ def test_slurm_local_script_trains_on_two_nodes(slurm, tmp_path):
     # Both ranks wrote their shards of the last checkpoint: the world had 2 processes.
     shards = {p.name.split("_")[2] for p in (job.checkpoints / "step-40").glob("__*_*.distcp")}
     assert shards == {"0", "1"}
+    # ... and trained the profile the script carried, from the copy it wrote beside the checkpoints.
+    assert (job.checkpoints / f"train-{job_id}.yaml").read_text() == TINY.read_text()
+    assert f"training profile: {job.checkpoints}/train-{job_id}.yaml" in log
 
 
 def test_slurm_constraint_efa_runs_and_unknown_feature_is_rejected(slurm, tmp_path):

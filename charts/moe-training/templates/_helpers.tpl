@@ -4,6 +4,8 @@ the FSx mount, the probe files the trainer touches, and the trainer's progress l
 */}}
 {{- define "moe-training.container" -}}pytorch{{- end -}}
 {{- define "moe-training.fsxMount" -}}/fsx{{- end -}}
+{{- define "moe-training.profileMount" -}}/etc/moe-train{{- end -}}
+{{- define "moe-training.profileFile" -}}train.yaml{{- end -}}
 {{- define "moe-training.livenessFile" -}}/tmp/moe-train/alive{{- end -}}
 {{- define "moe-training.readinessFile" -}}/tmp/moe-train/ready{{- end -}}
 {{- define "moe-training.progressLogPattern" -}}{{ `.*step \d+/\d+ loss .*` }}{{- end -}}
@@ -11,6 +13,11 @@ the FSx mount, the probe files the trainer touches, and the trainer's progress l
 {{/* The training image; rendering fails without it. */}}
 {{- define "moe-training.image" -}}
 {{- required "image is required: set image to the training image URI, e.g. --set image=<account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag>" .Values.image -}}
+{{- end -}}
+
+{{/* The ConfigMap of the training profile: <name>-profile, cut to a Kubernetes name. */}}
+{{- define "moe-training.profileConfigMap" -}}
+{{- regexReplaceAll "-+$" (printf "%s-profile" .Values.name | trunc 63) "" -}}
 {{- end -}}
 
 {{/* Labels of the job and its pods. */}}
@@ -23,9 +30,7 @@ app.kubernetes.io/managed-by: moe-cdk
 {{/* The trainer's arguments: the fixed ones (probe files included), then trainArgs. */}}
 {{- define "moe-training.args" -}}
 {{- $v := .Values -}}
-{{- $args := list "--config" $v.trainConfig
-    "--set" (printf "moe.num_experts=%d" (int $v.numExperts))
-    "--set" (printf "parallel.expert=%d" (int $v.expertParallel))
+{{- $args := list "--config" (printf "%s/%s" (include "moe-training.profileMount" .) (include "moe-training.profileFile" .))
     "--set" (printf "metrics.readiness_file=%s" (include "moe-training.readinessFile" .))
     "--set" (printf "metrics.liveness_file=%s" (include "moe-training.livenessFile" .)) -}}
 {{- range $v.trainArgs }}{{ $args = append $args (toString .) }}{{ end -}}
@@ -78,6 +83,9 @@ spec:
           mountPath: {{ include "moe-training.fsxMount" $root }}
         - name: shm
           mountPath: /dev/shm
+        - name: profile
+          mountPath: {{ include "moe-training.profileMount" $root }}
+          readOnly: true
       startupProbe:
         exec:
           command: ["test", "-f", {{ $alive | toJson }}]
@@ -107,6 +115,9 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ printf "%dGi" (int $v.shmSizeGiB) | toJson }}
+    - name: profile
+      configMap:
+        name: {{ include "moe-training.profileConfigMap" $root | toJson }}
   {{- with $v.tolerations }}
   tolerations:
     {{- toYaml . | nindent 4 }}
