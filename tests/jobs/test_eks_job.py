@@ -250,6 +250,25 @@ def test_more_nodes_than_the_group_has_is_refused(config):
     assert error.value.errors == ["--nodes: more nodes than group gpu has (got 3; allowed 1 to 2)"]
 
 
+def test_cli_refuses_a_second_config_that_the_profile_would_not_size(capsys):
+    from moe_cdk.cli.moe_cdk import main
+
+    args = ["eks", "render", "--config", str(CONFIG), "--image", IMAGE]
+    assert main([*args, "--train-arg=--config", "--train-arg=/fsx/my.yaml"]) == 2
+    assert "  --train-arg: the job runs the profile it was rendered with (got '--config';" in capsys.readouterr().err
+
+
+def test_cli_runs_the_profile_given_with_train_config(tmp_path):
+    from moe_cdk.cli.moe_cdk import main
+
+    out = tmp_path / "job.yaml"
+    profile = ROOT / "training/configs/moe-8x1b.yaml"
+    args = ["eks", "render", "--config", str(CONFIG), "--image", IMAGE, "--train-config", str(profile)]
+    assert main([*args, "--output", str(out)]) == 0
+    config_map, job = yaml.safe_load_all(out.read_text())
+    assert config_map["data"]["train.yaml"] == profile.read_text() and job["metadata"]["name"] == "moe-8x1b"
+
+
 def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
     out = tmp_path / "job.yaml"
     ok = subprocess.run(
