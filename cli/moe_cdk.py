@@ -15,17 +15,23 @@ import sys
 from pathlib import Path
 
 from moe_cdk.cli.report import emit, report
-from moe_cdk.core.problems import ConfigError
+from moe_cdk.core.problems import ConfigError, raise_if_any
 from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
-from moe_cdk.schema.config import Orchestrator, load_config, reference_docs, require_orchestrator
+from moe_cdk.schema.config import (
+    Orchestrator,
+    load_config,
+    reference_docs,
+    require_orchestrator,
+    synth_prerequisite_problems,
+)
 
 EXIT_CHECK_FAILED = 1
 
 
 def _validate(args: argparse.Namespace) -> int:
     try:
-        load_config(args.config)
+        raise_if_any(synth_prerequisite_problems(load_config(args.config)))
     except ConfigError as error:
         return report(args.config, error)
     print(f"{args.config}: valid")
@@ -88,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moe-cdk", description="moe-cdk: MoE training infrastructure on AWS.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    validate = commands.add_parser("validate", help="check a configuration file; exit 0 if valid, 2 if not")
+    validate = commands.add_parser(
+        "validate", help="check a configuration file and what synth needs besides it; exit 0 if valid, 2 if not"
+    )
     validate.add_argument("--config", required=True, help="YAML configuration, e.g. config/default.yaml")
     validate.set_defaults(run=_validate)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam, aws_kms as kms, aws_s3_assets as s3_assets
@@ -335,19 +334,8 @@ class TrainingEksCluster(Construct):
         for i, name in enumerate(props.instance_types):
             if catalog.lookup(name) is None:
                 found.append(catalog.unknown_instance_type(name).at(f"instance_types[{i}]"))
-        # SageMaker Developer Guide, "Installing packages on the Amazon EKS cluster using Helm": without
-        # the chart a HyperPod cluster may not work "or the creation process failing entirely", and
-        # its health-monitoring agent is what node recovery needs.
-        directory = props.hyperpod_chart_directory
-        if not (Path(directory) / "Chart.yaml").is_file():
-            found.append(
-                problem(
-                    "has no Chart.yaml: AWS's HyperPod dependencies chart is not staged, and without it (the "
-                    "health-monitoring agent) cluster creation can fail; run `make hyperpod-chart CONFIG=...`",
-                    got=directory,
-                    allowed="the folder `make hyperpod-chart` writes",
-                ).at("hyperpod_chart_directory")
-            )
+        if p := eks_rules.hyperpod_chart_problem(props.hyperpod_chart_directory):
+            found.append(p.at("hyperpod_chart_directory"))
         return found
 
 

@@ -46,6 +46,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import Problem, problem
@@ -344,6 +345,21 @@ def endpoint_problems(endpoint_access: EndpointAccess, public_access_cidrs: Sequ
                 )
             )
     return found
+
+
+def hyperpod_chart_problem(directory: str | Path) -> Problem | None:
+    """None when ``directory`` holds a staged HyperPod dependencies chart. SageMaker Developer Guide,
+    "Installing packages on the Amazon EKS cluster using Helm": without the chart a HyperPod cluster may
+    not work "or the creation process failing entirely", and its health-monitoring agent is what node
+    recovery needs. Synth and ``moe-cdk validate`` both refuse a configuration without it."""
+    if (Path(directory) / "Chart.yaml").is_file():
+        return None
+    return problem(
+        "has no Chart.yaml: AWS's HyperPod dependencies chart is not staged, and without it (the "
+        "health-monitoring agent) cluster creation can fail; run `make hyperpod-chart CONFIG=...`",
+        got=str(directory),
+        allowed="the folder `make hyperpod-chart` writes",
+    )
 
 
 def kubernetes_version_problem(version: str) -> Problem | None:

@@ -654,6 +654,16 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data)
 
 
+def synth_prerequisite_problems(config: Config) -> list[Problem]:
+    """What synth needs of a valid configuration besides the file: the inputs ``make`` stages outside git
+    (an EKS cluster's HyperPod chart). ``moe-cdk validate`` reports them, so that a file it calls valid
+    synthesizes."""
+    if config.cluster.orchestrator is Orchestrator.EKS:
+        if p := eks_rules.hyperpod_chart_problem(config.eks.hyperpod_chart_path):
+            return [p.at("eks.hyperpod_chart_directory")]
+    return []
+
+
 def require_orchestrator(config: Config, refusal: str, *allowed: Orchestrator) -> None:
     """Raise ``ConfigError`` with ``refusal`` at cluster.orchestrator unless ``config``'s
     orchestrator is one of ``allowed``: for the commands that act on one kind of cluster."""

@@ -1,7 +1,9 @@
 """``moe-cdk diff``: what a change does to the synthesized CloudFormation, as Markdown for a review.
 
 Both sides are synthesized from their own code: the base revision in a temporary ``git
-worktree`` (always removed), the head from the checkout's working tree. Each synth runs
+worktree`` (always removed), the head from the checkout's working tree. What ``make`` stages
+outside git (``STAGED_INPUTS``: the HyperPod chart an EKS synth reads) belongs to no revision,
+so the base worktree sees the checkout's own copy. Each synth runs
 ``python app.py`` of that checkout in a subprocess with this interpreter, under a small
 bootstrap that maps each ``moe_cdk.<name>`` package onto that checkout's folder, as that
 checkout's own ``pyproject.toml`` (``[tool.setuptools.package-dir]``) lays them out. Without it,
@@ -19,7 +21,16 @@ registry schemas with the older resource specification, so it also knows the nes
 registry lacks (AWS::FSx::FileSystem's ``LustreConfiguration.DeploymentType``). A change at,
 under or above such a path counts, and the reason names it dotted (``VpcConfig.SubnetIds``). A
 type the specification does not know has none. Any other change is reported as *modified*; it may
-still interrupt the resource, and CloudFormation's change set has the final word.
+still interrupt the resource, and CloudFormation's change set has the final word. ``IN_PLACE`` lists
+the paths the specification marks but the service updates in place, with the evidence; a test keeps
+each entry honest against the specification, cfn-lint's registry schema and botocore's update API.
+
+Export rule: CloudFormation refuses to change or remove an exported output while another deployed stack
+imports it (Template Reference, ``Fn::ImportValue``: "After another stack imports an output value, you
+can't ... modify the exported output value"). An export *is blocked* when a base stack other than its
+own imports it (``Fn::ImportValue`` of its name) and, at the head, the output is removed, its value
+expression changes, or it refers (``Ref``, ``Fn::GetAtt``, ``${X}`` in ``Fn::Sub``) to a resource that is
+replaced, added or removed, so its deployed value changes though its text does not.
 
 Security rule: a change is a security change (``ResourceChange.security``) when it can change
 access. It is flagged 🔒 IAM (who may do what) when it touches an AWS::IAM::* resource or one of
@@ -35,6 +46,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +59,9 @@ from typing import Any
 from moe_cdk.core.problems import EXIT_INVALID, ConfigError, Problem, problem
 
 VALUE_WIDTH = 80
+# A long value keeps this much shared text on each side of what changed, and what changed up to DIFFERENCE_WIDTH.
+CONTEXT_WIDTH = 20
+DIFFERENCE_WIDTH = 240
 _ABSENT = object()
 
 # A change under one of these property names is an IAM change whatever the resource type
@@ -61,10 +76,25 @@ ACCESS_RESOURCE_TYPES = frozenset({"AWS::EKS::AccessEntry", "AWS::S3::BucketPoli
 SECURITY_GROUP_PROPERTY_NAMES = frozenset(
     {"SecurityGroupIngress", "SecurityGroupEgress", "SecurityGroupIds", "SecurityGroups"}
 )
+# Paths the CDK's specification marks as replacing (from the legacy resource specification) that the
+# service changes in place, and what happens instead. AWS::FSx::FileSystem's registry schema (cfn-lint's
+# copy) does not list it among its createOnlyProperties, FSx's UpdateFileSystemLustreConfiguration takes
+# it, and the FSx for Lustre User Guide ("Managing throughput capacity") says the throughput tier of a
+# persistent SSD file system is raised or lowered in place while "Amazon FSx switches out the file
+# system's file servers".
+IN_PLACE = {
+    ("AWS::FSx::FileSystem", ("LustreConfiguration", "PerUnitStorageThroughput")): (
+        "updated in place: FSx switches the file servers, and the file system is unavailable for a few minutes"
+    ),
+}
 # Template sections besides Resources that are listed, briefly, in their own section.
 OTHER_SECTIONS = ("Parameters", "Outputs", "Conditions")
 IGNORED_RESOURCE_TYPES = frozenset({"AWS::CDK::Metadata"})
 IGNORED_RESOURCE_KEYS = frozenset({"Metadata"})
+# Ignored folders of the checkout that synth reads: `make hyperpod-chart` stages the EKS chart under .cache.
+STAGED_INPUTS = (".cache",)
+# The header of the problem list that `report` prints (cli/report.py), e.g. "config/x.yaml: 2 problem(s)".
+_PROBLEMS_HEADER = re.compile(r": \d+ problem\(s\)$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,14 +160,32 @@ def _synth_checkout(root: Path, config: str, outdir: Path) -> dict[str, dict]:
         [sys.executable, "-c", _BOOTSTRAP, str(root)], cwd=root, env=env, capture_output=True, text=True
     )
     if result.returncode == EXIT_INVALID:  # the configuration, as that revision reads it, is invalid
-        raise ConfigError(
-            [Problem("", line.strip()) for line in result.stderr.splitlines() if line.startswith("  ")]
-            or [Problem("", f"synth exited {result.returncode}")]
-        )
+        raise ConfigError(_reported_problems(result.stderr) or [Problem("", f"synth exited {result.returncode}")])
     if result.returncode != 0:
         lines = [line for line in result.stderr.splitlines() if line.strip()] or [f"synth exited {result.returncode}"]
         raise RuntimeError("\n".join(lines))
     return read_templates(outdir)
+
+
+def _reported_problems(stderr: str) -> list[Problem]:
+    """The problems under each ``<file>: N problem(s)`` header of ``stderr``, one per indented line
+    right after it; other output (a library's warning, indented or not) is not one."""
+    found: list[Problem] = []
+    listing = False
+    for line in stderr.splitlines():
+        if _PROBLEMS_HEADER.search(line):
+            listing = True
+        elif listing and line.startswith("  "):
+            found.append(Problem("", line.strip()))
+        else:
+            listing = False
+    return found
+
+
+def _link_staged_inputs(repo: Path, worktree: Path) -> None:
+    for name in STAGED_INPUTS:
+        if (repo / name).exists() and not (worktree / name).exists():
+            (worktree / name).symlink_to(repo / name, target_is_directory=True)
 
 
 def read_templates(outdir: Path) -> dict[str, dict]:
@@ -180,6 +228,7 @@ def synth_revision(ref: str | None, config: str, outdir: Path, repo: Path) -> di
         added = _git(repo, "worktree", "add", "--detach", "--quiet", str(worktree), commit)
         if added.returncode != 0:
             raise RuntimeError(f"{ref}: git worktree add failed: {added.stderr.strip()}")
+        _link_staged_inputs(repo, worktree)
         return _synth_checkout(worktree, config, outdir)
     finally:
         if worktree.exists():
@@ -210,6 +259,7 @@ class ResourceChange:
     kind: str  # "added", "removed", "replaced" or "modified"
     changes: list[PropertyChange] = field(default_factory=list)
     replacement_reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what an in-place update does (IN_PLACE)
     iam: bool = False  # may change who may do what (module docstring: security rule)
     security_group: bool = False  # may change what may connect to what
 
@@ -237,8 +287,18 @@ class StackDiff:
 
 
 @dataclass
+class BlockedExport:
+    stack: str
+    output: str
+    export: str
+    reason: str
+    importers: list[str]
+
+
+@dataclass
 class Diff:
     stacks: list[StackDiff] = field(default_factory=list)
+    blocked_exports: list[BlockedExport] = field(default_factory=list)
 
     def count(self, kind: str) -> int:
         return sum(1 for stack in self.stacks for r in stack.resources if r.kind == kind)
@@ -325,6 +385,11 @@ def replacement_paths(resource_type: str) -> tuple[tuple[str, ...], ...]:
     return tuple(_replacing(resource["properties"], types, (), frozenset())) if resource else ()
 
 
+def _replacement_rule(resource_type: str) -> tuple[tuple[str, ...], ...]:
+    """``replacement_paths`` less the ``IN_PLACE`` ones."""
+    return tuple(p for p in replacement_paths(resource_type) if (resource_type, p) not in IN_PLACE)
+
+
 def _at(value: Any, keys: tuple[str, ...]) -> Any:
     """The value at ``keys`` in ``value`` (``"*"``: every item's value, of a list or of a map by key), or _ABSENT."""
     if not keys:
@@ -407,9 +472,19 @@ def _diff_resource(logical_id: str, old: dict, new: dict) -> ResourceChange | No
         else:  # DependsOn, DeletionPolicy, UpdateReplacePolicy, Condition, ...
             changes += _value_changes(old.get(key, _ABSENT), new.get(key, _ABSENT), f"({key})")
     old_props, new_props = old.get("Properties") or {}, new.get("Properties") or {}
-    reasons = [_path_text(keys) for keys in replacement_paths(new_type) if _at(old_props, keys) != _at(new_props, keys)]
+    reasons = [_path_text(keys) for keys in _replacement_rule(new_type) if _at(old_props, keys) != _at(new_props, keys)]
+    notes = [
+        f"{_path_text(keys)}: {note}"
+        for (type_, keys), note in IN_PLACE.items()
+        if type_ == new_type and _at(old_props, keys) != _at(new_props, keys)
+    ]
     change = ResourceChange(
-        logical_id, new_type, "replaced" if reasons else "modified", changes=changes, replacement_reasons=reasons
+        logical_id,
+        new_type,
+        "replaced" if reasons else "modified",
+        changes=changes,
+        replacement_reasons=reasons,
+        notes=notes,
     )
     return _flag(change)
 
@@ -431,6 +506,84 @@ def _diff_sections(old: dict, new: dict) -> list[SectionChange]:
 
 
 _ORDER = {"replaced": 0, "removed": 1, "added": 2, "modified": 3}
+_SUB_REFERENCE = re.compile(r"\$\{([A-Za-z0-9]+)(?:\.[A-Za-z0-9.]+)?\}")
+
+
+def _referenced_ids(value: Any) -> set[str]:
+    """The logical ids ``value`` refers to through Ref, Fn::GetAtt and Fn::Sub."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if key == "Ref" and isinstance(inner, str):
+                found.add(inner)
+            elif key == "Fn::GetAtt":
+                target = inner[0] if isinstance(inner, list) and inner else inner
+                if isinstance(target, str):
+                    found.add(target.split(".", 1)[0])
+            elif key == "Fn::Sub":
+                text = inner[0] if isinstance(inner, list) and inner else inner
+                if isinstance(text, str):
+                    found |= set(_SUB_REFERENCE.findall(text))
+                found |= _referenced_ids(inner[1:] if isinstance(inner, list) else None)
+            else:
+                found |= _referenced_ids(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            found |= _referenced_ids(inner)
+    return found
+
+
+def _imports(template: dict) -> set[str]:
+    """The export names ``template`` imports (as compact JSON when a name is not a plain string)."""
+    names: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                if key == "Fn::ImportValue":
+                    names.add(inner if isinstance(inner, str) else short(inner, 10**9))
+                walk(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner)
+
+    walk(template.get("Resources") or {})
+    walk(template.get("Outputs") or {})
+    return names
+
+
+def _blocked_exports(old: dict[str, dict], new: dict[str, dict], stacks: list[StackDiff]) -> list[BlockedExport]:
+    """The export rule of the module docstring."""
+    imported_by: dict[str, list[str]] = {}
+    for name, template in old.items():
+        for export in _imports(template):
+            imported_by.setdefault(export, []).append(name)
+    changed_ids = {
+        stack.name: {r.logical_id: r.kind for r in stack.resources if r.kind != "modified"} for stack in stacks
+    }
+    blocked = []
+    for name, template in sorted(old.items()):
+        head_outputs = (new.get(name) or {}).get("Outputs") or {}
+        for key, output in sorted((template.get("Outputs") or {}).items()):
+            if "Export" not in output:
+                continue
+            raw = output["Export"].get("Name")
+            export = raw if isinstance(raw, str) else short(raw, 10**9)
+            importers = sorted(n for n in imported_by.get(export, []) if n != name)
+            if not importers:
+                continue
+            head = head_outputs.get(key)
+            if head is None:
+                reason = "the output is removed"
+            elif head.get("Value") != output.get("Value"):
+                reason = "its value changes"
+            else:
+                ids = sorted(i for i in _referenced_ids(head.get("Value")) if i in changed_ids.get(name, {}))
+                if not ids:
+                    continue
+                reason = "its value comes from " + ", ".join(f"{i} ({changed_ids[name][i]})" for i in ids)
+            blocked.append(BlockedExport(name, key, export, reason, importers))
+    return blocked
 
 
 def diff_templates(old: dict[str, dict], new: dict[str, dict]) -> Diff:
@@ -455,6 +608,7 @@ def diff_templates(old: dict[str, dict], new: dict[str, dict]) -> Diff:
         sections = _diff_sections(a, b)
         if resources or sections or status != "changed":
             diff.stacks.append(StackDiff(name, status, resources, sections))
+    diff.blocked_exports = _blocked_exports(old, new, diff.stacks)
     return diff
 
 
@@ -470,24 +624,32 @@ def short(value: Any, width: int = VALUE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def short_pair(old: Any, new: Any, width: int = VALUE_WIDTH) -> tuple[str, str]:
-    """Both values shortened; when they share a long prefix, each starts shortly before the first difference."""
+def short_pair(old: Any, new: Any, width: int = VALUE_WIDTH) -> tuple[str, str, bool]:
+    """Both values as compact JSON, and whether either was cut. Values that fit ``width`` stay whole. Longer ones
+    lose only what both share, around the part that differs, which stays whole up to ``DIFFERENCE_WIDTH``
+    characters (a changed hash or CIDR reads in full); past that the rest is cut, and the table points to the
+    full values below it."""
     a, b = short(old, 10**9), short(new, 10**9)
     if len(a) <= width and len(b) <= width:
-        return a, b
-    common = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        common += 1
-    start = max(0, common - 20)
-    cut = [("…" + t[start:]) if start else t for t in (a, b)]
-    return tuple(t if len(t) <= width else t[: width - 1] + "…" for t in cut)
+        return a, b, False
+    prefix = len(os.path.commonprefix([a, b]))
+    suffix = len(os.path.commonprefix([a[prefix:][::-1], b[prefix:][::-1]]))
+    start = max(0, prefix - CONTEXT_WIDTH)
+    shown, cut = [], False
+    for text in (a, b):
+        end = min(len(text), len(text) - suffix + CONTEXT_WIDTH)
+        middle = text[start:end]
+        if len(middle) > DIFFERENCE_WIDTH:
+            middle, cut = middle[: DIFFERENCE_WIDTH - 1] + "…", True
+        elif end < len(text):
+            middle += "…"
+        shown.append(("…" if start else "") + middle)
+    return shown[0], shown[1], cut
 
 
 def _change_text(old: Any, new: Any) -> str:
-    a, b = short_pair(old, new)
-    return f"{_code(a)} → {_code(b)}"
+    a, b, cut = short_pair(old, new)
+    return f"{_code(a)} → {_code(b)}" + (" (full values below)" if cut else "")
 
 
 def _code(text: str) -> str:
@@ -511,11 +673,35 @@ def _details(change: ResourceChange) -> str:
         lines.append("replaced because " + ", ".join(_code(r) for r in change.replacement_reasons) + " changed")
     for c in change.changes:
         lines.append(f"{_code(c.path)}: {_change_text(c.old, c.new)}")
+    lines += [f"ⓘ {note}" for note in change.notes]
     return (
         "<br>".join(lines)
         if lines
         else ("new resource" if change.kind == "added" else "deleted" if change.kind == "removed" else "")
     )
+
+
+def _full_values(stack: StackDiff) -> list[str]:
+    """A collapsed block with the whole old and new value of each change the table had to cut."""
+    cut = [
+        (f"{r.logical_id} {c.path}", c.old, c.new)
+        for r in stack.resources
+        for c in r.changes
+        if short_pair(c.old, c.new)[2]
+    ]
+    cut += [
+        (f"{s.section} {s.name}", s.old, s.new)
+        for s in stack.sections
+        if s.kind == "modified" and short_pair(s.old, s.new)[2]
+    ]
+    out = []
+    for where, old, new in cut:
+        out += [f"<details><summary>Full values: <code>{where}</code></summary>", ""]
+        for label, value in (("before", old), ("after", new)):
+            text = "(absent)" if value is _ABSENT else json.dumps(value, indent=2, sort_keys=True, default=str)
+            out += [f"{label}:", "", "```json", text, "```", ""]
+        out += ["</details>", ""]
+    return out
 
 
 def render_markdown(diff: Diff, base_label: str, head_label: str) -> str:
@@ -532,7 +718,22 @@ def render_markdown(diff: Diff, base_label: str, head_label: str) -> str:
         flags.append("🔒 IAM")
     if diff.security_group:
         flags.append("🔒 security group")
+    if diff.blocked_exports:
+        flags.append(f"⛔ {len(diff.blocked_exports)} export(s) in use change")
     out += [f"**Summary:** {', '.join(counts)}" + (f"; flags: {', '.join(flags)}" if flags else "; no flags"), ""]
+    if diff.blocked_exports:
+        out += [
+            "### ⛔ Exports in use",
+            "",
+            "CloudFormation refuses to change or remove an export that a deployed stack imports, so this deploy fails "
+            "at the first of these stacks until the importers stop importing it:",
+            "",
+        ]
+        for b in diff.blocked_exports:
+            importers = ", ".join(_code(i) for i in b.importers)
+            where = f"{_code(b.stack)} output {_code(b.output)} (export {_code(b.export)})"
+            out.append(f"- {where}: {b.reason}; imported by {importers}")
+        out.append("")
     for stack in diff.stacks:
         title = f"### {stack.name}"
         if stack.status != "changed":
@@ -553,4 +754,5 @@ def render_markdown(diff: Diff, base_label: str, head_label: str) -> str:
                 }[s.kind]
                 out.append(f"- {s.section} {_code(s.name)}: {detail}")
             out.append("")
+        out += _full_values(stack)
     return "\n".join(out)

@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+import yaml
 from conftest import PYTHON, ROOT
 
 BAD_CONFIG = """\
@@ -43,6 +44,20 @@ def moe_cdk(*args):
 def test_validate_accepts_the_default_configuration():
     result = moe_cdk("validate", "--config", "config/default.yaml")
     assert (result.returncode, result.stdout) == (0, "config/default.yaml: valid\n")
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["chart staged", "no chart"])
+def test_validate_refuses_an_eks_configuration_that_synth_would_refuse(staged, tmp_path):
+    chart = ROOT / "tests/fixtures/hyperpod-chart-standin" if staged else tmp_path / "no-chart"
+    data = yaml.safe_load((ROOT / "config/eks-p5en.yaml").read_text())
+    data["eks"]["hyperpod_chart_directory"] = str(chart)
+    config = tmp_path / "eks.yaml"
+    config.write_text(yaml.safe_dump(data))
+    result = moe_cdk("validate", "--config", str(config))
+    if staged:
+        assert (result.returncode, result.stdout) == (0, f"{config}: valid\n")
+    else:
+        assert result.returncode == 2 and "  eks.hyperpod_chart_directory: has no Chart.yaml" in result.stderr
 
 
 def test_validate_lists_every_problem_and_exits_2(bad_config):

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gzip
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import boto3
 import pytest
+from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
 from conftest import SHIPPED_CONFIGS, synth
 
 from moe_cdk.cli.diff import add_parser
@@ -22,6 +26,8 @@ from moe_cdk.core.problems import ConfigError
 from moe_cdk.schema.config import load_config
 from moe_cdk.tools import synth_diff
 from moe_cdk.tools.synth_diff import (
+    Diff,
+    StackDiff,
     diff_templates,
     render_markdown,
     synth_revision,
@@ -447,3 +453,124 @@ def test_a_missing_service_specification_exits_1_before_synth(clone, monkeypatch
         "moe-cdk diff: the CDK CLI's service specification is not installed (looked for /nowhere/db.json.gz); "
         "run make setup"
     )
+
+
+def test_an_eks_configuration_diffs_with_the_chart_staged_in_the_checkout_only(clone, tmp_path, monkeypatch, capsys):
+    # make hyperpod-chart stages the chart under the ignored .cache: no revision holds it.
+    staged = clone / ".cache/hyperpod-helm-chart"
+    shutil.copytree(ROOT / "tests/fixtures/hyperpod-chart-standin", staged)
+    try:
+        monkeypatch.chdir(clone)
+        output = tmp_path / "diff.md"
+        args = _args("HEAD~1", "--config", "config/eks-p5en.yaml", "--output", str(output))
+        assert args.run(args) == 0, capsys.readouterr().err
+        assert output.read_text().startswith("## Infrastructure diff: HEAD~1")
+        assert len(_worktrees(clone).strip().splitlines()) == 1
+    finally:
+        shutil.rmtree(staged.parent)
+
+
+def test_only_the_reported_problems_count_not_a_library_warning():
+    stderr = (
+        "[WARNING] aws-cdk-lib.Stack#addDependency is deprecated.\n"
+        "  Use `stack.addDependency()` instead\n"
+        "  This API will be removed in the next major release.\n"
+        "config/x.yaml: 2 problem(s)\n"
+        "  storage.throughput_mib_s_per_tib: not a PERSISTENT_2 tier (got 7; allowed 125, 250, 500 or 1000)\n"
+        "  name: too long (got 'x'; allowed at most 24 characters)\n"
+        "Subprocess exited with error 2\n"
+    )
+    problems = synth_diff._reported_problems(stderr)
+    assert [p.text for p in problems] == [
+        "storage.throughput_mib_s_per_tib: not a PERSISTENT_2 tier (got 7; allowed 125, 250, 500 or 1000)",
+        "name: too long (got 'x'; allowed at most 24 characters)",
+    ]
+
+
+@pytest.mark.parametrize(("resource_type", "keys"), sorted(synth_diff.IN_PLACE))
+def test_each_in_place_exception_is_marked_by_the_cdk_and_updatable_in_the_service(resource_type, keys):
+    # The CDK's specification still marks it (else the entry is stale), the registry schema CloudFormation's
+    # handler follows does not make it create-only, and the service's update API takes it.
+    assert keys in synth_diff.replacement_paths(resource_type)
+    create_only = PROVIDER_SCHEMA_MANAGER.get_resource_schema("us-east-1", resource_type).schema["createOnlyProperties"]
+    assert f"/properties/{keys[0]}" not in create_only and "/properties/" + "/".join(keys) not in create_only
+    service = {"AWS::FSx::FileSystem": ("fsx", "UpdateFileSystemLustreConfiguration")}[resource_type]
+    update = boto3.client(service[0], region_name="us-east-1").meta.service_model.shape_for(service[1])
+    assert keys[-1] in update.members
+
+
+def test_a_persistent_2_throughput_change_is_an_in_place_update(default_synth):
+    _, templates = default_synth
+    old = templates["moe-storage"]
+    new = copy.deepcopy(old)
+    (logical_id,) = [k for k, r in new["Resources"].items() if r["Type"] == "AWS::FSx::FileSystem"]
+    lustre = new["Resources"][logical_id]["Properties"]["LustreConfiguration"]
+    assert lustre["DeploymentType"] == "PERSISTENT_2"
+    lustre["PerUnitStorageThroughput"] = 1000 if lustre["PerUnitStorageThroughput"] != 1000 else 500
+    change = _only(diff_templates({"moe-storage": old}, {"moe-storage": new}), "moe-storage")
+    assert (change.kind, change.replacement_reasons) == ("modified", [])
+    row = next(
+        line
+        for line in render_markdown(Diff([StackDiff("moe-storage", "changed", [change])]), "a", "b").splitlines()
+        if logical_id in line
+    )
+    assert "ⓘ LustreConfiguration.PerUnitStorageThroughput: updated in place" in row
+
+
+def test_a_vpc_cidr_change_names_the_exports_its_importers_block(default_config, default_synth, tmp_path):
+    _, before = default_synth
+    network = dataclasses.replace(default_config.network, vpc_cidr="10.1.0.0/16")
+    after = synth(dataclasses.replace(default_config, network=network), tmp_path)
+    diff = diff_templates(before, after)
+    blocked = {(b.stack, tuple(b.importers)) for b in diff.blocked_exports}
+    assert ("moe-network", ("moe-cluster", "moe-storage")) in blocked
+    assert all(
+        b.reason.startswith("its value comes from NetworkVpc") and "(replaced)" in b.reason
+        for b in diff.blocked_exports
+    )
+    text = render_markdown(diff, "a", "b")
+    assert "⛔ 2 export(s) in use change" in text.splitlines()[2] and "### ⛔ Exports in use" in text
+
+
+def test_an_export_no_other_stack_imports_is_not_blocked():
+    exporter = {
+        "Resources": {"V": _resource("AWS::EC2::VPC", CidrBlock="10.0.0.0/16")},
+        "Outputs": {"O": {"Value": {"Ref": "V"}, "Export": {"Name": "n:O"}}},
+    }
+    changed = copy.deepcopy(exporter)
+    changed["Resources"]["V"]["Properties"]["CidrBlock"] = "10.1.0.0/16"
+    importer = {"Resources": {"S": _resource("AWS::EC2::Subnet", VpcId={"Fn::ImportValue": "n:O"})}}
+    assert diff_templates({"n": exporter}, {"n": changed}).blocked_exports == []
+    (blocked,) = diff_templates({"n": exporter, "i": importer}, {"n": changed, "i": importer}).blocked_exports
+    assert (blocked.export, blocked.importers, blocked.reason) == ("n:O", ["i"], "its value comes from V (replaced)")
+
+
+def test_a_changed_hash_in_a_long_value_is_shown_whole():
+    prefix = "arn:aws:ecr:us-east-2:123456789012:repository/cdk-hnb659fds-container-assets:"
+    old, new = prefix + "01f43c2c" * 8, prefix + "52b06d4b" * 8
+    text = render_markdown(
+        diff_templates(
+            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=old))},
+            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=new))},
+        ),
+        "a",
+        "b",
+    )
+    row = next(line for line in text.splitlines() if "`P`" in line)
+    assert "01f43c2c" * 8 in row and "52b06d4b" * 8 in row and "full values below" not in row
+
+
+def test_a_long_rewrite_is_cut_in_the_table_and_shown_whole_below():
+    old, new = "a" * 1000, "b" * 1000
+    text = render_markdown(
+        diff_templates(
+            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=old))},
+            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=new))},
+        ),
+        "a",
+        "b",
+    )
+    row = next(line for line in text.splitlines() if "`P`" in line)
+    assert "a" * 1000 not in row and "(full values below)" in row
+    below = text[text.index("<details>") :]
+    assert "<code>P Value</code>" in below and f'"{old}"' in below and f'"{new}"' in below
