@@ -1,4 +1,4 @@
-"""``moe-train``: the trainer's command line, the container's entry point."""
+"""``moe-train``: the trainer's command line, the container's entry point; ``moe-train plot`` draws a run's metrics."""
 
 from __future__ import annotations
 
@@ -19,8 +19,54 @@ def _configure_logging(rank: int) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _plot(argv: list[str]) -> int:
+    """``moe-train plot METRICS.jsonl``: the run's loss and expert load as a PNG (tools/metrics_plot.py)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="moe-train plot", description="Plot a run's metrics.jsonl: loss, the experts' load, imbalance."
+    )
+    parser.add_argument("metrics", metavar="METRICS.jsonl", help="the file metrics.file names")
+    parser.add_argument("--output", help="the PNG to write (default: METRICS.png beside the file)")
+    parser.add_argument(
+        "--window", type=int, help="average the experts' load over the last N records (default: all of them)"
+    )
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from moe_cdk.core.problems import problem
+    from moe_cdk.tools.metrics_plot import read_records, render
+
+    output = Path(args.output) if args.output else Path(args.metrics).with_suffix(".png")
+    try:
+        if args.window is not None and args.window < 1:
+            raise ConfigError([problem("too small", got=args.window, allowed="1 or more").at("--window")])
+        if not output.parent.is_dir():
+            raise ConfigError(
+                [problem("no such folder", got=str(output.parent), allowed="an existing folder").at("--output")]
+            )
+        records = read_records(args.metrics)
+    except ConfigError as error:
+        return report(args.metrics, error)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("moe-train plot needs matplotlib: pip install 'moe-cdk[train]' (or matplotlib)", file=sys.stderr)
+        return 2
+    render(
+        records,
+        output,
+        title=f"{args.metrics}: steps {records[0]['step']} to {records[-1]['step']}",
+        window=args.window,
+    )
+    print(f"wrote {output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plot"]:
+        return _plot(argv[1:])
     from moe_cdk.training.config import load_train_config, trainer_overrides, trainer_parser
 
     args = trainer_parser().parse_args(argv)
@@ -47,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from moe_cdk.training import _megatron
 
     _megatron.import_core()
+    _megatron.report_kernel_libraries()
     from moe_cdk.training.trainer import train
 
     try:

@@ -52,6 +52,9 @@ class T:
     FSX, DRA, BUCKET = "AWS::FSx::FileSystem", "AWS::FSx::DataRepositoryAssociation", "AWS::S3::Bucket"
     PARAMETER, KEY, HYPERPOD = "AWS::SSM::Parameter", "AWS::KMS::Key", "AWS::SageMaker::Cluster"
     ROLE, POLICY = "AWS::IAM::Role", "AWS::IAM::Policy"
+    EKS, ADDON, ACCESS = "AWS::EKS::Cluster", "AWS::EKS::Addon", "AWS::EKS::AccessEntry"
+    PROMETHEUS, RULES, SCRAPER = "AWS::APS::Workspace", "AWS::APS::RuleGroupsNamespace", "AWS::APS::Scraper"
+    GRAFANA = "AWS::Grafana::Workspace"
 
 
 ROUTE_TARGETS = ("NatGatewayId", "GatewayId", "TransitGatewayId")
@@ -69,6 +72,13 @@ CATEGORIES = {
     T.KEY: "security",
     T.HYPERPOD: "compute",
     T.ROLE: "security",
+    T.EKS: "compute",
+    T.ADDON: "config",
+    T.ACCESS: "security",
+    T.PROMETHEUS: "observability",
+    T.RULES: "config",
+    T.SCRAPER: "observability",
+    T.GRAFANA: "observability",
 }
 # Never a node: VPCs (drawn as clusters), routing plumbing, policies, log groups, CDK's custom-resource machinery.
 HIDDEN = {
@@ -87,7 +97,10 @@ HIDDEN = {
     "AWS::S3::BucketPolicy",
     "AWS::CDK::Metadata",
     "AWS::Logs::LogGroup",
+    "AWS::Lambda::LayerVersion",  # kubectl, helm and the AWS CLI for the CDK's EKS handlers
 }
+# The SSM parameter aws-eks-v2 uses to order its kubectl handler after the cluster: plumbing, not configuration.
+KUBECTL_BARRIER = "aws:cdk:eks:kubectl-ready"
 HIDDEN_PREFIXES = ("Custom::", "AWS::CloudFormation::")
 # Edges that are one reference each: (type, property path, edge label, kind, drawn from the referred-to resource).
 REFERENCE_EDGES = [
@@ -101,6 +114,15 @@ REFERENCE_EDGES = [
     (T.HYPERPOD, "VpcConfig.Subnets", "ENIs in", "network", False),
     (T.PARAMETER, "Value", "", "wiring", True),
     (T.BUCKET, "LoggingConfiguration.DestinationBucketName", "access logs", "wiring", False),
+    (T.EKS, "ResourcesVpcConfig.SubnetIds", "control plane ENIs in", "network", False),
+    (T.EKS, "ResourcesVpcConfig.SecurityGroupIds", "", "wiring", False),
+    (T.EKS, "EncryptionConfig.Provider.KeyArn", "encrypts secrets", "wiring", True),
+    (T.ADDON, "ClusterName", "installs", "wiring", True),
+    (T.ACCESS, "ClusterName", "may use", "wiring", False),
+    (T.HYPERPOD, "Orchestrator.Eks.ClusterArn", "nodes join", "data", False),
+    (T.SCRAPER, "Source.EksConfiguration.ClusterArn", "scrapes pods", "data", True),
+    (T.SCRAPER, "Destination.AmpConfiguration.WorkspaceArn", "remote write", "data", False),
+    (T.RULES, "Workspace", "evaluated in", "wiring", False),
 ]
 # Where an existing VPC's subnets appear as literal IDs; they share one node outside the stacks.
 EXISTING_SUBNET_PATHS = {(T.FSX, "SubnetIds"), (T.HYPERPOD, "VpcConfig.Subnets")}
@@ -115,6 +137,7 @@ STYLES = {
     "config": ("note", "#FFFDE7", "#9E9D24"),
     "compute": ("box3d", "#E3F2FD", "#1565C0"),
     "image": ("component", "#F3E5F5", "#6A1B9A"),
+    "observability": ("box", "#E0F7FA", "#00838F"),
     "external": ("ellipse", "#ECEFF1", "#455A64"),
     "other": ("box", "#FAFAFA", "#616161"),
 }
@@ -483,7 +506,10 @@ def _place(ix: Index, d: Diagram, resource: Resource) -> tuple[str, str | None] 
         case T.ENDPOINT:
             return _slug(stack, resource.props.get("VpcEndpointType", "Gateway"), "endpoints"), vpc
         case T.PARAMETER:
-            return _slug(stack, "ssm_parameters"), vpc
+            return None if resource.props.get("Value") == KUBECTL_BARRIER else (_slug(stack, "ssm_parameters"), vpc)
+        case T.ADDON | T.ACCESS:  # one node per EKS cluster
+            clusters = [k for k in resource.refs.get("ClusterName", []) if ix.resources[k].type == T.EKS]
+            return _slug(*(clusters[0] if clusters else [stack]), type_), vpc
         case T.DRA:  # one node per file system
             fs = [k for k in resource.refs.get("FileSystemId", []) if ix.resources[k].type == T.FSX]
             return _slug(*(fs[0] if fs else [stack]), "data_repository_associations"), vpc
@@ -603,6 +629,50 @@ def _label(ix: Index, d: Diagram, node: Node) -> str:
             return _counted("SSM parameter", count, names)
         case T.KEY:
             return "KMS key" + (" (rotation on)" if props.get("EnableKeyRotation") else "")
+        case T.EKS:
+            vpc_config = props.get("ResourcesVpcConfig", {})
+            endpoint = [
+                kind
+                for kind, key in (("private", "EndpointPrivateAccess"), ("public", "EndpointPublicAccess"))
+                if vpc_config.get(key)
+            ]
+            logs = [entry.get("Type") for entry in _at(props, "Logging.ClusterLogging.EnabledTypes") or []]
+            name = ix.text(stack, props.get("Name", first.key[1]))
+            lines = [
+                f"EKS cluster {name}, Kubernetes {props.get('Version', '?')}",
+                f"endpoint: {' and '.join(endpoint) or 'none'}",
+                f"control plane logs: {', '.join(logs)}" if logs else "",
+                "secrets encrypted with KMS" if props.get("EncryptionConfig") else "",
+            ]
+            return "\n".join(filter(None, lines))
+        case T.ADDON:
+            names = sorted(ix.text(stack, a.props.get("AddonName", a.key[1])) for a in node.members)
+            return _counted("EKS add-on", count, names, ", ", 3)
+        case T.ACCESS:
+            policies = sorted(
+                {
+                    ix.text(stack, policy.get("PolicyArn", "")).rsplit("/", 1)[-1]
+                    for entry in node.members
+                    for policy in entry.props.get("AccessPolicies", [])
+                }
+            )
+            return _counted("EKS access entry", count, policies, ": ", 2)
+        case T.PROMETHEUS:
+            return f"Managed Prometheus workspace {ix.text(stack, props.get('Alias', first.key[1]))}"
+        case T.RULES:
+            alerts = len(re.findall(r"^\s*- alert:", ix.text(stack, props.get("Data", "")), re.M))
+            return f"Alert rules: {alerts} alerts"
+        case T.SCRAPER:
+            blob = _at(props, "ScrapeConfiguration.ConfigurationBlob")  # the scrape configuration's YAML, as Fn::Base64
+            yaml_text = ix.text(stack, blob.get("Fn::Base64", "") if isinstance(blob, dict) else blob or "")
+            interval = re.search(r"^\s*scrape_interval: (\d+[smh])$", yaml_text, re.M)
+            return "Managed scraper" + (f", every {interval[1]}" if interval else "")
+        case T.GRAFANA:
+            name = ix.text(stack, props.get("Name", first.key[1]))
+            sign_in = ", ".join(_listed(props.get("AuthenticationProviders", [])))
+            return f"Managed Grafana {name}, {props.get('GrafanaVersion', '?')}" + (
+                f"\nsign-in: {sign_in}" if sign_in else ""
+            )
         case T.HYPERPOD:
             orchestrator = ", ".join(sorted(props.get("Orchestrator", {}))) or "no orchestrator"
             lines = [f"HyperPod cluster {ix.text(stack, props.get('ClusterName', first.key[1]))} ({orchestrator})"]
@@ -660,6 +730,12 @@ def _connect(ix: Index, d: Diagram) -> None:
                 by_peer[d.node_of[peer]].append(ports)
         for peer_node, ports in sorted(by_peer.items()):
             d.edge(peer_node, d.node_of[key], _merge_ports(ports), "wiring")
+    for custom in (r for r in ix.resources.values() if r.type.startswith("Custom::")):  # e.g. dashboards' data source
+        grafana = [k for k in custom.refs.get("", []) if ix.resources[k].type == T.GRAFANA]
+        prometheus = [k for k in custom.refs.get("", []) if ix.resources[k].type == T.PROMETHEUS]
+        for source in d.of(prometheus):
+            for target in d.of(grafana):
+                d.edge(source, target, "queries", "data")
     for role in (r for r in ix.of_type(T.ROLE) if r.key in d.node_of):
         user = next(u for u in ix.referrers[role.key] if u.type in CATEGORIES and u.type != T.ROLE)
         how = "execution role" if "ExecutionRole" in json.dumps(user.props) else "role"

@@ -573,6 +573,31 @@ def _money(value: float | None) -> str:
     return "n/a" if value is None else f"${value:,.2f}"
 
 
+BAR_WIDTH = 60
+# One fill per memory term, in the order the bar stacks them; "·" is the reserve, " " free memory.
+BAR_FILLS = {"parameters": "█", "gradients": "▓", "optimizer": "▒", "activations": "░"}
+
+
+def memory_bar(memory: MemoryEstimate, width: int = BAR_WIDTH) -> list[str]:
+    """The memory terms stacked against the device, as two text lines: the bar, on the scale of the device's
+    memory (or of the total, when that is larger), with the reserve after the capacity, and its legend.
+    A plan that does not fit runs past the capacity mark ``|``, into the reserve or past the device's end ``‖``."""
+    scale = max(memory.device_memory_gib, memory.total)
+    cells, used = [], 0.0
+    for term, fill in BAR_FILLS.items():
+        used += _memory_terms(memory)[term]
+        cells += fill * (round(used / scale * width) - len(cells))
+    capacity = round(memory.capacity / scale * width)
+    device = round(memory.device_memory_gib / scale * width)
+    cells += [" "] * max(0, capacity - len(cells)) + ["·"] * max(0, device - max(capacity, len(cells)))
+    legend = "  ".join(f"{fill} {term}" for term, fill in BAR_FILLS.items()) + "  · reserve  | capacity"
+    if device < len(cells):  # past the device's memory: mark where it ends
+        cells.insert(device, "‖")
+        legend += "  ‖ device memory"
+    cells.insert(capacity, "|")
+    return ["[" + "".join(cells) + "]", legend]
+
+
 def render_table(plan: Plan) -> str:
     """The plan as a fixed-width text table."""
     m = plan.memory
@@ -603,6 +628,7 @@ def render_table(plan: Plan) -> str:
         ("  total", f"{m.total:8.1f}"),
         ("  capacity", f"{m.capacity:8.1f}   ({m.device_memory_gib:.1f} GiB less {m.reserve_fraction:.0%} reserve)"),
         ("  fits", "yes" if m.fits else "NO"),
+        *zip(("", ""), memory_bar(m)),
         (
             "checkpoint",
             f"{m.checkpoint_gb:,.0f} GB, about {plan.checkpoint_save_s / 60:,.1f} min a save at "

@@ -1,13 +1,33 @@
 """megatron-core imported once per process: with its fused kernels compiled when first called rather
-than prepared at import, and for the data path without the warnings its package import emits."""
+than prepared at import, and without the warnings its import and start-up emit about what a run
+cannot act on; one line says which optional kernel libraries are absent instead."""
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import logging
 import sys
 import warnings
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# What megatron-core 0.16 warns about on every run, each a fact about the image rather than the run: the
+# fallbacks it takes when Transformer Engine or Apex is absent (once per module that falls back), which
+# `import_core` reports in one line; and the rerun state machine, which it initializes on first use, in
+# the mode moe-cdk runs it in (DISABLED), with two WARNING records.
+_FALLBACK_WARNINGS = r"(Transformer Engine and )?Apex (is|are) not installed"
+_QUIET_RECORDS = (
+    "Implicit initialization of Rerun State Machine!",
+    "RerunStateMachine initialized in mode RerunMode.DISABLED",
+)
+
+
+class _QuietRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in _QUIET_RECORDS
 
 
 def import_core() -> None:
@@ -25,12 +45,27 @@ def import_core() -> None:
         return
     import torch
 
+    # For the whole process: the fallback warnings also come later, from the model specs.
+    warnings.filterwarnings("ignore", message=_FALLBACK_WARNINGS, category=UserWarning)
+    logging.getLogger("megatron.core.rerun_state_machine").addFilter(_QuietRecords())
     compile_now = torch.compile
     torch.compile = functools.partial(compile_on_first_call, compile_now)
     try:
         importlib.import_module("megatron.core")
     finally:
         torch.compile = compile_now
+
+
+def report_kernel_libraries() -> None:
+    """One line for the fallback warnings ``import_core`` silences: which kernel libraries are absent."""
+    absent = [name for name, module in _KERNEL_LIBRARIES if importlib.util.find_spec(module) is None]
+    if absent:
+        logger.info(
+            "%s absent: megatron-core uses its local layers, torch norms and torch optimizers", " and ".join(absent)
+        )
+
+
+_KERNEL_LIBRARIES = (("Transformer Engine", "transformer_engine"), ("Apex", "apex"))
 
 
 def compile_on_first_call(compile_now, model=None, **options):
@@ -54,8 +89,7 @@ def quiet_import(module: str) -> Any:
     """Import a megatron-core module without the warnings its package import emits (missing
     Transformer Engine/Apex kernels, deprecations in model code), which the data path never uses."""
 
+    import_core()
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
         warnings.simplefilter("ignore", DeprecationWarning)
-        import_core()
         return importlib.import_module(module)

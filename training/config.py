@@ -656,7 +656,11 @@ def train_config_schema() -> dict:
 def trainer_parser() -> argparse.ArgumentParser:
     """``moe-train``'s command line. The job renderers parse a job's trainer arguments with it too, so a
     flag they check is the flag the trainer reads."""
-    parser = argparse.ArgumentParser(prog="moe-train", description="Train a Megatron-core MoE model.")
+    parser = argparse.ArgumentParser(
+        prog="moe-train",
+        description="Train a Megatron-core MoE model.",
+        epilog="moe-train plot METRICS.jsonl draws a run's loss and expert load as a PNG (moe-train plot --help).",
+    )
     parser.add_argument("--config", required=True, help="YAML file, e.g. training/configs/tiny.yaml")
     parser.add_argument(
         "--set",

@@ -168,6 +168,9 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         apply_rope_fusion=False,
         masked_softmax_fusion=on_gpu,
         persist_layer_norm=False,
+        # No CUDA graphs. megatron-core 0.16's default scope, "full", is its deprecated spelling of the
+        # whole layer and warns at every construction; the empty list is the same scope.
+        cuda_graph_scope=[],
         **(_mla_kwargs(m) if m.multi_latent_attention else {}),
     )
 

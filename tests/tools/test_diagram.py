@@ -118,6 +118,35 @@ def test_data_flow_and_network_edges(dot):
     assert ("Internet gateway", "Internet") in firsts
 
 
+@pytest.fixture(scope="module")
+def eks_dot(tmp_path_factory) -> str:
+    outdir = tmp_path_factory.mktemp("diagram-eks")
+    synth(load_config(ROOT / "config/eks-p5en.yaml"), outdir)
+    return architecture_dot(outdir)
+
+
+def test_the_eks_stack_is_connected_to_the_cluster_its_nodes_join(eks_dot):
+    found = edges(eks_dot)
+    eks = "EKS cluster moe-eks, Kubernetes 1.32"
+    assert ("HyperPod cluster moe-eks (Eks)", eks, "nodes join") in found
+    assert (eks, "Private subnets ×2", "control plane ENIs in") in found
+    assert (eks, "EKS add-ons ×8", "installs") in found
+    assert ("EKS access entry: AmazonEKSClusterAdminPolicy", eks, "may use") in found
+    assert (eks, "Managed scraper, every 30s", "scrapes pods") in found
+    assert ("Managed scraper, every 30s", "Managed Prometheus workspace moe-eks-training", "remote write") in found
+    assert (
+        "Managed Prometheus workspace moe-eks-training",
+        "Managed Grafana moe-eks-training, 10.4",
+        "queries",
+    ) in found
+    assert ("Alert rules: 7 alerts", "Managed Prometheus workspace moe-eks-training", "evaluated in") in found
+
+
+def test_every_eks_stack_resource_drawn_has_a_label_of_its_own(eks_dot):
+    generic = [label for label in labels(eks_dot).values() if re.search(r"\((AWS::EKS|AWS::APS|AWS::Grafana)::", label)]
+    assert generic == [] and "LayerVersion" not in eks_dot and "kubectl-ready" not in eks_dot
+
+
 def test_deterministic(cdk_out, dot):
     assert architecture_dot(cdk_out) == dot
 

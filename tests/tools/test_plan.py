@@ -11,7 +11,16 @@ from conftest import ROOT, SHIPPED_CONFIGS
 
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.schema.config import load_config, parse_config
-from moe_cdk.tools.plan import GIB, load_prices, memory_per_device, plan, render_table, to_json
+from moe_cdk.tools.plan import (
+    BAR_FILLS,
+    GIB,
+    load_prices,
+    memory_bar,
+    memory_per_device,
+    plan,
+    render_table,
+    to_json,
+)
 from moe_cdk.training.config import load_train_config
 
 TINY = ROOT / "training/configs/tiny.yaml"
@@ -111,6 +120,33 @@ def test_mixtral_on_16_h200_by_hand():
     assert est.capacity == pytest.approx(118.17) and est.fits
     assert est.layout.describe().startswith("TP2 PP1 EP8 ETP1 DP8 (expert DP2) SP")
     assert est.checkpoint_gb == pytest.approx(46_709_084_160 * 14 / 1e9)  # 654 GB: weights, main weights, Adam
+
+
+def test_the_memory_bar_stacks_each_term_to_scale_against_the_capacity():
+    train = load_train_config(MIXTRAL)
+    est = memory_per_device(train, world_size=16, vocab_size=32000, device_memory_gib=131.3)
+    bar, legend = memory_bar(est, width=60)
+    cells = bar[1:-1]
+    assert len(cells) == 61 and cells.index("|") == round(est.capacity / 131.3 * 60)  # 60 cells and the mark
+    for term, fill in BAR_FILLS.items():
+        assert abs(cells.count(fill) - getattr(est, term) / 131.3 * 60) <= 1, term
+        assert f"{fill} {term}" in legend
+    assert cells.count("·") == 60 - round(est.capacity / 131.3 * 60) and "‖" not in bar
+
+
+def test_a_plan_past_the_device_marks_where_its_memory_ends():
+    train = load_train_config(MIXTRAL)
+    est = memory_per_device(train, world_size=8, vocab_size=32000, device_memory_gib=74.5)
+    bar, legend = memory_bar(est, width=60)
+    assert est.total > 74.5 and not est.fits
+    assert bar[1:-1].index("‖") == round(74.5 / est.total * 60) + 1  # after the capacity mark
+    assert "‖ device memory" in legend and " " not in bar
+
+
+def test_the_table_shows_the_bar_under_the_memory_terms():
+    lines = render_table(plan(load_config(ROOT / "config/default.yaml"))).splitlines()
+    fits = next(i for i, line in enumerate(lines) if line.strip().startswith("fits"))
+    assert lines[fits + 1].strip().startswith("[█") and "· reserve" in lines[fits + 2]
 
 
 # ---------------------------------------------------------------------------------- errors

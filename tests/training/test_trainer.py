@@ -24,7 +24,15 @@ def single_run(tmp_path_factory, data_prefix) -> Path:
     run_dir = tmp_path_factory.mktemp("single")
     result = run_training(run_dir, data_prefix, "--max-steps", "20", "--save-interval", "4")
     assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir / "stderr.txt").write_text(result.stderr)
     return run_dir
+
+
+def test_a_run_logs_no_megatron_warnings_and_one_line_on_absent_kernels(single_run):
+    log = (single_run / "stderr.txt").read_text()
+    assert "Warning" not in log and "warnings.warn" not in log and "Rerun State Machine" not in log, log[:3000]
+    assert "RerunStateMachine" not in log and " WARNING " not in log, log[:3000]
+    assert log.count("Transformer Engine and Apex absent: megatron-core uses its local layers") == 1
 
 
 def test_single_process_loss_falls(single_run):
@@ -441,3 +449,11 @@ def test_rerunning_a_finished_run_says_there_is_nothing_left_to_train(tmp_path, 
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "is at step 20 and max_steps is 20: nothing left to train" in rerun.stderr
     assert not (tmp_path / "metrics.jsonl").exists() or records(tmp_path) == []
+
+
+def test_a_real_runs_metrics_plot_as_a_png(single_run, tmp_path):
+    out = tmp_path / "run.png"
+    command = [sys.executable, "-m", "moe_cdk.cli.train", "plot", str(single_run / "metrics.jsonl"), "--output", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,142 @@
+"""``moe-train plot``: a run's ``metrics.jsonl`` as one PNG, to look at a local or finished run.
+
+Three panels, from the records the trainer writes (training/metrics.py):
+
+* the loss over the steps, with the learning rate on a second axis;
+* the experts' load: a heatmap over layers (rows) and experts (columns) of each expert's tokens relative
+  to an even share of its layer's (1.0 is even; a collapsed router shows one hot cell per row), averaged
+  over the last ``window`` records; dense layers are left out;
+* each MoE layer's imbalance (the busiest expert's load over the mean) over the steps.
+
+A run that restarted from a checkpoint appends to the same file; a step written twice keeps its last
+record, so the lines follow the run that continued.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from moe_cdk.core.problems import ConfigError, problem
+
+PNG_DPI = 120
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of ``path`` by step (the last of a step written twice). Raises ``ConfigError`` at the file,
+    or at its line, for a file that cannot be read, a line that is not a record, or no record at all."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise ConfigError(
+            [
+                problem("cannot read the file", got=error.strerror, allowed="a metrics.jsonl the trainer wrote").at(
+                    str(path)
+                )
+            ]
+        ) from None
+    by_step: dict[int, dict] = {}
+    problems = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            by_step[int(record["step"])] = record
+            float(record["loss"])
+        except (ValueError, KeyError, TypeError) as error:
+            problems.append(
+                problem(
+                    "not a metrics record",
+                    got=f"{type(error).__name__}: {error}",
+                    allowed="one JSON object a line, with step and loss",
+                ).at(f"{path}:{number}")
+            )
+    if problems:
+        raise ConfigError(problems)
+    if not by_step:
+        raise ConfigError(
+            [problem("no records", got=0, allowed="a metrics.jsonl with one record or more").at(str(path))]
+        )
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def expert_load(records: list[dict], window: int | None = None) -> tuple[list[int], list[list[float]]]:
+    """(MoE layer indices, their rows): each expert's tokens over an even share of its layer's, averaged over
+    the last ``window`` records (all when None). Layers whose every record routed nothing (dense layers) are
+    left out."""
+    chosen = records[-window:] if window else records
+    tables = [r["tokens_per_expert"] for r in chosen if r.get("tokens_per_expert")]
+    if not tables:
+        return [], []
+    layers, rows = [], []
+    for layer in range(len(tables[0])):
+        loads = []
+        for table in tables:
+            counts = table[layer]
+            total = sum(counts)
+            if total > 0:
+                loads.append([c * len(counts) / total for c in counts])
+        if loads:
+            layers.append(layer)
+            rows.append([sum(column) / len(loads) for column in zip(*loads)])
+    return layers, rows
+
+
+def render(records: list[dict], output: str | Path, *, title: str, window: int | None = None) -> Path:
+    """Write the three panels of ``records`` to ``output`` (PNG) and return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    steps = [r["step"] for r in records]
+    layers, load = expert_load(records, window)
+    figure, (loss_axes, load_axes, imbalance_axes) = pyplot.subplots(
+        3, 1, figsize=(9, 11), gridspec_kw={"height_ratios": [3, max(2, len(layers) / 4), 2]}
+    )
+    figure.suptitle(title)
+
+    loss_axes.plot(steps, [r["loss"] for r in records], color="tab:blue")
+    loss_axes.set_xlabel("step")
+    loss_axes.set_ylabel("loss", color="tab:blue")
+    if all("lr" in r for r in records):
+        lr_axes = loss_axes.twinx()
+        lr_axes.plot(steps, [r["lr"] for r in records], color="tab:gray", linewidth=0.8)
+        lr_axes.set_ylabel("learning rate", color="tab:gray")
+
+    if load:
+        spread = max(1.0, max(abs(v - 1.0) for row in load for v in row))
+        image = load_axes.imshow(
+            load, aspect="auto", cmap="RdBu_r", vmin=1.0 - min(spread, 1.0), vmax=1.0 + spread, interpolation="nearest"
+        )
+        load_axes.set_yticks(range(len(layers)), [str(layer) for layer in layers])
+        load_axes.set_xticks(range(len(load[0])))
+        load_axes.set_xlabel("expert")
+        load_axes.set_ylabel("layer")
+        span = f"last {min(window, len(records))} records" if window else f"{len(records)} records"
+        load_axes.set_title(f"tokens per expert over an even share ({span})")
+        figure.colorbar(image, ax=load_axes, label="1.0 = even")
+    else:
+        load_axes.set_axis_off()
+        load_axes.set_title("no tokens_per_expert in these records")
+
+    for layer in layers:
+        values = [r["expert_imbalance"][layer] for r in records if r.get("expert_imbalance")]
+        if values and not any(v is None or math.isnan(v) for v in values):
+            imbalance_axes.plot(steps[-len(values) :], values, linewidth=0.8, label=f"layer {layer}")
+    imbalance_axes.set_xlabel("step")
+    imbalance_axes.set_ylabel("imbalance (max / mean)")
+    if 0 < len(layers) <= 12:
+        imbalance_axes.legend(fontsize="small", ncol=4)
+
+    figure.tight_layout()
+    output = Path(output)
+    figure.savefig(output, dpi=PNG_DPI, format="png")
+    pyplot.close(figure)
+    return output
+
+
+__all__ = ["expert_load", "read_records", "render"]
