@@ -545,31 +545,25 @@ def test_an_export_no_other_stack_imports_is_not_blocked():
     assert (blocked.export, blocked.importers, blocked.reason) == ("n:O", ["i"], "its value comes from V (replaced)")
 
 
+def _parameter_change_markdown(old: str, new: str) -> str:
+    """The Markdown of one SSM parameter whose value changes from ``old`` to ``new``."""
+    before = {"s": _template(P=_resource("AWS::SSM::Parameter", Value=old))}
+    return render_markdown(
+        diff_templates(before, {"s": _template(P=_resource("AWS::SSM::Parameter", Value=new))}), "a", "b"
+    )
+
+
 def test_a_changed_hash_in_a_long_value_is_shown_whole():
     prefix = "arn:aws:ecr:us-east-2:123456789012:repository/cdk-hnb659fds-container-assets:"
     old, new = prefix + "01f43c2c" * 8, prefix + "52b06d4b" * 8
-    text = render_markdown(
-        diff_templates(
-            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=old))},
-            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=new))},
-        ),
-        "a",
-        "b",
-    )
+    text = _parameter_change_markdown(old, new)
     row = next(line for line in text.splitlines() if "`P`" in line)
     assert "01f43c2c" * 8 in row and "52b06d4b" * 8 in row and "full values below" not in row
 
 
 def test_a_long_rewrite_is_cut_in_the_table_and_shown_whole_below():
     old, new = "a" * 1000, "b" * 1000
-    text = render_markdown(
-        diff_templates(
-            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=old))},
-            {"s": _template(P=_resource("AWS::SSM::Parameter", Value=new))},
-        ),
-        "a",
-        "b",
-    )
+    text = _parameter_change_markdown(old, new)
     row = next(line for line in text.splitlines() if "`P`" in line)
     assert "a" * 1000 not in row and "(full values below)" in row
     below = text[text.index("<details>") :]
