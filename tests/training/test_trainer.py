@@ -453,7 +453,15 @@ def test_rerunning_a_finished_run_says_there_is_nothing_left_to_train(tmp_path, 
 
 def test_a_real_runs_metrics_plot_as_a_png(single_run, tmp_path):
     out = tmp_path / "run.png"
-    command = [sys.executable, "-m", "moe_cdk.cli.train", "plot", str(single_run / "metrics.jsonl"), "--output", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "moe_cdk.cli.train",
+        "plot",
+        str(single_run / "metrics.jsonl"),
+        "--output",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
