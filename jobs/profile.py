@@ -41,14 +41,12 @@ class JobProfile:
         return self.source.stem
 
 
-def load_job_profile(
-    config: Config, train_config: str | None, train_args: Sequence[str] = (), *, arg: str = "--train-config"
-) -> JobProfile:
+def load_job_profile(config: Config, train_config: str | None, train_args: Sequence[str] = ()) -> JobProfile:
     """The profile at ``train_config`` (default: ``config.training.profile``) with the trainer arguments
     ``train_args`` applied, checked as the trainer will check it. Raises ``ConfigError`` with every problem,
-    named by ``arg`` (or ``training.profile``) and the profile's key; ``--train-arg`` for an argument the
-    trainer would refuse, and for ``--config``, which the job sets itself."""
-    label = arg if train_config else "training.profile"
+    named by ``--train-config`` (or ``training.profile``) and the profile's key; ``--train-arg`` for an
+    argument the trainer would refuse, and for ``--config``, which the job sets itself."""
+    label = "--train-config" if train_config else "training.profile"
     source = Path(train_config) if train_config else config.training.path
     problems = []
     args = list(train_args)
@@ -59,7 +57,7 @@ def load_job_profile(
                 problem(
                     "the job runs the profile it was rendered with",
                     got=value,
-                    allowed=f"{arg} PROFILE.yaml, and --train-arg for --set, --max-steps and the like",
+                    allowed="--train-config PROFILE.yaml, and --train-arg for --set, --max-steps and the like",
                 ).at("--train-arg")
             )
     parser = trainer_parser()
