@@ -23,7 +23,7 @@ def init_single_process() -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from moe_cdk.training import cpu_compat
+    from moe_cdk.training.step import cpu_compat
 
     if not torch.cuda.is_available():
         cpu_compat.activate()

@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     from megatron.core import dist_checkpointing
 
-    from moe_cdk.training.checkpoint_format import load_strategy, save_strategy
+    from moe_cdk.training.checkpoints.format import load_strategy, save_strategy
 
     init_single_process()
     root = Path(args.dir)

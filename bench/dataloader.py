@@ -30,12 +30,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5, help="paired rounds")
     args = parser.parse_args()
-    from moe_cdk.training import dataset as data
     from moe_cdk.training.config import load_train_config
-    from moe_cdk.training.model import build_model
-    from moe_cdk.training.prepare import prepare
-    from moe_cdk.training.tokenizers import load_tokenizer
-    from moe_cdk.training.trainer import causal_mask
+    from moe_cdk.training.data import dataset as data
+    from moe_cdk.training.data.prepare import prepare
+    from moe_cdk.training.data.tokenizers import load_tokenizer
+    from moe_cdk.training.step.model import build_model
+    from moe_cdk.training.step.trainer import causal_mask
 
     config = load_train_config(args.config)
     init_single_process()

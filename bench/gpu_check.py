@@ -103,11 +103,11 @@ def run(args) -> dict:
     import torch
 
     from moe_cdk.core.problems import ConfigError
-    from moe_cdk.training import trainer
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.launch_env import detect
     from moe_cdk.training.metrics import default_peak_tflops, peak_memory_gib
-    from moe_cdk.training.model import flops_per_token
+    from moe_cdk.training.step import trainer
+    from moe_cdk.training.step.model import flops_per_token
 
     if args.smoke:
         config_path, vocab = TINY, 257

@@ -62,10 +62,10 @@ def bare(overrides: list[str]) -> None:
     """The bare loop, in this process (``--bare``)."""
     import torch
 
-    from moe_cdk.training import trainer
     from moe_cdk.training.config import load_train_config
+    from moe_cdk.training.data.tokenizers import load_tokenizer
     from moe_cdk.training.launch_env import detect
-    from moe_cdk.training.tokenizers import load_tokenizer
+    from moe_cdk.training.step import trainer
 
     config = load_train_config(TINY, overrides)
     runtime = trainer.setup(config, detect())

@@ -22,7 +22,7 @@ from moe_cdk.training.exit_codes import EXIT_CONFIG
 
 
 def _parser() -> argparse.ArgumentParser:
-    from moe_cdk.training.hf_checkpoint import DTYPES, FAMILIES
+    from moe_cdk.training.checkpoints.hf_checkpoint import DTYPES, FAMILIES
 
     parser = argparse.ArgumentParser(
         prog="moe-checkpoint", description="Convert between Hugging Face and moe-train checkpoints."
@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _verify(root: Path, step: int | None) -> int:
     """Print each step's verdict; 1 when any step is not intact."""
-    from moe_cdk.training.checkpoint import MARKER, step_dirs, verify_step
+    from moe_cdk.training.checkpoints.manager import MARKER, step_dirs, verify_step
 
     if (root / MARKER).is_file() or (root.is_dir() and root.name.startswith("step-") and step is None):
         steps = [root]
@@ -131,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command == "verify":  # reads files only: no megatron
         return _verify(args.checkpoint, args.step)
-    from moe_cdk.training import _megatron
+    from moe_cdk.training.step import _megatron
 
     _megatron.import_core()
-    from moe_cdk.training import hf_convert
+    from moe_cdk.training.checkpoints import hf_convert
 
     source = str(args.hf_dir if args.command == "import-hf" else args.config)
     try:

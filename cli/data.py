@@ -20,8 +20,8 @@ from pathlib import Path
 
 from moe_cdk.cli.report import report
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.training.prepare import prepare
-from moe_cdk.training.tokenizers import load_tokenizer
+from moe_cdk.training.data.prepare import prepare
+from moe_cdk.training.data.tokenizers import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ training image or, for a CPU cluster, with the host's Python.
     moe-preflight nccl-tests --log all_reduce_perf.log --instance-type ml.p5en.48xlarge --nodes 2
     moe-preflight collectives --config PROFILE --instance-type ml.p5en.48xlarge   # every rank
 
-Each prints verdict lines (training/preflight.py) and exits 0 when every check passed, 1 when one
+Each prints verdict lines (training/fabric/preflight.py) and exits 0 when every check passed, 1 when one
 failed, 2 when the command line or the profile is invalid.
 """
 
@@ -32,7 +32,7 @@ def _print(verdicts) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from moe_cdk.training.preflight import check_node
+    from moe_cdk.training.fabric.preflight import check_node
 
     if not args.local and args.instance_type is None:
         return report(
@@ -55,7 +55,7 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _nccl_tests(args: argparse.Namespace) -> int:
-    from moe_cdk.training.preflight import check_nccl_tests
+    from moe_cdk.training.fabric.preflight import check_nccl_tests
 
     log = Path(args.log)
     if not log.is_file():
@@ -96,8 +96,8 @@ def _collectives(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from moe_cdk.training.fabric_bench import all_reduce, all_to_all, dispatch_shape
-    from moe_cdk.training.preflight import Verdict, check_collective, check_nccl_network
+    from moe_cdk.training.fabric.bench import all_reduce, all_to_all, dispatch_shape
+    from moe_cdk.training.fabric.preflight import Verdict, check_collective, check_nccl_network
 
     os.environ.update(env.torch_env())
     if args.local:

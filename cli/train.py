@@ -20,7 +20,7 @@ def _configure_logging(rank: int) -> None:
 
 
 def _plot(argv: list[str]) -> int:
-    """``moe-train plot METRICS.jsonl``: the run's loss and expert load as a PNG (tools/metrics_plot.py)."""
+    """``moe-train plot METRICS.jsonl``: the run's loss and expert load as a PNG (training/metrics_plot.py)."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -35,7 +35,7 @@ def _plot(argv: list[str]) -> int:
     from pathlib import Path
 
     from moe_cdk.core.problems import problem
-    from moe_cdk.tools.metrics_plot import read_records, render
+    from moe_cdk.training.metrics_plot import read_records, render
 
     output = Path(args.output) if args.output else Path(args.metrics).with_suffix(".png")
     try:
@@ -90,11 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequested()
     _configure_logging(env.rank)
 
-    from moe_cdk.training import _megatron
+    from moe_cdk.training.step import _megatron
 
     _megatron.import_core()
     _megatron.report_kernel_libraries()
-    from moe_cdk.training.trainer import train
+    from moe_cdk.training.step.trainer import train
 
     try:
         return train(config, env, stop)

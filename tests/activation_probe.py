@@ -17,14 +17,14 @@ import sys
 
 import torch
 
-from moe_cdk.training import _megatron
+from moe_cdk.training.step import _megatron
 
 _megatron.import_core()  # as moe-train does, before the model code imports megatron-core
 
-from moe_cdk.training import cpu_compat, trainer  # noqa: E402
 from moe_cdk.training.config import load_train_config  # noqa: E402
 from moe_cdk.training.launch_env import detect  # noqa: E402
-from moe_cdk.training.model import build_model  # noqa: E402
+from moe_cdk.training.step import cpu_compat, trainer  # noqa: E402
+from moe_cdk.training.step.model import build_model  # noqa: E402
 
 VOCAB = 257  # the byte tokenizer
 

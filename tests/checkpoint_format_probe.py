@@ -1,4 +1,4 @@
-"""The trainer's checkpoint strategies (training/checkpoint_format.py) against megatron's and
+"""The trainer's checkpoint strategies (training/checkpoints/format.py) against megatron's and
 torch's own, in one process (a script, not a test file).
 
 Run as ``python tests/checkpoint_format_probe.py DIR``. It saves a set of tensors with
@@ -126,7 +126,7 @@ def records_match(folder: Path) -> dict[str, bool]:
     CRC32C of its bytes, computed here from the file as read back."""
     import crc32c
 
-    from moe_cdk.training.checkpoint import read_checksums
+    from moe_cdk.training.checkpoints.manager import read_checksums
 
     out = {}
     for data_file in sorted(folder.glob("*.distcp")):
@@ -146,7 +146,7 @@ def planner_lock_use() -> dict:
     """Whether ``_resolved`` holds the planner lock during its block, for a planner that keeps a
     request's state between resolve and commit (as megatron's does for FP8 targets) and for one
     that does not, and whether it commits and releases after."""
-    from moe_cdk.training.checkpoint_format import _resolved
+    from moe_cdk.training.checkpoints.format import _resolved
 
     class Planner:
         def __init__(self, keeps_state: bool) -> None:
@@ -199,8 +199,9 @@ def main(root: Path) -> dict:
     )
     from torch.utils.serialization import config as serialization_config
 
-    from moe_cdk.training import checkpoint_format, cpu_compat
-    from moe_cdk.training.checkpoint_format import SequentialFileSystemReader, load_strategy, save_strategy
+    from moe_cdk.training.checkpoints import format as checkpoint_format
+    from moe_cdk.training.checkpoints.format import SequentialFileSystemReader, load_strategy, save_strategy
+    from moe_cdk.training.step import cpu_compat
 
     cpu_compat.activate()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -278,7 +279,7 @@ def main(root: Path) -> dict:
     result["records_match"] = records_match(ours)
     result["planner_lock"] = planner_lock_use()
 
-    from moe_cdk.training.checkpoint import _checksum_mismatch_in, verify_file
+    from moe_cdk.training.checkpoints.manager import _checksum_mismatch_in, verify_file
 
     flipped = root / "flipped"
     shutil.copytree(ours, flipped)
@@ -305,7 +306,7 @@ def main(root: Path) -> dict:
     warnings = []
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())
-    logging.getLogger("moe_cdk.training.checkpoint_format").addHandler(handler)
+    logging.getLogger("moe_cdk.training.checkpoints.format").addHandler(handler)
     targets = targets_like(saved, non_contiguous=False)
     dist_checkpointing.load(sharded(targets), str(unrecorded), sharded_strategy=load_strategy())
     result["unrecorded_equals_saved"] = all(torch.equal(targets[name], want[name]) for name in TARGETS)

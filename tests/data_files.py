@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_cdk.training.prepare import prepare
-from moe_cdk.training.tokenizers import ByteTokenizer
+from moe_cdk.training.data.prepare import prepare
+from moe_cdk.training.data.tokenizers import ByteTokenizer
 
 PLAIN_TEXT = "first document\nstill the first\n\n\nsecond document\n\nthird é\n"
 

@@ -13,14 +13,14 @@ import torch
 
 
 def main(profile: str, tokens_path: str, out: str, save: str | None, overrides: list[str]) -> None:
-    from moe_cdk.training import _megatron
+    from moe_cdk.training.step import _megatron
 
     _megatron.import_core()  # as moe-train does
-    from moe_cdk.training import cpu_compat, trainer
-    from moe_cdk.training.checkpoint import CheckpointManager
+    from moe_cdk.training.checkpoints.manager import CheckpointManager
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.launch_env import detect
-    from moe_cdk.training.model import model_vocab_size
+    from moe_cdk.training.step import cpu_compat, trainer
+    from moe_cdk.training.step.model import model_vocab_size
 
     config = load_train_config(profile, overrides)
     runtime = trainer.setup(config, detect())

@@ -2,7 +2,7 @@
 
 Everything here is arithmetic on the two configurations and the instance catalog: no CDK
 constructs are built and nothing is deployed. The parameter counts and FLOPs come from
-``moe_cdk.training.model`` (imported lazily; it pulls in torch, a few seconds).
+``moe_cdk.training.step.model`` (imported lazily; it pulls in torch, a few seconds).
 
 Memory model (per device, GiB = 2**30 bytes): what moe-train does on a GPU, stage by stage
 (``memory_per_device``); the activation formula is checked against the trainer's saved
@@ -25,7 +25,7 @@ from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.schema.config import Config, NodeRole, Orchestrator
 from moe_cdk.training.config import RecomputeGranularity, RecomputeModule, Spec, TrainConfig, load_train_config
-from moe_cdk.training.parallel import Layout, plan_layout
+from moe_cdk.training.step.parallel import Layout, plan_layout
 
 GIB = 2**30
 PRICES_PATH = Path(__file__).resolve().parent / "prices.yaml"
@@ -47,7 +47,7 @@ DEFAULT_MFU = 0.35
 """Model FLOPs utilisation assumed for throughput: a typical figure for a well-tuned MoE
 run with megatron-core on H100-class GPUs; an estimate, not a measurement."""
 
-BYTE_TOKENIZER_VOCAB = 257  # 256 byte values + end-of-document (training/tokenizers.py ByteTokenizer)
+BYTE_TOKENIZER_VOCAB = 257  # 256 byte values + end-of-document (training/data/tokenizers.py ByteTokenizer)
 ASSUMED_VOCAB = 32000  # Mixtral/Llama-2 size, used when the tokenizer.json is not on this machine
 
 TRAINING_JOB_MAX_HOURS = 24.0  # prototypes and short runs: under a day...
@@ -134,8 +134,8 @@ def _in_profile(problems: list[Problem]) -> list[Problem]:
 
 
 def _model():
-    # Lazy: moe_cdk.training.model imports torch at module level.
-    from moe_cdk.training import model
+    # Lazy: moe_cdk.training.step.model imports torch at module level.
+    from moe_cdk.training.step import model
 
     return model
 
@@ -380,7 +380,7 @@ def _vocab_size(train: TrainConfig, notes: list[str]) -> int:
     if not path.is_absolute():
         path = project_root() / path
     if path.is_file():
-        from moe_cdk.training.tokenizers import load_tokenizer
+        from moe_cdk.training.data.tokenizers import load_tokenizer
 
         return load_tokenizer(str(path)).vocab_size
     notes.append(f"tokenizer {tokenizer} is not on this machine: assumed a {ASSUMED_VOCAB}-token vocabulary")

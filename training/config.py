@@ -326,7 +326,7 @@ class MoEConfig:
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
 class ParallelConfig:
-    """How the model is split across processes (training/parallel.py). The dense layers are
+    """How the model is split across processes (training/step/parallel.py). The dense layers are
     data-parallel over world / (tensor x pipeline) ranks, the experts over
     world / (expert x expert_tensor x pipeline)."""
 

@@ -76,7 +76,7 @@ def _exported() -> dict[str, set[str]]:
 
 
 def test_record_has_exactly_the_keys_the_trainer_writes():
-    trainer_keys = _dict_keys(ROOT / "training/trainer.py", "tokens_per_s")
+    trainer_keys = _dict_keys(ROOT / "training/step/trainer.py", "tokens_per_s")
     probe_keys = _dict_keys(ROOT / "training/metrics.py", "tokens_per_expert")
     assert trainer_keys.count(None) == 1, "the trainer's record should unpack MoEProbe.collect() once"
     expected = [k for k in trainer_keys if k is not None] + probe_keys

@@ -11,7 +11,7 @@ from trainer_runs import ENV, ROOT, TINY, python
 
 from moe_cdk.tools.plan import activation_bytes
 from moe_cdk.training.config import load_train_config
-from moe_cdk.training.parallel import plan_layout
+from moe_cdk.training.step.parallel import plan_layout
 
 PROBE = ROOT / "tests/activation_probe.py"
 

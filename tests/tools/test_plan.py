@@ -299,7 +299,7 @@ def test_a_missing_price_gives_no_cost_and_a_note(tmp_path):
 
 
 def test_throughput_follows_flops_per_token_and_mfu():
-    from moe_cdk.training.model import flops_per_token
+    from moe_cdk.training.step.model import flops_per_token
 
     result = plan(load_config(ROOT / "config/default.yaml"), mfu=0.5)
     flops = flops_per_token(load_train_config(MIXTRAL), 32000)

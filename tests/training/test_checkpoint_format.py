@@ -1,4 +1,4 @@
-"""The trainer's checkpoint reader and writer (training/checkpoint_format.py) against torch's own
+"""The trainer's checkpoint reader and writer (training/checkpoints/format.py) against torch's own
 reader and megatron's stock writer, through tests/checkpoint_format_probe.py in one process."""
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from itertools import islice
 
 from data_files import PLAIN_DOCUMENTS, split_on_eod, text_prefix  # noqa: F401 (text_prefix: a fixture)
 
-from moe_cdk.training.dataset import ResumableSampler, build_gpt_dataset, make_dataloader
-from moe_cdk.training.prepare import prepare
-from moe_cdk.training.tokenizers import ByteTokenizer
+from moe_cdk.training.data.dataset import ResumableSampler, build_gpt_dataset, make_dataloader
+from moe_cdk.training.data.prepare import prepare
+from moe_cdk.training.data.tokenizers import ByteTokenizer
 
 
 def test_build_gpt_dataset_gives_shifted_samples_of_seq_length(text_prefix, tmp_path):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from moe_cdk.core import catalog
-from moe_cdk.training import fabric_logs
-from moe_cdk.training.fabric_logs import NcclRankDevice
+from moe_cdk.training.fabric import logs as fabric_logs
+from moe_cdk.training.fabric.logs import NcclRankDevice
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "fabric"
 

@@ -26,7 +26,7 @@ from trainer_runs import ENV, ROOT, python, records
 
 from moe_cdk.cli import checkpoint as checkpoint_cli
 from moe_cdk.training.config import load_train_config
-from moe_cdk.training.model import padded_vocab_size, parameter_counts
+from moe_cdk.training.step.model import padded_vocab_size, parameter_counts
 
 FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 LOGIT_TOLERANCE = 1e-4
@@ -343,8 +343,9 @@ def test_import_without_a_tokenizer_json_warns_that_the_profile_uses_the_byte_to
         "import-hf", str(hf_dir), "--output", str(tmp_path / "ckpt"), "--write-config", str(profile)
     )
     assert (
-        f"WARNING moe_cdk.training.hf_convert: {hf_dir} has no tokenizer.json, so the profile's data.tokenizer is "
-        f"the byte tokenizer (257 tokens), not the one the weights were trained on ({VOCAB_SIZE} rows)"
+        f"WARNING moe_cdk.training.checkpoints.hf_convert: {hf_dir} has no tokenizer.json, so the profile's "
+        "data.tokenizer is the byte tokenizer (257 tokens), not the one the weights were trained on "
+        f"({VOCAB_SIZE} rows)"
     ) in result.stderr
     assert yaml.safe_load(profile.read_text())["data"]["tokenizer"] == "byte"
 

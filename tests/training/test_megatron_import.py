@@ -7,15 +7,15 @@ import sys
 
 import torch
 
-from moe_cdk.training._megatron import compile_on_first_call
+from moe_cdk.training.step._megatron import compile_on_first_call
 
 IMPORT_MODEL_CODE = """
 import sys
 import torch
 compile_now = torch.compile
-from moe_cdk.training import _megatron
+from moe_cdk.training.step import _megatron
 _megatron.import_core()
-import moe_cdk.training.trainer, moe_cdk.training.model, megatron.core.models.gpt
+import moe_cdk.training.step.trainer, moe_cdk.training.step.model, megatron.core.models.gpt
 from megatron.core import jit
 print(torch.compile is compile_now, "torch._inductor.compile_fx" in sys.modules, jit.jit_fuser.func.__name__)
 """

@@ -8,9 +8,9 @@ import torch
 from conftest import ROOT
 
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.training import cpu_compat, model as model_module
 from moe_cdk.training.config import load_train_config
-from moe_cdk.training.model import build_transformer_config, parameter_counts, transformer_config_kwargs
+from moe_cdk.training.step import cpu_compat, model as model_module
+from moe_cdk.training.step.model import build_transformer_config, parameter_counts, transformer_config_kwargs
 
 TINY = load_train_config(ROOT / "training/configs/tiny.yaml")
 

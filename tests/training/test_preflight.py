@@ -1,4 +1,4 @@
-"""The preflight's verdicts (training/preflight.py) on the node's tools' output and on nccl-tests logs, using the
+"""The preflight's verdicts (training/fabric/preflight.py) on the node's tools' output and on nccl-tests logs, using the
 real samples of tests/fixtures/fabric (SOURCES.md says where each came from), against the instance catalog."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from moe_cdk.core import catalog
-from moe_cdk.training import fabric_logs
 from moe_cdk.training.config import load_train_config
-from moe_cdk.training.fabric_bench import CollectiveResult, dispatch_shape
-from moe_cdk.training.preflight import ToolOutput, Verdict, check_nccl_tests, check_node, run_tool
+from moe_cdk.training.fabric import logs as fabric_logs
+from moe_cdk.training.fabric.bench import CollectiveResult, dispatch_shape
+from moe_cdk.training.fabric.preflight import ToolOutput, Verdict, check_nccl_tests, check_node, run_tool
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures/fabric"
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ import pytest
 from data_files import PLAIN_DOCUMENTS, PLAIN_TEXT, documents_of, indexed_dataset
 
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.training import prepare as prepare_module
-from moe_cdk.training.prepare import prepare
-from moe_cdk.training.tokenizers import ByteTokenizer, load_tokenizer
+from moe_cdk.training.data import prepare as prepare_module
+from moe_cdk.training.data.prepare import prepare
+from moe_cdk.training.data.tokenizers import ByteTokenizer, load_tokenizer
 
 
 def test_prepare_plain_text_splits_documents_on_blank_lines(tmp_path):

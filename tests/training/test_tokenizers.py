@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_cdk.training.tokenizers import ByteTokenizer, JsonTokenizer, load_tokenizer
+from moe_cdk.training.data.tokenizers import ByteTokenizer, JsonTokenizer, load_tokenizer
 
 
 def test_byte_tokenizer_round_trip_and_eod():

@@ -7,7 +7,7 @@ from conftest import ROOT
 
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.training.config import Dispatcher, load_train_config
-from moe_cdk.training.parallel import plan_layout
+from moe_cdk.training.step.parallel import plan_layout
 
 PROFILES = sorted((ROOT / "training/configs").glob("*.yaml"))
 TINY = ROOT / "training/configs/tiny.yaml"
@@ -177,7 +177,7 @@ DEEPSEEK_ROUTER = (
 
 
 def test_deepseek_style_router_options_reach_megatron():
-    from moe_cdk.training.model import build_transformer_config
+    from moe_cdk.training.step.model import build_transformer_config
 
     built = build_transformer_config(load_train_config(TINY, list(DEEPSEEK_ROUTER)), on_gpu=False)
     assert (
@@ -191,7 +191,7 @@ def test_deepseek_style_router_options_reach_megatron():
 
 
 def test_a_vocabulary_smaller_than_the_tokenizer_names_model_vocab_size():
-    from moe_cdk.training.model import model_vocab_size
+    from moe_cdk.training.step.model import model_vocab_size
 
     with pytest.raises(ConfigError) as caught:
         model_vocab_size(load_train_config(TINY, ["model.vocab_size=200"]), 256)

@@ -15,7 +15,7 @@ import torch
 from survivors import alive, descendants
 from trainer_runs import ENV, ROOT, TINY, data_prefix, final_parameters, records, run_training, train_command  # noqa: F401 (fixture)
 
-from moe_cdk.training.checkpoint import MARKER, CheckpointManager
+from moe_cdk.training.checkpoints.manager import MARKER, CheckpointManager
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +118,9 @@ def test_a_flipped_byte_in_one_ranks_file_makes_every_rank_fall_back(tmp_path, d
     result = run_training(run_dir, data_prefix, *EXPERT_PARALLEL_2, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
-        assert f"rank{rank} WARNING moe_cdk.training.checkpoint: skipping checkpoint {run_dir / 'ckpt/step-10'}: " in (
-            result.stderr
+        assert (
+            f"rank{rank} WARNING moe_cdk.training.checkpoints.manager: skipping checkpoint {run_dir / 'ckpt/step-10'}: "
+            in (result.stderr)
         )
     assert f"resumed from {run_dir / 'ckpt/step-5'}" in result.stderr
     assert records(run_dir)[-1]["loss"] == records(expert_parallel_run)[-1]["loss"]
@@ -393,7 +394,7 @@ def _planned_parameters(parameters: dict, *overrides: str, config: Path = TINY) 
     """``parameter_counts`` (what moe-cdk plan and the MFU figure use) of ``config`` with ``overrides``,
     for the checkpoint's vocabulary."""
     from moe_cdk.training.config import load_train_config
-    from moe_cdk.training.model import parameter_counts
+    from moe_cdk.training.step.model import parameter_counts
 
     vocab = parameters["embedding.word_embeddings.weight"].shape[0]
     return parameter_counts(load_train_config(config, list(overrides)), vocab).total

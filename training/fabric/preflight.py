@@ -7,7 +7,7 @@ FAIL <problem>; <problem>``, where each problem is the project's one format (``k
 exits 1 when any of them failed (cli/preflight.py).
 
 The node checks run the node's own tools through ``run_tool`` and parse their output with
-``training.fabric_logs``:
+``training.fabric.logs``:
 
 - ``nvidia-smi --query-gpu=...``: the GPU count and model against the catalog, and no GPU with
   uncorrected volatile ECC errors;
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import Problem, problem
-from moe_cdk.training import fabric_logs
-from moe_cdk.training.fabric_bench import CollectiveResult, DispatchShape
+from moe_cdk.training.fabric import logs as fabric_logs
+from moe_cdk.training.fabric.bench import CollectiveResult, DispatchShape
 
 FI_INFO_EFA = ("fi_info", "-p", "efa")
 FI_INFO_VERSION = ("fi_info", "--version")

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.tools.metrics_plot import expert_load, read_records, render
+from moe_cdk.training.metrics_plot import expert_load, read_records, render
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

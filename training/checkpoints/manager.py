@@ -4,7 +4,7 @@ Layout: ``<dir>/step-<N>/`` holds one torch_dist checkpoint. It counts only once
 ``<dir>/step-<N>/moe-cdk-complete.json`` exists; rank 0 writes that marker last, after
 every rank has finished writing, and records each file's size in it, and the CRC32C of each
 file that has no checksum record of its own (the data files have one each, written with them:
-training/checkpoint_format.py). On start the newest checkpoint whose marker exists and whose
+training/checkpoints/format.py). On start the newest checkpoint whose marker exists and whose
 files all have their recorded sizes and checksums is loaded, and every item read from the
 data files is checked as it is read. Newer ones that fail a check are skipped with a warning
 naming the file; if every checkpoint that was completed fails, the run stops with a permanent
@@ -36,14 +36,14 @@ import torch
 import torch.distributed as dist
 
 from moe_cdk.core.problems import ConfigError, Problem
-from moe_cdk.training import cpu_compat
+from moe_cdk.training.step import cpu_compat
 
 log = logging.getLogger(__name__)
 
 MARKER = "moe-cdk-complete.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 CHECKSUM_SUFFIX = ".crc32c"
-"""``F`` + this names the checksum record of data file ``F`` (training/checkpoint_format.py writes it)."""
+"""``F`` + this names the checksum record of data file ``F`` (training/checkpoints/format.py writes it)."""
 
 
 _CRC_CHUNK_BYTES = 4 << 20  # each chunk is checksummed while it is still in the CPU's cache
@@ -283,7 +283,7 @@ class CheckpointManager:
         self.rank = dist.get_rank()
         self._async_queue = None
         self._pending: tuple[int, Path] | None = None
-        from moe_cdk.training.checkpoint_format import save_strategy
+        from moe_cdk.training.checkpoints.format import save_strategy
 
         self._save_strategy = save_strategy()
         _start_writer_manager()
@@ -447,7 +447,7 @@ class CheckpointManager:
         from megatron.core import dist_checkpointing
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from moe_cdk.training.checkpoint_format import load_strategy
+        from moe_cdk.training.checkpoints.format import load_strategy
 
         candidates, rejected = self._candidates()
         for _, path in candidates:

@@ -2,7 +2,7 @@
 log, ``fi_info``, ``nvidia-smi`` and ``dcgmi diag -j``.
 
 Each parser takes the text a tool printed and returns a frozen dataclass; none runs a command and
-none imports torch (standard library only), so the checks in ``training.preflight`` and their tests
+none imports torch (standard library only), so the checks in ``training.fabric.preflight`` and their tests
 feed them captured text. The formats were learned from the tools' sources and from real logs; the
 test fixtures under ``tests/fixtures/fabric/`` are such logs, with their sources in ``SOURCES.md``:
 

@@ -19,14 +19,14 @@ import torch
 import torch.distributed as dist
 
 from moe_cdk.core.problems import ConfigError, problem
-from moe_cdk.training import cpu_compat, parallel
-from moe_cdk.training.checkpoint import CheckpointManager
+from moe_cdk.training.checkpoints.manager import CheckpointManager
 from moe_cdk.training.config import TrainConfig
 from moe_cdk.training.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
-from moe_cdk.training.model import build_model, flops_per_token, model_vocab_size, use_bf16
-from moe_cdk.training.parallel import Layout
+from moe_cdk.training.step import cpu_compat, parallel
+from moe_cdk.training.step.model import build_model, flops_per_token, model_vocab_size, use_bf16
+from moe_cdk.training.step.parallel import Layout
 from moe_cdk.training.stop import StopRequested
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,7 @@ def train(config: TrainConfig, env: LaunchEnv, stop: StopRequested) -> int:
 
 
 def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
-    from moe_cdk.training.tokenizers import load_tokenizer
+    from moe_cdk.training.data.tokenizers import load_tokenizer
 
     layout = runtime.layout
     tokenizer = load_tokenizer(None if config.data.tokenizer == "byte" else config.data.tokenizer)
@@ -460,7 +460,7 @@ def check_inputs(config: TrainConfig) -> None:
 def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: int, consumed_samples: int):
     """This rank's micro-batches from ``consumed_samples`` on: megatron's GPT dataset, the
     resumable sampler and the data loader, as the configuration sets them."""
-    from moe_cdk.training import dataset as data_module
+    from moe_cdk.training.data import dataset as data_module
 
     o = config.optim
     dataset = data_module.build_gpt_dataset(
@@ -493,7 +493,7 @@ def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: 
 
 def prepare_data(config: TrainConfig, tokenizer, runtime: Runtime) -> None:
     """Tokenize ``data.prepare_from`` into the first prefix on rank 0 if it does not exist yet."""
-    from moe_cdk.training.prepare import prepare
+    from moe_cdk.training.data.prepare import prepare
 
     prefix = Path(config.data.prefixes[0])
     if config.data.prepare_from and runtime.rank == 0 and not Path(f"{prefix}.idx").exists():

@@ -197,5 +197,5 @@ def activate() -> bool:
     mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _active = True
-    log.info("CUDA is absent: megatron-core runs on CPU through moe_cdk.training.cpu_compat")
+    log.info("CUDA is absent: megatron-core runs on CPU through moe_cdk.training.step.cpu_compat")
     return True

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.config import Precision, RecomputeGranularity, RecomputeModule, RouterDtype, Spec, TrainConfig
-from moe_cdk.training.parallel import MAX_TENSOR_PARALLEL
+from moe_cdk.training.step.parallel import MAX_TENSOR_PARALLEL
 
 # The embedding and output tables are padded to a multiple of this: 128 rows per shard
 # (megatron's --make-vocab-size-divisible-by default) for every tensor-parallel size up to

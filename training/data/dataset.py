@@ -19,8 +19,8 @@ import torch
 import torch.utils.data
 
 from moe_cdk.core.problems import ConfigError, Problem, problem
-from moe_cdk.training._megatron import quiet_import
-from moe_cdk.training.tokenizers import Tokenizer
+from moe_cdk.training.data.tokenizers import Tokenizer
+from moe_cdk.training.step._megatron import quiet_import
 
 logger = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 from torch.utils.serialization import config as serialization_config
 
-from moe_cdk.training.checkpoint import CHECKSUM_SUFFIX, ItemCheck, read_checksums, read_into
+from moe_cdk.training.checkpoints.manager import CHECKSUM_SUFFIX, ItemCheck, read_checksums, read_into
 
 log = logging.getLogger(__name__)
 

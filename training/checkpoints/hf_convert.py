@@ -26,8 +26,8 @@ import torch
 import yaml
 
 from moe_cdk.core.problems import ConfigError, problem
-from moe_cdk.training import hf_checkpoint as hf
-from moe_cdk.training.checkpoint import MARKER, CheckpointManager, step_dirs
+from moe_cdk.training.checkpoints import hf_checkpoint as hf
+from moe_cdk.training.checkpoints.manager import MARKER, CheckpointManager, step_dirs
 from moe_cdk.training.config import ParallelConfig, Precision, Spec, TrainConfig, train_config_from
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ def _one_rank(config: TrainConfig) -> TrainConfig:
 
 
 def _start_one_rank(config: TrainConfig):
-    from moe_cdk.training import trainer
     from moe_cdk.training.launch_env import detect
+    from moe_cdk.training.step import trainer
 
     env = detect()
     if env.world_size != 1:
@@ -118,8 +118,8 @@ def _start_one_rank(config: TrainConfig):
 
 
 def _vocab(config: TrainConfig) -> int:
-    from moe_cdk.training.model import model_vocab_size
-    from moe_cdk.training.tokenizers import load_tokenizer
+    from moe_cdk.training.data.tokenizers import load_tokenizer
+    from moe_cdk.training.step.model import model_vocab_size
 
     return model_vocab_size(config, load_tokenizer(config.data.tokenizer).vocab_size)
 
@@ -161,7 +161,7 @@ def _import_profile(hf_dir: Path, hf_config: dict, output: Path, overrides: list
 def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[str]) -> Path:
     """Write ``output/step-0`` and the profile from a Hugging Face model folder; returns the step folder.
     Everything is checked before anything is written."""
-    from moe_cdk.training import trainer
+    from moe_cdk.training.step import trainer
 
     hf_dir, output = hf_dir.resolve(), output.resolve()
     hf_config = _read_json(hf_dir / "config.json")
@@ -196,10 +196,10 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
         )
     tokenizer_vocab = None
     if (hf_dir / "tokenizer.json").is_file():
-        from moe_cdk.training.tokenizers import load_tokenizer
+        from moe_cdk.training.data.tokenizers import load_tokenizer
 
         tokenizer_vocab = load_tokenizer(str(hf_dir / "tokenizer.json")).vocab_size
-    from moe_cdk.training.model import model_vocab_size
+    from moe_cdk.training.step.model import model_vocab_size
 
     vocab_size = model_vocab_size(one, tokenizer_vocab or one.model.vocab_size)
     runtime = _start_one_rank(one)
@@ -302,10 +302,10 @@ def export_hf(
     The folder appears whole or not at all."""
     from megatron.core import dist_checkpointing
 
-    from moe_cdk.training import cpu_compat, trainer
-    from moe_cdk.training.checkpoint_format import load_strategy
+    from moe_cdk.training.checkpoints.format import load_strategy
     from moe_cdk.training.config import load_train_config
-    from moe_cdk.training.model import build_model
+    from moe_cdk.training.step import cpu_compat, trainer
+    from moe_cdk.training.step.model import build_model
 
     config = load_train_config(config_path)
     folder = _step_folder(checkpoint, step)
