@@ -171,7 +171,8 @@ class SlurmJobSpec:
                 "null unless container_image is set",
             )
         if (self.train_config is None) == (self.train_profile is None):
-            add("train_config", "set both or neither", self.train_config, "train_config or train_profile, not both")
+            what = "given with train_profile" if self.train_config is not None else "neither it nor train_profile given"
+            add("train_config", what, self.train_config, "exactly one of train_config and train_profile")
         elif self.train_config is not None and not self.train_config:
             add("train_config", "empty", self.train_config, "a path to a YAML file on the nodes")
         if not self.profile_dir:
