@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from moe_cdk.core.problems import ConfigError, problem
@@ -134,8 +135,13 @@ def render(records: list[dict], output: str | Path, *, title: str, window: int |
 
     figure.tight_layout()
     output = Path(output)
-    figure.savefig(output, dpi=PNG_DPI, format="png")
-    pyplot.close(figure)
+    partial = output.with_name(f".{output.name}.partial")  # renamed when whole: no half-written PNG
+    try:
+        figure.savefig(partial, dpi=PNG_DPI, format="png")
+        os.replace(partial, output)
+    finally:
+        pyplot.close(figure)
+        partial.unlink(missing_ok=True)
     return output
 
 
