@@ -293,6 +293,9 @@ class Index:
             if fn == "Fn::GetStackOutput" and isinstance(arg, dict) and arg.get("StackName") in self.templates:
                 output = self.templates[arg["StackName"]].get("Outputs", {}).get(arg.get("OutputName"), {})
                 return walk(arg["StackName"], output.get("Value"))
+            if fn == "Fn::If" and isinstance(arg, list) and len(arg) == 3:  # either branch; no value reads as none
+                branches = [walk(stack, branch) for branch in arg[1:] if branch != {"Ref": "AWS::NoValue"}]
+                return " | ".join(branches) + (f" (if {arg[0]})" if len(branches) == 1 else "")
             if fn == "Fn::ImportValue" and self.text(stack, arg) in self.exports:
                 return walk(*self.exports[self.text(stack, arg)])
             for item in value.values():

@@ -194,6 +194,14 @@ def test_the_dot_source_is_the_graphviz_graph(cdk_out, dot):
     assert isinstance(graph, graphviz.Digraph) and graph.source == dot
 
 
+def test_a_conditional_value_reads_as_its_branches():
+    ix = Index([Stack("s", "us-east-2", {"Resources": {"Role": {"Type": "AWS::IAM::Role"}}}, {})])
+    optional = {"Fn::If": ["HasEcr", "arn:aws:iam::aws:policy/Ecr", {"Ref": "AWS::NoValue"}]}
+    assert ix.text("s", optional) == "arn:aws:iam::aws:policy/Ecr (if HasEcr)"
+    assert ix.text("s", {"Fn::If": ["Big", "p5en", "p4de"]}) == "p5en | p4de"
+    assert ix.resolve("s", {"Fn::If": ["C", {"Ref": "Role"}, "x"]})[1] == [("s", "Role")]
+
+
 def test_index_follows_references_within_and_across_stacks():
     """Ref, Fn::GetAtt and Fn::Sub within a stack; Fn::ImportValue (an export name spelled with Fn::Join on one side
     and Fn::Sub on the other) and Fn::GetStackOutput across stacks."""
