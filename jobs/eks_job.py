@@ -29,7 +29,6 @@ gives those values, and the tests check that both agree.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -48,6 +47,8 @@ READINESS_FILE = "/tmp/moe-train/ready"
 # The trainer's progress line (training/metrics.py), e.g. "step 120/5000 loss 2.3140 tokens/s ...".
 PROGRESS_LOG_PATTERN = r".*step \d+/\d+ loss .*"
 PROFILE_MOUNT = "/etc/moe-train"
+PROFILE_PATH = f"{PROFILE_MOUNT}/{PROFILE_FILE}"
+"""Where the pods read the training profile."""
 # Kubernetes docs, "ConfigMaps": the data stored in a ConfigMap cannot exceed 1 MiB.
 CONFIG_MAP_MAX_BYTES = 1024 * 1024
 
@@ -222,14 +223,10 @@ def labels(spec: EksJobSpec) -> dict[str, str]:
     }
 
 
-def profile_path() -> str:
-    """Where the pods read the training profile."""
-    return f"{PROFILE_MOUNT}/{PROFILE_FILE}"
-
-
-def profile_config_map_name(job_name: str) -> str:
-    """The ConfigMap of job ``job_name``'s profile: ``<job>-profile``, cut to a Kubernetes name."""
-    return re.sub("-+$", "", f"{job_name}-profile"[:63])
+def suffixed_name(job_name: str, suffix: str) -> str:
+    """``<job>-<suffix>``, cut to a Kubernetes name (63 characters, no trailing hyphen): the names of the
+    objects that go with a job, its profile's ConfigMap and its preflight jobs."""
+    return f"{job_name}-{suffix}"[:63].rstrip("-")
 
 
 def render_profile_config_map(spec: EksJobSpec) -> dict:
@@ -246,7 +243,7 @@ def _trainer_args(spec: EksJobSpec) -> list[str]:
     # The probe files are set here, so the probes and the trainer cannot disagree.
     return [
         "--config",
-        profile_path(),
+        PROFILE_PATH,
         "--set",
         f"metrics.readiness_file={READINESS_FILE}",
         "--set",
@@ -414,7 +411,7 @@ def job_spec_from_config(
         device_resource=eks_rules.GPU_RESOURCE if gpu else eks_rules.NEURON_RESOURCE,
         efa_per_node=spec.efa_interfaces,
         train_profile=profile.text,
-        profile_config_map=profile_config_map_name(name),
+        profile_config_map=suffixed_name(name, "profile"),
         train_args=tuple(train_args),
         node_labels=dict(chosen.labels),
         tolerations=tuple(t.toleration() for t in chosen.taints),

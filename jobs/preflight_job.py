@@ -212,12 +212,12 @@ def render_preflight_sbatch(spec: PreflightSpec) -> str:
 def render_preflight_pytorchjob(spec: eks_job.EksJobSpec) -> dict:
     """The EKS preflight: a ``PyTorchJob`` named ``<job>-preflight`` on the training job's pod template,
     run once (no restarts: a failed preflight is a result)."""
-    name = f"{spec.name}-preflight"[:63].rstrip("-")
+    name = eks_job.suffixed_name(spec.name, "preflight")
     spec = dataclasses.replace(spec, name=name, metrics_port=None)
     itype = shlex.quote(spec.instance_type)
     script = (
         f"moe-preflight node --instance-type {itype} --dcgm-level 0 && "
-        f"exec torchrun -m moe_cdk.cli.preflight -- collectives --config {eks_job.profile_path()} "
+        f"exec torchrun -m moe_cdk.cli.preflight -- collectives --config {eks_job.PROFILE_PATH} "
         f"--instance-type {itype}"
     )
     template = eks_job.pod_template(spec, ["bash", "-c", script], [])
@@ -246,7 +246,7 @@ MPIJOB_API = "kubeflow.org/v2beta1"
 def render_preflight_mpijob(spec: eks_job.EksJobSpec, *, nccl_tests_dir: str = NCCL_TESTS_DIR) -> dict:
     """The EKS nccl-tests preflight: an ``MPIJob`` named ``<job>-nccl-tests`` whose workers are the training
     pods and whose launcher runs each test and checks its log; run once, exit 1 when any check failed."""
-    name = f"{spec.name}-nccl-tests"[:63].rstrip("-")
+    name = eks_job.suffixed_name(spec.name, "nccl-tests")
     spec = dataclasses.replace(spec, name=name, metrics_port=None, preflight=False)
     itype = shlex.quote(spec.instance_type)
     ranks = spec.nodes * spec.devices_per_node

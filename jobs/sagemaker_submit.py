@@ -188,9 +188,14 @@ def _in_channel(path: str, key: str) -> str:
     return CHANNEL_DIR + path[len(FSX_DATASETS) :]
 
 
+def profile_prefix(run_name: str) -> str:
+    """The data bucket's folder of run ``run_name``'s profile: its jobs' profile channel."""
+    return f"{PROFILE_PREFIX}/{run_name}/"
+
+
 def profile_key(run_name: str) -> str:
     """The object key of run ``run_name``'s profile in the data bucket; every job of the run reads it."""
-    return f"{PROFILE_PREFIX}/{run_name}/{PROFILE_FILE}"
+    return profile_prefix(run_name) + PROFILE_FILE
 
 
 def upload_profile(s3_client, outputs: dict[str, str], run_name: str, profile: JobProfile) -> str:
@@ -264,7 +269,7 @@ def build_request(config: Config, outputs: dict[str, str], options: SubmitOption
                 "DataSource": {
                     "S3DataSource": {
                         "S3DataType": "S3Prefix",
-                        "S3Uri": f"s3://{bucket}/{profile_key(run).rsplit('/', 1)[0]}/",
+                        "S3Uri": f"s3://{bucket}/{profile_prefix(run)}",
                         "S3DataDistributionType": "FullyReplicated",
                     }
                 },

@@ -533,6 +533,11 @@ def _referenced_ids(value: Any) -> set[str]:
     return found
 
 
+def _export_name(value: Any) -> str:
+    """An export's name as ``Export.Name`` and ``Fn::ImportValue`` both spell it: the string, or compact JSON."""
+    return value if isinstance(value, str) else short(value, 10**9)
+
+
 def _imports(template: dict) -> set[str]:
     """The export names ``template`` imports (as compact JSON when a name is not a plain string)."""
     names: set[str] = set()
@@ -541,7 +546,7 @@ def _imports(template: dict) -> set[str]:
         if isinstance(value, dict):
             for key, inner in value.items():
                 if key == "Fn::ImportValue":
-                    names.add(inner if isinstance(inner, str) else short(inner, 10**9))
+                    names.add(_export_name(inner))
                 walk(inner)
         elif isinstance(value, list):
             for inner in value:
@@ -567,8 +572,7 @@ def _blocked_exports(old: dict[str, dict], new: dict[str, dict], stacks: list[St
         for key, output in sorted((template.get("Outputs") or {}).items()):
             if "Export" not in output:
                 continue
-            raw = output["Export"].get("Name")
-            export = raw if isinstance(raw, str) else short(raw, 10**9)
+            export = _export_name(output["Export"].get("Name"))
             importers = sorted(n for n in imported_by.get(export, []) if n != name)
             if not importers:
                 continue

@@ -24,10 +24,10 @@ from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.eks_job import (
     EksJobSpec,
     job_spec_from_config,
-    profile_config_map_name,
     render_hyperpod_job,
     render_profile_config_map,
     render_pytorchjob,
+    suffixed_name,
 )
 from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.schema.config import load_config, parse_config
@@ -183,8 +183,8 @@ def test_another_profile_reaches_the_config_map_and_names_the_job(config, tmp_pa
 
 
 def test_a_config_map_name_is_cut_to_a_kubernetes_name():
-    assert profile_config_map_name("a" * 55 + "-b") == "a" * 55 + "-b-profi"
-    assert profile_config_map_name("a" * 55 + "-bcdefg") == "a" * 55 + "-bcdefg"
+    assert suffixed_name("a" * 55 + "-b", "profile") == "a" * 55 + "-b-profi"
+    assert suffixed_name("a" * 55 + "-bcdefg", "profile") == "a" * 55 + "-bcdefg"
 
 
 def test_metrics_port_is_annotated_for_the_scraper(spec):
