@@ -134,14 +134,19 @@ wait_until() {
 # Slurm's commands on HyperPod's nodes (the trigger program runs with slurmctld's PATH).
 PATH="${PATH}:/opt/slurm/bin"
 
+# The answers are read whole and then matched: under pipefail, "cmd | grep -q" fails with 141 when grep
+# stops at its match while cmd is still writing (scontrol ping prints a line per controller).
 slurmctld_answers() {
-  scontrol ping 2>/dev/null | grep -q 'is UP'
+  local answer
+  answer="$(scontrol ping 2>/dev/null)" || return 1
+  [[ "${answer}" == *"is UP"* ]]
 }
 
 # slurmd_registered NODE: slurmctld knows NODE and its slurmd answers (State has no "*", not UNKNOWN).
 slurmd_registered() {
   local state
-  state="$(scontrol show node -o "$1" 2>/dev/null | tr ' ' '\n' | awk -F= '$1 == "State" { print $2; exit }')"
+  state="$(scontrol show node -o "$1" 2>/dev/null)" || return 1
+  state="$(tr ' ' '\n' <<<"${state}" | awk -F= '$1 == "State" { print $2 }')"
   [[ -n "${state}" && "${state}" != *"*"* && "${state}" != UNKNOWN* ]]
 }
 
@@ -413,7 +418,9 @@ readonly MOE_NVME_UNIT="dlami-nvme"
 MOE_LC_NVME_WAIT_S="${MOE_LC_NVME_WAIT_S:-120}"
 
 nvme_unit_exists() {
-  systemctl show "${MOE_NVME_UNIT}" -p LoadState 2>/dev/null | grep -qx 'LoadState=loaded'
+  local state
+  state="$(systemctl show "${MOE_NVME_UNIT}" -p LoadState 2>/dev/null)" || return 1
+  grep -qx 'LoadState=loaded' <<<"${state}"
 }
 
 # nvme_unit_done: the unit ran to the end (ActiveState=active, ExecMainStatus=0), mounted or not.

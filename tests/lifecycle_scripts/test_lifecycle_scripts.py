@@ -164,7 +164,14 @@ if [ "${down}" = 1 ]; then
   exit 1
 fi
 case "$1 $2" in
-  "ping "*) echo "Slurmctld(primary) at localhost is UP" ;;
+  "ping "*)
+    echo "Slurmctld(primary) at localhost is UP"
+    # MOE_STUB_SLURM_BACKUP=1: a second controller, whose line comes after a pause (a reader that
+    # stops at the first "is UP" has gone by then).
+    if [ "${MOE_STUB_SLURM_BACKUP:-0}" = 1 ]; then
+      sleep 0.2
+      echo "Slurmctld(backup) at ip-10-0-64-12 is UP"
+    fi ;;
   "show node") echo "NodeName=$4 Arch=x86_64 State=IDLE ThreadsPerCore=1" ;;
   "show config")
     # As Slurm 22.05 prints it: the moment of the query, then slurmctld's start (MOE_STUB_SLURM_UP_AFTER_S
@@ -204,23 +211,32 @@ if [ "$1" = is-active ]; then
   for unit in ${MOE_STUB_ACTIVE-containerd}; do [ "${unit}" = "$3" ] && exit 0; done
   exit 3
 fi
-# show dlami-nvme: MOE_STUB_NVME_UNIT is "none" (default: no such unit), or "late:N": the unit is
-# still starting for N-1 queries, then has mounted the NVMe (added to the stub mount table).
+# show dlami-nvme -p PROPERTY...: MOE_STUB_NVME_UNIT is "none" (default: no such unit), or "late:N": the
+# unit is still starting for N-1 queries, then has mounted the NVMe (added to the stub mount table).
+# As systemctl does, only the properties asked for are printed, in the order asked.
 if [ "$1 $2" = "show dlami-nvme" ]; then
   case "${MOE_STUB_NVME_UNIT:-none}" in
-    none) printf 'LoadState=not-found\nActiveState=inactive\nExecMainStatus=0\n' ;;
+    none) load=not-found active=inactive ;;
     late:*)
       polls=$(( $(cat "${MOE_STUB_STATE}/nvme_polls" 2>/dev/null || echo 0) + 1 ))
       echo "${polls}" >"${MOE_STUB_STATE}/nvme_polls"
+      load=loaded active=activating
       if [ "${polls}" -ge "${MOE_STUB_NVME_UNIT#late:}" ]; then
         grep -qxF "${MOE_LC_ROOT}/opt/dlami/nvme" "${MOE_STUB_STATE}/mounts" \
           || echo "${MOE_LC_ROOT}/opt/dlami/nvme" >>"${MOE_STUB_STATE}/mounts"
-        printf 'LoadState=loaded\nActiveState=active\nExecMainStatus=0\n'
-      else
-        printf 'LoadState=loaded\nActiveState=activating\nExecMainStatus=0\n'
+        active=active
       fi
       ;;
   esac
+  shift 2
+  while [ "$#" -ge 2 ] && [ "$1" = -p ]; do
+    case "$2" in
+      LoadState) echo "LoadState=${load}" ;;
+      ActiveState) echo "ActiveState=${active}" ;;
+      ExecMainStatus) echo "ExecMainStatus=0" ;;
+    esac
+    shift 2
+  done
 fi
 exit 0
 """,
@@ -714,6 +730,15 @@ def test_slurm_that_never_answers_fails_the_step_with_a_hint(sandbox):
     assert failed["step"] == "slurm_features"
     assert failed["hint"].startswith("slurmctld did not answer 'scontrol ping' within 2s: check that it runs")
     assert sandbox.calls("scontrol update") == []
+
+
+def test_slurm_with_a_backup_controller_answers(sandbox):
+    # Under pipefail, "cmd | grep -q" reads false when grep stops at its match while cmd is still writing
+    # (here the backup controller's line), so this waited the whole limit and failed. The same race in
+    # the dlami-nvme query failed test_nvme_mounted_late_is_waited_for once in CI (1 in 300 here).
+    result = succeeded(sandbox.on_create(MOE_STUB_SLURM_BACKUP="1", MOE_LC_SLURM_WAIT_S="2"))
+    assert "waiting for slurmctld" not in result.stdout
+    assert len(sandbox.calls("scontrol update")) == 1
 
 
 def test_invalid_parameters_stop_before_any_change(sandbox):
