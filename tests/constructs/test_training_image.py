@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import platform
 import re
+import subprocess
+import sys
 import tomllib
 
+import torch
 from conftest import ROOT, read_json
 
 DOCKERFILE = (ROOT / "training/Dockerfile").read_text()
@@ -19,11 +23,71 @@ def test_dockerfile_pins_match_the_train_extra():
     in_dockerfile = {_requirement_name(r): r for r in re.findall(r'"([A-Za-z0-9_.-]+[=<>~!]=?[^"]+)"', DOCKERFILE)}
     for requirement in train:
         name = _requirement_name(requirement)
-        if name == "torch":
-            continue  # the base image's CUDA build of torch is used, not the CPU wheel the tests use
+        if name in ("torch", "megatron-core"):
+            continue  # the image's versions are training/image.env's (the tests below)
         assert in_dockerfile.get(name) == requirement, (
             f"{name}: Dockerfile {in_dockerfile.get(name)!r} vs pyproject {requirement!r}"
         )
+
+
+IMAGE_ENV = ROOT / "training/image.env"
+IMAGE_VERSIONS = ROOT / "cli/image_versions.py"
+
+
+def _image_env() -> dict[str, str]:
+    return dict(line.split("=", 1) for line in IMAGE_ENV.read_text().splitlines() if line and line[0] != "#")
+
+
+def test_image_env_names_the_base_images_python_and_torch():
+    (base,) = re.findall(r"^ARG BASE_IMAGE=\S+:(\S+)$", DOCKERFILE, re.MULTILINE)
+    env = _image_env()
+    assert base.startswith(f"{env['IMAGE_TORCH']}-gpu-py{env['IMAGE_PYTHON'].replace('.', '')}-"), base
+
+
+def test_image_megatron_core_is_the_one_the_suite_runs():
+    train = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
+    assert f"megatron-core=={_image_env()['IMAGE_MEGATRON_CORE']}" in train
+
+
+def _check_versions(env_file) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(IMAGE_VERSIONS), str(env_file)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_image_build_stops_on_a_base_image_of_other_versions():
+    done = _check_versions(IMAGE_ENV)  # this interpreter is not the image's Python and torch
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"IMAGE_TORCH=2.9.0 in training/image.env, but the base image has {torch.__version__.split('+')[0]}" in (
+        done.stderr
+    )
+    python = ".".join(platform.python_version_tuple()[:2])
+    assert f"IMAGE_PYTHON=3.12 in training/image.env, but the base image has {python}" in done.stderr
+
+
+def test_the_image_build_installs_image_envs_megatron_core_on_a_matching_base(tmp_path):
+    env = tmp_path / "image.env"
+    python = ".".join(platform.python_version_tuple()[:2])
+    env.write_text(
+        f"# as it stands\nIMAGE_PYTHON={python}\n"
+        f"IMAGE_TORCH={torch.__version__.split('+')[0]}\nIMAGE_MEGATRON_CORE=0.16.1\n"
+    )
+    done = _check_versions(env)
+    assert (done.returncode, done.stdout) == (0, "megatron-core==0.16.1\n")
+
+
+def test_an_image_env_without_a_key_names_it(tmp_path):
+    env = tmp_path / "image.env"
+    env.write_text("IMAGE_PYTHON=3.12\n")
+    done = _check_versions(env)
+    assert done.returncode == 1 and "IMAGE_TORCH, IMAGE_MEGATRON_CORE missing" in done.stderr
+
+
+def test_the_image_checks_its_versions_before_installing_megatron_core():
+    assert "RUN python /etc/moe-cdk/image_versions.py /etc/moe-cdk/image.env > /etc/moe-cdk/megatron-core.txt" in (
+        DOCKERFILE
+    )
+    assert '"megatron-core==' not in DOCKERFILE
 
 
 def test_base_image_is_a_pinned_deep_learning_container():

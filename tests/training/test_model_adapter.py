@@ -92,3 +92,23 @@ def test_tensor_cuda_is_the_tensor_itself_under_the_cpu_mode():
     tensor = torch.ones(2)
     with cpu_compat.cuda_factories_on_cpu():
         assert tensor.cuda() is tensor
+
+
+def test_a_megatron_internal_gone_from_the_cpu_shims_is_left_alone_with_one_warning(monkeypatch, caplog):
+    from megatron.core.optimizer import optimizer as moptimizer
+    from megatron.core.transformer.moe import token_dispatcher
+
+    from moe_cdk.training import compat
+
+    cpu_compat.activate()  # the shims in place, as the rest of this file has them
+    monkeypatch.delattr(token_dispatcher, "maybe_move_tensor_to_cpu")
+    monkeypatch.setattr(moptimizer, "clip_grad_by_total_norm_fp32", "megatron's")
+    monkeypatch.setattr(cpu_compat, "_active", False)
+    monkeypatch.setattr(compat, "_warned", set())
+    with caplog.at_level("WARNING", logger="moe_cdk.training.compat"):
+        assert cpu_compat.activate()
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "moe_cdk.training.compat"]
+    assert "megatron.core.transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu: absent" in warning
+    assert compat.versions() in warning
+    assert not hasattr(token_dispatcher, "maybe_move_tensor_to_cpu")
+    assert moptimizer.clip_grad_by_total_norm_fp32 is cpu_compat._clip_grad_by_total_norm_fp32_cpu

@@ -44,11 +44,15 @@ without a record (written before moe-cdk recorded checksums) are read unchecked,
 warning. Files written with storage transforms (compression) take torch's own path. The
 stored bytes are used in the machine's byte order: checkpoints written and read on the
 little-endian machines AWS offers (x86-64, Graviton) need no swapping.
+
+**Only where torch and megatron-core are as expected.** The writer and the reader use internals of
+both (``_save_checks`` and ``_load_checks`` list them), checked at import (training/compat.py). Where
+one is missing or changed, that side is megatron-core's stock strategy, with one warning; the other
+side keeps its own, since each reads what the other writes.
 """
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 import logging
@@ -63,25 +67,100 @@ from pathlib import Path
 import crc32c
 import torch
 from megatron.core.dist_checkpointing.strategies import torch as mcore_torch
-from megatron.core.dist_checkpointing.strategies.cached_metadata_filesystem_reader import (
-    CachedMetadataFileSystemReader,
-)
 from megatron.core.dist_checkpointing.strategies.torch import (
     TorchDistLoadShardedStrategy,
     TorchDistSaveShardedStrategy,
 )
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms, _write_item
+from torch.distributed.checkpoint import FileSystemReader, filesystem as dcp_filesystem
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
-from torch.utils.serialization import config as serialization_config
 
+from moe_cdk.training import compat
 from moe_cdk.training.checkpoints.manager import CHECKSUM_SUFFIX, ItemCheck, read_checksums, read_into
 
 log = logging.getLogger(__name__)
 
 WRITERS_PER_RANK = 4
 READERS_PER_RANK = 4
+
+
+# ---- the internals these strategies use, checked at import (training/compat.py) ------------------
+
+
+_DCP = "torch.distributed.checkpoint.filesystem"
+_MCORE = "megatron.core.dist_checkpointing.strategies"
+
+
+def _save_checks() -> dict[str, compat.Check]:
+    lookup, parameters = compat.lookup, compat.parameters
+    return {
+        f"{_DCP}._write_item(transforms, stream, data, write_item, storage_key)": lambda: (
+            parameters(lookup(f"{_DCP}._write_item"))[:5]
+            == ["transforms", "stream", "data", "write_item", "storage_key"]
+        ),
+        f"{_DCP}._StorageWriterTransforms()": lambda: lookup(f"{_DCP}._StorageWriterTransforms")() is not None,
+        "torch.utils.serialization.config.save.compute_crc32": lambda: isinstance(
+            lookup("torch.utils.serialization.config.save.compute_crc32"), bool
+        ),
+        f"{_MCORE}.filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc"
+        "(..., rank, write_buckets, global_results_queue)": lambda: (
+            parameters(lookup(f"{_MCORE}.filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc"))[-3:]
+            == ["rank", "write_buckets", "global_results_queue"]
+        ),
+        f"{_MCORE}.async_utils.AsyncRequest.async_fn": lambda: (
+            "async_fn" in lookup(f"{_MCORE}.async_utils.AsyncRequest")._fields
+        ),
+    }
+
+
+def _load_checks() -> dict[str, compat.Check]:
+    lookup, parameters = compat.lookup, compat.parameters
+    return {
+        f"{_MCORE}.torch._get_filesystem_reader(checkpoint_dir, cache_metadata)": lambda: (
+            parameters(lookup(f"{_MCORE}.torch._get_filesystem_reader")) == ["checkpoint_dir", "cache_metadata"]
+        ),
+        f"{_MCORE}.torch.MultiStorageClientFeature.is_enabled": lambda: callable(
+            lookup(f"{_MCORE}.torch.MultiStorageClientFeature.is_enabled")
+        ),
+        _CACHED_READER: lambda: issubclass(lookup(_CACHED_READER), FileSystemReader),
+        f"{_MCORE}.torch.MCoreLoadPlanner._intermediate_read_item_and_target": lambda: compat.uses_attribute(
+            lookup(f"{_MCORE}.torch.MCoreLoadPlanner.resolve_tensor"), "_intermediate_read_item_and_target"
+        ),
+        "torch.distributed.checkpoint.FileSystemReader.storage_data": lambda: compat.uses_attribute(
+            FileSystemReader.set_up_storage_reader, "storage_data"
+        ),
+        f"{_DCP}._StorageInfo(relative_path, offset, length, transform_descriptors)": lambda: (
+            {"relative_path", "offset", "length", "transform_descriptors"}
+            <= set(lookup(f"{_DCP}._StorageInfo").__dataclass_fields__)
+        ),
+        "torch.distributed._shard._utils.narrow_tensor_by_index": lambda: callable(
+            lookup("torch.distributed._shard._utils.narrow_tensor_by_index")
+        ),
+        "torch.load(map_location='meta') and the storage's _checkpoint_offset": _meta_load_records_the_offset,
+    }
+
+
+_CACHED_READER = f"{_MCORE}.cached_metadata_filesystem_reader.CachedMetadataFileSystemReader"
+
+
+def _meta_load_records_the_offset() -> bool:
+    """torch.load onto the meta device notes where it found a tensor's bytes: the offset that
+    :func:`_layout` reads. Checked on one small archive."""
+    archive = io.BytesIO()
+    torch.save(torch.arange(3, dtype=torch.int32), archive)
+    archive.seek(0)
+    meta = torch.load(archive, map_location="meta", weights_only=True)
+    offset = meta.untyped_storage()._checkpoint_offset
+    return isinstance(offset, int) and archive.getvalue()[offset : offset + 12] == bytes(
+        torch.arange(3, dtype=torch.int32).numpy()
+    )
+
+
+SAVE_PROBLEMS = compat.problems(_save_checks())
+LOAD_PROBLEMS = compat.problems(_load_checks())
+# Subclassed below; torch's own reader stands in where megatron's is gone (LOAD_PROBLEMS says so,
+# and loads then take megatron's stock strategy).
+_ReaderBase = FileSystemReader if LOAD_PROBLEMS else compat.lookup(_CACHED_READER)
 
 
 def save_strategy():
@@ -101,10 +180,16 @@ def save_strategy():
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
-    return FullyParallelSaveStrategyWrapper(
-        ChecksummedSaveStrategy("torch_dist", 1, thread_count=WRITERS_PER_RANK),
-        parallel_state.get_data_parallel_group(with_context_parallel=True),
-    )
+    if SAVE_PROBLEMS:
+        compat.warn_fallback(SAVE_FEATURE, SAVE_PROBLEMS, "megatron-core's TorchDistSaveShardedStrategy")
+        inner = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=WRITERS_PER_RANK)
+    else:
+        inner = ChecksummedSaveStrategy("torch_dist", 1, thread_count=WRITERS_PER_RANK)
+    return FullyParallelSaveStrategyWrapper(inner, parallel_state.get_data_parallel_group(with_context_parallel=True))
+
+
+SAVE_FEATURE = "moe-cdk's checkpoint writer (threads, CRC32C records)"
+LOAD_FEATURE = "moe-cdk's checkpoint reader (sequential, checked reads)"
 
 
 def load_strategy():
@@ -113,9 +198,12 @@ def load_strategy():
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
 
-    return FullyParallelLoadStrategyWrapper(
-        SequentialLoadShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True)
-    )
+    if LOAD_PROBLEMS:
+        compat.warn_fallback(LOAD_FEATURE, LOAD_PROBLEMS, "megatron-core's TorchDistLoadShardedStrategy")
+        inner = TorchDistLoadShardedStrategy()
+    else:
+        inner = SequentialLoadShardedStrategy()
+    return FullyParallelLoadStrategyWrapper(inner, parallel_state.get_data_parallel_group(with_context_parallel=True))
 
 
 class ChecksummedSaveStrategy(TorchDistSaveShardedStrategy):
@@ -129,15 +217,28 @@ class ChecksummedSaveStrategy(TorchDistSaveShardedStrategy):
         request = super().async_save(sharded_state_dict, checkpoint_dir)
         if request.async_fn is None:
             return request
+        # Only megatron's own multi-process writer is replaced, with the arguments it takes.
+        if getattr(request.async_fn, "func", None) is not _stock_writer():
+            compat.warn_fallback(
+                SAVE_FEATURE,
+                [f"megatron's save request runs {request.async_fn!r}, not write_preloaded_data_multiproc"],
+                "megatron-core's writer",
+            )
+            return request
         return request._replace(async_fn=write_buckets)
 
 
-# torch 2.6 added the argument; megatron passes it where it exists, and so do we.
-_WRITE_ITEM_ARGS = {}
-if "serialization_format" in inspect.signature(_write_item).parameters:
-    from torch.distributed.checkpoint.filesystem import SerializationFormat
+def _stock_writer():
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 
-    _WRITE_ITEM_ARGS = {"serialization_format": SerializationFormat.TORCH_SAVE}
+    return FileSystemWriterAsync.write_preloaded_data_multiproc
+
+
+def _write_item_args() -> dict:
+    """torch 2.6 added ``serialization_format``; megatron passes it where it exists, and so do we."""
+    if "serialization_format" in compat.parameters(dcp_filesystem._write_item):
+        return {"serialization_format": dcp_filesystem.SerializationFormat.TORCH_SAVE}
+    return {}
 
 
 def write_buckets(rank: int, buckets: list, results_queue) -> None:
@@ -159,6 +260,8 @@ def _without_zip_crc():
     """torch.save without its CRC-32s. In torch 2.13 the setting is per thread (a ContextVar,
     torch/utils/_config_module.py), so each writer thread makes it; so does the thread that
     starts them, for a torch whose setting is process-wide."""
+    from torch.utils.serialization import config as serialization_config
+
     previous = serialization_config.save.compute_crc32
     serialization_config.save.compute_crc32 = False
     try:
@@ -195,13 +298,14 @@ class _ChecksummedFile:
 
 def _write_file(bucket) -> list:
     path, storage_key, (bytes_data, tensor_data) = bucket
-    transforms = _StorageWriterTransforms()
+    transforms = dcp_filesystem._StorageWriterTransforms()
+    write_item_args = _write_item_args()
     results = []
     with _without_zip_crc(), open(path, "wb") as raw:
         out = _ChecksummedFile(raw)
         for item, data in [*bytes_data, *tensor_data]:
             out.begin_item()
-            results.append(_write_item(transforms, out, data, item, storage_key, **_WRITE_ITEM_ARGS))
+            results.append(dcp_filesystem._write_item(transforms, out, data, item, storage_key, **write_item_args))
             out.end_item()
         raw.flush()
         os.fsync(raw.fileno())
@@ -305,7 +409,7 @@ def _data_start(head: memoryview) -> int | None:
     return None
 
 
-class SequentialFileSystemReader(CachedMetadataFileSystemReader):
+class SequentialFileSystemReader(_ReaderBase):
     """megatron's metadata-caching reader, reading each file once, in order, and checking what it read.
 
     Files are read by threads, but the planner is called by one thread at a time: megatron's
@@ -328,7 +432,8 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
         unchecked = [name for name, has_record in zip(sorted(files), recorded) if not has_record]
         if unchecked:
             log.warning(
-                "%s: %d file(s) read without a checksum record (saved before moe-cdk wrote them): %s",
+                "%s: %d file(s) read without a checksum record (saved before moe-cdk wrote them, or by megatron's "
+                "writer): %s",
                 self.path,
                 len(unchecked),
                 ", ".join(unchecked),
@@ -423,6 +528,8 @@ class SequentialFileSystemReader(CachedMetadataFileSystemReader):
 
 
 def _copy_slice(stored: torch.Tensor, req, target: torch.Tensor) -> None:
+    from torch.distributed._shard._utils import narrow_tensor_by_index
+
     source = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
     if target.size() != source.size():
         raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {source.size()}")

@@ -48,6 +48,8 @@ import logging
 
 import torch
 
+from moe_cdk.training import compat
+
 log = logging.getLogger(__name__)
 _active = False
 
@@ -180,6 +182,24 @@ def activate() -> bool:
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer.moe import token_dispatcher
 
+    # The megatron internals replaced below, checked first (training/compat.py): one that has gone
+    # is left alone, with a warning, rather than set anew where nothing reads it.
+    replaced = {
+        (token_dispatcher, "maybe_move_tensor_to_cpu"): _host_copy,
+        (moptimizer, "clip_grad_by_total_norm_fp32"): _clip_grad_by_total_norm_fp32_cpu,
+        # Activation recompute (tensor_parallel/random.py, CheckpointFunction) saves and restores
+        # the "CUDA" generator around the recomputed forward; on CPU that generator is the CPU
+        # one, so the recomputed forward draws the same dropout masks.
+        (mrandom, "_get_cuda_rng_state"): lambda *args, **kwargs: torch.get_rng_state(),
+        (mrandom, "_set_cuda_rng_state"): lambda state, *args, **kwargs: torch.set_rng_state(state),
+    }
+    missing = [
+        f"{module.__name__}.{name}: absent"
+        for module, name in [*replaced, (mrandom, "_CUDA_RNG_STATE_TRACKER")]
+        if not hasattr(module, name)
+    ]
+    if missing:
+        compat.warn_fallback("Some of moe-cdk's CPU shims for megatron-core", missing, "megatron-core's own code")
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.default_stream = lambda device=None: _CpuStream()
     torch.cuda.Stream = _CpuStream
@@ -187,15 +207,12 @@ def activate() -> bool:
     torch.cuda.current_stream = lambda device=None: _CpuStream()
     torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
     torch.cuda.synchronize = lambda device=None: None
-    token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
-    moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu
-    # Activation recompute (tensor_parallel/random.py, CheckpointFunction) saves and restores
-    # the "CUDA" generator around the recomputed forward; on CPU that generator is the CPU
-    # one, so the recomputed forward draws the same dropout masks.
-    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
-    mrandom._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
-    mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
-    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    for (module, name), replacement in replaced.items():
+        if hasattr(module, name):
+            setattr(module, name, replacement)
+    if hasattr(mrandom, "_CUDA_RNG_STATE_TRACKER"):
+        mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
+        mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _active = True
     log.info("CUDA is absent: megatron-core runs on CPU through moe_cdk.training.step.cpu_compat")
     return True
