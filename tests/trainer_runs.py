@@ -29,6 +29,15 @@ def data_prefix(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("data") / "tiny_text_document")
 
 
+def probe_result(script: Path, *args: str) -> dict:
+    """Run a probe script of tests/ in one process; the JSON its last line prints."""
+    done = subprocess.run(
+        [sys.executable, str(script), *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def python(nproc: int = 1) -> list[str]:
     """The interpreter, or torchrun with ``nproc`` processes on a free master port; a script or
     ``-m module`` follows."""

@@ -4,12 +4,8 @@ which saves and loads (tests/checkpoint_fallback_probe.py, in one process)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from trainer_runs import ENV, ROOT
+from trainer_runs import ROOT, probe_result
 
 PROBE = ROOT / "tests/checkpoint_fallback_probe.py"
 SAVE_INTERNALS = 5
@@ -18,16 +14,7 @@ LOAD_INTERNALS = 8
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> dict:
-    done = subprocess.run(
-        [sys.executable, str(PROBE), str(tmp_path_factory.mktemp("checkpoint-fallback"))],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return probe_result(PROBE, str(tmp_path_factory.mktemp("checkpoint-fallback")))
 
 
 def _internals(probe, side: str) -> dict:

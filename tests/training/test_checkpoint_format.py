@@ -3,28 +3,15 @@ reader and megatron's stock writer, through tests/checkpoint_format_probe.py in 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from trainer_runs import ENV, ROOT
+from trainer_runs import ROOT, probe_result
 
 PROBE = ROOT / "tests/checkpoint_format_probe.py"
 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> dict:
-    done = subprocess.run(
-        [sys.executable, str(PROBE), str(tmp_path_factory.mktemp("checkpoint-format"))],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return probe_result(PROBE, str(tmp_path_factory.mktemp("checkpoint-format")))
 
 
 def test_every_case_loads_what_torchs_reader_loads(probe):
