@@ -3,9 +3,9 @@
 The training image runs the versions in training/image.env, the suite runs pyproject.toml's
 (docs/training.md, "Versions"). A private function or attribute can change between releases
 without notice, and where one did, the failure would come at the first checkpoint or resume,
-hours into a paid run. So each module that uses one describes it here as a check, runs the
-checks at import, and where any fails takes the public path instead (megatron-core's stock
-strategies, or no patch), warning once with the versions that differ. Nothing here raises.
+hours into a paid run. So each module that uses one lists it as a check, built from the helpers
+here, runs its checks at import, and where any fails takes the public path instead (megatron-core's
+stock strategies, or no patch), warning once with the versions it runs on. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ def lookup(path: str):
         for attribute in parts[split:]:
             found = getattr(found, attribute)
         return found
-    raise ImportError(path)
 
 
 def parameters(function) -> list[str]:
