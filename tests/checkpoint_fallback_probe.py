@@ -57,22 +57,10 @@ def _not_reading(self, *args, **kwargs):  # a method that no longer reads the at
     return None
 
 
-def _meta_load_without_offset(load):
-    def meta_load(*args, **kwargs):
-        tensor = load(*args, **kwargs)
-        if kwargs.get("map_location") == "meta":
-            del tensor.untyped_storage()._checkpoint_offset
-        return tensor
-
-    return meta_load
-
-
 def removal(key: str):
     """How to take away the internal a check of format.py is named by."""
     from moe_cdk.training.compat import lookup
 
-    if key.startswith("torch.load("):
-        return replaced(torch, "load", _meta_load_without_offset(torch.load))
     if key.startswith("torch.utils.serialization.config."):
         return in_sys_modules("torch.utils.serialization.config", types.ModuleType("config"))
     path = key.split("(")[0]

@@ -9,7 +9,7 @@ from trainer_runs import ROOT, probe_result
 
 PROBE = ROOT / "tests/checkpoint_fallback_probe.py"
 SAVE_INTERNALS = 5
-LOAD_INTERNALS = 8
+LOAD_INTERNALS = 7
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,7 @@ import logging
 import os
 import struct
 import threading
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
@@ -136,24 +137,10 @@ def _load_checks() -> dict[str, compat.Check]:
         "torch.distributed._shard._utils.narrow_tensor_by_index": lambda: callable(
             lookup("torch.distributed._shard._utils.narrow_tensor_by_index")
         ),
-        "torch.load(map_location='meta') and the storage's _checkpoint_offset": _meta_load_records_the_offset,
     }
 
 
 _CACHED_READER = f"{_MCORE}.cached_metadata_filesystem_reader.CachedMetadataFileSystemReader"
-
-
-def _meta_load_records_the_offset() -> bool:
-    """torch.load onto the meta device notes where it found a tensor's bytes: the offset that
-    :func:`_layout` reads. Checked on one small archive."""
-    archive = io.BytesIO()
-    torch.save(torch.arange(3, dtype=torch.int32), archive)
-    archive.seek(0)
-    meta = torch.load(archive, map_location="meta", weights_only=True)
-    offset = meta.untyped_storage()._checkpoint_offset
-    return isinstance(offset, int) and archive.getvalue()[offset : offset + 12] == bytes(
-        torch.arange(3, dtype=torch.int32).numpy()
-    )
 
 
 SAVE_PROBLEMS = compat.problems(_save_checks())
@@ -362,11 +349,22 @@ class _PartialFile(io.RawIOBase):
 
 
 def _layout(length: int, parts: dict[int, memoryview]) -> tuple[torch.Tensor, int]:
-    """The tensor one ``torch.save`` archive holds, as a meta tensor (dtype, shape, strides),
-    and the archive offset of its bytes, read from the given parts of the archive."""
-    meta = torch.load(_PartialFile(length, parts), map_location="meta", weights_only=True)
-    # torch.load(map_location="meta") records where it found the tensor's bytes here.
-    return meta, meta.untyped_storage()._checkpoint_offset
+    """The tensor one ``torch.save`` archive holds, as a meta tensor (dtype, shape, strides), and the
+    archive offset of its bytes, read from the given parts of the archive."""
+    archive = _PartialFile(length, parts)
+    meta = torch.load(archive, map_location="meta", weights_only=True)
+    return meta, _data_offset(archive)
+
+
+def _data_offset(archive) -> int:
+    """Where the bytes of the archive's one storage (its ``data/0`` entry) start: after that entry's
+    local header, found through the zip's own directory. torch 2.13's meta load also notes the place
+    (``untyped_storage()._checkpoint_offset``); torch 2.9's, the image's, leaves it None."""
+    with zipfile.ZipFile(archive) as listing:
+        (entry,) = [info for info in listing.infolist() if info.filename.endswith("/data/0")]
+    archive.seek(entry.header_offset)
+    *_, name_length, extra_length = _LOCAL_HEADER.unpack(archive.read(_LOCAL_HEADER.size))
+    return entry.header_offset + _LOCAL_HEADER.size + name_length + extra_length
 
 
 _LAYOUTS: dict[tuple, tuple[torch.Tensor, int]] = {}
