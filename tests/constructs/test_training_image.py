@@ -11,6 +11,8 @@ import tomllib
 import torch
 from conftest import ROOT, read_json
 
+from moe_cdk.cli.image_versions import read_image_env
+
 DOCKERFILE = (ROOT / "training/Dockerfile").read_text()
 
 
@@ -32,10 +34,13 @@ def test_dockerfile_pins_match_the_train_extra():
 
 IMAGE_ENV = ROOT / "training/image.env"
 IMAGE_VERSIONS = ROOT / "cli/image_versions.py"
+# This interpreter's, as image_versions.py compares them.
+THIS_PYTHON = ".".join(platform.python_version_tuple()[:2])
+THIS_TORCH = torch.__version__.split("+")[0]
 
 
 def _image_env() -> dict[str, str]:
-    return dict(line.split("=", 1) for line in IMAGE_ENV.read_text().splitlines() if line and line[0] != "#")
+    return read_image_env(IMAGE_ENV)
 
 
 def test_image_env_names_the_base_images_python_and_torch():
@@ -58,19 +63,14 @@ def _check_versions(env_file) -> subprocess.CompletedProcess:
 def test_the_image_build_stops_on_a_base_image_of_other_versions():
     done = _check_versions(IMAGE_ENV)  # this interpreter is not the image's Python and torch
     assert done.returncode == 1 and done.stdout == ""
-    assert f"IMAGE_TORCH=2.9.0 in training/image.env, but the base image has {torch.__version__.split('+')[0]}" in (
-        done.stderr
-    )
-    python = ".".join(platform.python_version_tuple()[:2])
-    assert f"IMAGE_PYTHON=3.12 in training/image.env, but the base image has {python}" in done.stderr
+    assert f"IMAGE_TORCH=2.9.0 in training/image.env, but the base image has {THIS_TORCH}" in done.stderr
+    assert f"IMAGE_PYTHON=3.12 in training/image.env, but the base image has {THIS_PYTHON}" in done.stderr
 
 
 def test_the_image_build_installs_image_envs_megatron_core_on_a_matching_base(tmp_path):
     env = tmp_path / "image.env"
-    python = ".".join(platform.python_version_tuple()[:2])
     env.write_text(
-        f"# as it stands\nIMAGE_PYTHON={python}\n"
-        f"IMAGE_TORCH={torch.__version__.split('+')[0]}\nIMAGE_MEGATRON_CORE=0.16.1\n"
+        f"# as it stands\nIMAGE_PYTHON={THIS_PYTHON}\nIMAGE_TORCH={THIS_TORCH}\nIMAGE_MEGATRON_CORE=0.16.1\n"
     )
     done = _check_versions(env)
     assert (done.returncode, done.stdout) == (0, "megatron-core==0.16.1\n")

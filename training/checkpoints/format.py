@@ -53,6 +53,7 @@ side keeps its own, since each reads what the other writes.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -90,6 +91,8 @@ READERS_PER_RANK = 4
 
 _DCP = "torch.distributed.checkpoint.filesystem"
 _MCORE = "megatron.core.dist_checkpointing.strategies"
+# megatron's multi-process writer, which write_buckets stands in for.
+_STOCK_WRITER = f"{_MCORE}.filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc"
 
 
 def _save_checks() -> dict[str, compat.Check]:
@@ -103,10 +106,8 @@ def _save_checks() -> dict[str, compat.Check]:
         "torch.utils.serialization.config.save.compute_crc32": lambda: isinstance(
             lookup("torch.utils.serialization.config.save.compute_crc32"), bool
         ),
-        f"{_MCORE}.filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc"
-        "(..., rank, write_buckets, global_results_queue)": lambda: (
-            parameters(lookup(f"{_MCORE}.filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc"))[-3:]
-            == ["rank", "write_buckets", "global_results_queue"]
+        f"{_STOCK_WRITER}(..., rank, write_buckets, global_results_queue)": lambda: (
+            parameters(lookup(_STOCK_WRITER))[-3:] == ["rank", "write_buckets", "global_results_queue"]
         ),
         f"{_MCORE}.async_utils.AsyncRequest.async_fn": lambda: (
             "async_fn" in lookup(f"{_MCORE}.async_utils.AsyncRequest")._fields
@@ -143,6 +144,8 @@ def _load_checks() -> dict[str, compat.Check]:
 _CACHED_READER = f"{_MCORE}.cached_metadata_filesystem_reader.CachedMetadataFileSystemReader"
 
 
+SAVE_FEATURE = "moe-cdk's checkpoint writer (threads, CRC32C records)"
+LOAD_FEATURE = "moe-cdk's checkpoint reader (sequential, checked reads)"
 SAVE_PROBLEMS = compat.problems(_save_checks())
 LOAD_PROBLEMS = compat.problems(_load_checks())
 # Subclassed below; torch's own reader stands in where megatron's is gone (LOAD_PROBLEMS says so,
@@ -175,10 +178,6 @@ def save_strategy():
     return FullyParallelSaveStrategyWrapper(inner, parallel_state.get_data_parallel_group(with_context_parallel=True))
 
 
-SAVE_FEATURE = "moe-cdk's checkpoint writer (threads, CRC32C records)"
-LOAD_FEATURE = "moe-cdk's checkpoint reader (sequential, checked reads)"
-
-
 def load_strategy():
     """The load counterpart: each replicated shard is read by one data-parallel rank and
     broadcast to the others (FullyParallelLoadStrategyWrapper), so the ranks share the reads."""
@@ -205,7 +204,7 @@ class ChecksummedSaveStrategy(TorchDistSaveShardedStrategy):
         if request.async_fn is None:
             return request
         # Only megatron's own multi-process writer is replaced, with the arguments it takes.
-        if getattr(request.async_fn, "func", None) is not _stock_writer():
+        if getattr(request.async_fn, "func", None) is not compat.lookup(_STOCK_WRITER):
             compat.warn_fallback(
                 SAVE_FEATURE,
                 [f"megatron's save request runs {request.async_fn!r}, not write_preloaded_data_multiproc"],
@@ -215,12 +214,7 @@ class ChecksummedSaveStrategy(TorchDistSaveShardedStrategy):
         return request._replace(async_fn=write_buckets)
 
 
-def _stock_writer():
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
-
-    return FileSystemWriterAsync.write_preloaded_data_multiproc
-
-
+@functools.cache
 def _write_item_args() -> dict:
     """torch 2.6 added ``serialization_format``; megatron passes it where it exists, and so do we."""
     if "serialization_format" in compat.parameters(dcp_filesystem._write_item):
