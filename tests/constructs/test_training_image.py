@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
@@ -11,6 +12,7 @@ import tomllib
 import torch
 from conftest import ROOT, read_json
 
+from moe_cdk.cli import image_versions
 from moe_cdk.cli.image_versions import read_image_env
 
 DOCKERFILE = (ROOT / "training/Dockerfile").read_text()
@@ -123,3 +125,50 @@ def test_dockerfile_creates_every_package_folder_the_context_leaves_out():
     copied = set(re.findall(r"^COPY ([a-z_]+) ", DOCKERFILE, re.MULTILINE))
     assert copied | set(made.split()) == mapped
     assert not copied & set(made.split())
+
+
+def test_the_image_suite_installs_pyprojects_requirements_with_the_images_torch_and_megatron_core(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[project]\ndependencies = ["pyyaml>=6", "pydantic>=2.7,<3"]\n[project.optional-dependencies]\n'
+        'train = ["torch==2.13.0", "Megatron_Core==0.16.1", "pydantic>=2.7,<3"]\ntest = ["pytest>=8"]\n'
+    )
+    assert image_versions.suite_requirements(_image_env(), pyproject) == [
+        "pyyaml>=6",
+        "pydantic>=2.7,<3",
+        "torch==2.9.0",
+        "megatron-core==0.16.1",
+        "pytest>=8",
+    ]
+
+
+def _find_python(path: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(IMAGE_VERSIONS), "--python", str(IMAGE_ENV)],
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_images_python_is_found_on_path(tmp_path):
+    (tmp_path / f"python{THIS_PYTHON}").symlink_to(sys.executable)
+    assert image_versions.find_python(THIS_PYTHON, path=str(tmp_path)) == str(tmp_path / f"python{THIS_PYTHON}")
+
+
+def test_a_python_on_path_that_does_not_run_is_passed_over(tmp_path):
+    """pyenv's shim for a version that is installed but not selected exits 127."""
+    shim = tmp_path / f"python{THIS_PYTHON}"
+    shim.write_text("#!/bin/sh\necho 'pyenv: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    assert image_versions.find_python(THIS_PYTHON, path=str(tmp_path)) is None
+
+
+def test_without_the_images_python_the_suite_runs_on_this_one_and_says_so(tmp_path):
+    done = _find_python(str(tmp_path))  # neither python3.12 nor pyenv
+    assert (done.returncode, done.stdout) == (0, f"{sys.executable}\n")
+    assert (
+        f"no Python 3.12 here (python3.12 on PATH, pyenv); the image's torch and megatron-core run on this "
+        f"Python {THIS_PYTHON} instead" in done.stderr
+    )
