@@ -14,6 +14,14 @@ PY := $(VENV)/bin/python
 CDK_CLI_VERSION := 2.1148.1
 CDK := $(VENV)/cdk-cli/node_modules/.bin/cdk
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# The training image's Python, torch and megatron-core (training/image.env), for the trainer's tests on
+# them: pyproject's requirements with torch and megatron-core at the image's versions
+# (cli/image_versions.py --requirements), on the image's Python where pyenv or PATH has it
+# (cli/image_versions.py --python), else on this machine's. PyPI's torch 2.9.0 is a CUDA build that runs
+# on the CPU: its NVIDIA libraries make this a 3.8 GB download and a 7.7 GB environment.
+IMAGE_VENV := .venv-image
+IMAGE_PY := $(IMAGE_VENV)/bin/python
+IMAGE_STAMP := $(IMAGE_VENV)/.installed-$(shell cat pyproject.toml training/image.env | cksum | cut -d' ' -f1)
 
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export npm_config_cache := $(CURDIR)/.cache/npm
@@ -21,11 +29,12 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup system-packages synth test lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
+.PHONY: help setup image-setup system-packages synth test test-image lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
-	@echo "make test                          set up, then run the whole test suite"
+	@echo "make test                          set up, then run the whole test suite, then test-image"
+	@echo "make test-image                    the trainer's tests on the training image's Python, torch, megatron-core"
 	@echo "make lint                          ruff, and the import layers of docs/architecture.md"
 	@echo "make validate [CONFIG=...]         check a configuration file"
 	@echo "make docs                          regenerate the generated references and JSON Schemas"
@@ -37,6 +46,8 @@ help:
 	@echo "make gpu-check-prepare             wheels and plan figures for bench/gpu_check.sh on a GPU machine"
 
 setup: $(STAMP) $(CDK)
+
+image-setup: $(IMAGE_STAMP)
 
 # Debian packages the tests use: shellcheck for the lifecycle scripts, a real Slurm
 # (controller, node daemon, client, munge) for the sbatch and lifecycle tests, Slurm's headers
@@ -61,6 +72,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
 	$(PY) -m pip install -q -e '.[train,test]'
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(IMAGE_STAMP): pyproject.toml training/image.env cli/image_versions.py | $(STAMP)
+	@echo "$$(date '+%H:%M:%S') setting up $(IMAGE_VENV) (training/image.env's versions)"
+	test -x $(IMAGE_PY) || "$$($(PY) cli/image_versions.py --python training/image.env)" -m venv $(IMAGE_VENV)
+	$(IMAGE_PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
+	$(PY) cli/image_versions.py --requirements pyproject.toml training/image.env > $(IMAGE_VENV)/requirements.txt
+	$(IMAGE_PY) -m pip install -q -r $(IMAGE_VENV)/requirements.txt
+	$(IMAGE_PY) -m pip install -q --no-deps -e .
+	rm -f $(IMAGE_VENV)/.installed-*
 	touch $@
 
 $(CDK):
@@ -94,6 +115,12 @@ hyperpod-chart: setup
 TEST_WORKERS ?= 4
 test: setup system-packages
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(MAKE) --no-print-directory test-image
+
+# The tests marked image_versions (the step, the layouts, checkpoints, Hugging Face conversion, the
+# preflight's collectives) once more, on training/image.env's versions; pytest's header names them.
+test-image: image-setup system-packages
+	$(IMAGE_PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m image_versions tests/training tests/jobs
 
 lint: setup
 	$(VENV)/bin/ruff check .

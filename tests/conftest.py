@@ -6,8 +6,10 @@ import copy
 import dataclasses
 import json
 import os
+import platform
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ os.environ.setdefault("JSII_DEPRECATED", "fail")
 import aws_cdk as cdk  # noqa: E402
 from survivors import mark_session, survivors  # noqa: E402
 
+from moe_cdk.cli.image_versions import read_image_env  # noqa: E402
 from moe_cdk.schema.config import Config, ConfigError, Orchestrator, load_config, parse_config  # noqa: E402
 from moe_cdk.stacks.deployment import build_app  # noqa: E402
 
@@ -28,6 +31,22 @@ PYTHON = sys.executable
 SHIPPED_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("*.yaml"))
 SESSION = mark_session()
 SURVIVOR_GRACE_S = 10.0
+
+
+def pytest_report_header(config) -> str:
+    """Which versions this run tests: the training image's (training/image.env), or the suite's (pyproject.toml)."""
+    image = read_image_env(ROOT / "training/image.env")
+    torch = version("torch").split("+")[0]
+    found = f"Python {platform.python_version()}, torch {version('torch')}, megatron-core {version('megatron-core')}"
+    if torch != image["IMAGE_TORCH"]:
+        return f"versions: {found}: the suite's (pyproject.toml)"
+    python = ".".join(platform.python_version_tuple()[:2])
+    if python == image["IMAGE_PYTHON"]:
+        return f"versions: {found}: the training image's (training/image.env)"
+    return (
+        f"versions: {found}: the training image's torch and megatron-core, "
+        f"on Python {python} (the image's is {image['IMAGE_PYTHON']})"
+    )
 
 
 def pytest_sessionfinish(session, exitstatus):

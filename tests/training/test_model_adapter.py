@@ -12,6 +12,9 @@ from moe_cdk.training.config import load_train_config
 from moe_cdk.training.step import cpu_compat, model as model_module
 from moe_cdk.training.step.model import build_transformer_config, parameter_counts, transformer_config_kwargs
 
+# `make test-image` runs this module again on the training image's Python, torch and megatron-core.
+pytestmark = pytest.mark.image_versions
+
 TINY = load_train_config(ROOT / "training/configs/tiny.yaml")
 
 
