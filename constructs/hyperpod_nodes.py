@@ -37,6 +37,16 @@ MANAGED_INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 ENTRY_SCRIPT = "on_create.sh"
 
 
+def _struct(api: object) -> object:
+    """An API-shaped value (``{"PatchingStrategy": ...}``, as CloudFormation spells it too) as the jsii
+    struct a CDK property takes, whose keys are camelCase."""
+    if isinstance(api, dict):
+        return {key[0].lower() + key[1:]: _struct(value) for key, value in api.items()}
+    if isinstance(api, list):
+        return [_struct(item) for item in api]
+    return api
+
+
 def instance_group_property(
     g: HyperPodInstanceGroup,
     *,
@@ -66,6 +76,9 @@ def instance_group_property(
             )
         ],
         training_plan_arn=g.training_plan_arn,
+        image_id=g.image_id,
+        scheduled_update_config=_struct(g.scheduled_update.to_api()) if g.scheduled_update else None,
+        auto_patch_config=_struct(g.auto_patch.to_api()) if g.auto_patch else None,
         **orchestrator_fields,
     )
 

@@ -13,6 +13,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from moe_cdk.core import catalog
 from moe_cdk.core.loader import SECTION
 from moe_cdk.core.problems import Problem, problem
+from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate, update_problems
 
 # SageMaker Developer Guide, "Configuring custom Kubernetes labels and taints": prefixes
 # reserved for system use, which custom labels and taints may not carry.
@@ -165,6 +166,12 @@ class HyperPodInstanceGroup:
     deep_health_checks: bool = True
     """Run HyperPod's deep health checks (InstanceStress, InstanceConnectivity) when a node starts.
     They only exist for GPU and Trainium types and are skipped on others. Default: True."""
+    image_id: str | None = None
+    """The AMI the nodes boot (``ImageId``): a custom AMI's id, or ``default``. Default: HyperPod's, unset."""
+    scheduled_update: ScheduledUpdate | None = None
+    """A recurring AMI update (``ScheduledUpdateConfig``). Default: none."""
+    auto_patch: AutoPatch | None = None
+    """Automatic security patching (``AutoPatchConfig``). Default: none."""
 
     @property
     def runs_deep_health_checks(self) -> bool:
@@ -243,6 +250,15 @@ def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_
             )
         if g.training_plan_arn is not None and (message := training_plan_arn_problem(g.training_plan_arn)):
             found.append(message.at(f"{key}.training_plan_arn"))
+        found += [
+            p.at(key)
+            for p in update_problems(
+                image_id=g.image_id,
+                scheduled_update=g.scheduled_update,
+                auto_patch=g.auto_patch,
+                instance_count=g.instance_count,
+            )
+        ]
     return found
 
 

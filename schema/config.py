@@ -37,6 +37,7 @@ from moe_cdk.rules.fsx import (
     efa_client_problems,
     throughput_problem,
 )
+from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate
 from moe_cdk.rules.logs import retention_problem
 from moe_cdk.rules.sagemaker import (
     AccountingDatabase,
@@ -122,6 +123,14 @@ class InstanceGroupConfig:
     # The construct's own Taint dataclass: the same keys, defaults and checks.
     taints: tuple[Taint, ...] = ()
     """EKS only: Kubernetes taints on every node of the group; `moe-cdk eks render` adds the matching tolerations."""
+    image_id: str | None = None
+    """The AMI the nodes boot: a custom AMI's id (`ami-...`: unencrypted, owned by this account, one volume) or
+    `default` (HyperPod's latest). Default: unset, HyperPod's AMI. docs/capacity.md."""
+    scheduled_update: ScheduledUpdate | None = None
+    """A recurring update of the nodes to HyperPod's newest AMI, batch by batch. Default: none. docs/capacity.md."""
+    auto_patch: AutoPatch | None = None
+    """HyperPod's automatic security patching of the AMI, applied as nodes fall idle. Default: none.
+    docs/capacity.md."""
 
     def to_eks_props(self) -> EksInstanceGroup:
         # A Slurm-only role is reported on its own (ClusterConfig._eks_problems); as a system
@@ -134,6 +143,7 @@ class InstanceGroupConfig:
             ebs_volume_size_gib=self.ebs_volume_size_gib,
             training_plan_arn=self.training_plan_arn,
             deep_health_checks=self.deep_health_checks,
+            **self._update_props(),
             labels=dict(self.labels),
             taints=self.taints,
         )
@@ -148,7 +158,11 @@ class InstanceGroupConfig:
             ebs_volume_size_gib=self.ebs_volume_size_gib,
             training_plan_arn=self.training_plan_arn,
             deep_health_checks=self.deep_health_checks,
+            **self._update_props(),
         )
+
+    def _update_props(self) -> dict:
+        return {"image_id": self.image_id, "scheduled_update": self.scheduled_update, "auto_patch": self.auto_patch}
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from importlib.metadata import version
@@ -117,3 +118,23 @@ def config_errors(base: dict, mutate) -> list[str]:
     with pytest.raises(ConfigError) as caught:
         parse_config(data)
     return caught.value.errors
+
+
+def assert_cfn_lint_clean(region: str, *templates: Path) -> None:
+    # W3010 (hard-coded availability zone) is the design: capacity and the file system are
+    # pinned to one zone on purpose. W3005 fires on DependsOn that CDK generates itself.
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv/bin/cfn-lint"),
+            "--regions",
+            region,
+            "--ignore-checks",
+            "W3010",
+            "W3005",
+            "--",
+            *map(str, templates),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 from aws_cdk import aws_s3 as s3
-from conftest import PYTHON, ROOT, SHIPPED_CONFIGS, read_json, resources_of_type, synth
+from conftest import PYTHON, ROOT, SHIPPED_CONFIGS, assert_cfn_lint_clean, read_json, resources_of_type, synth
 
 from moe_cdk.schema.config import load_config, parse_config
 from moe_cdk.stacks.deployment import build_app
@@ -78,26 +77,6 @@ def test_cdk_nag_checks_every_synth(default_config, tmp_path):
     flagged = {(v["ruleName"], c["constructPath"]) for v in violations for c in v["violatingConstructs"]}
     assert ("AwsSolutions-S1", "moe-storage/Unlogged") in flagged
     assert all(path == "moe-storage/Unlogged" for _, path in flagged)
-
-
-def assert_cfn_lint_clean(region: str, *templates: Path) -> None:
-    # W3010 (hard-coded availability zone) is the design: capacity and the file system are
-    # pinned to one zone on purpose. W3005 fires on DependsOn that CDK generates itself.
-    result = subprocess.run(
-        [
-            str(ROOT / ".venv/bin/cfn-lint"),
-            "--regions",
-            region,
-            "--ignore-checks",
-            "W3010",
-            "W3005",
-            "--",
-            *map(str, templates),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("config_path", SHIPPED_CONFIGS)
