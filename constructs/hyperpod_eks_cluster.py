@@ -112,6 +112,7 @@ class HyperPodEksCluster(Construct):
             subnet=props.subnet,
             security_group=props.security_group,
             unscoped_actions=EKS_NODE_UNSCOPED_ACTIONS,
+            instance_groups=props.instance_groups,
         )
         self._grant_eks_node_permissions(stack)
 

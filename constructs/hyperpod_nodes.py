@@ -93,10 +93,12 @@ def execution_role(
     subnet: ec2.ISubnet,
     security_group: ec2.ISecurityGroup,
     unscoped_actions: Sequence[str] = (),
+    instance_groups: Sequence[HyperPodInstanceGroup] = (),
 ) -> iam.Role:
     """The nodes' role: the managed instance policy, plus the network-interface permissions a
     cluster in a custom VPC needs, plus ``unscoped_actions`` (actions without resource-level
-    permissions) on ``*``. Its three cdk-nag findings are acknowledged here."""
+    permissions) on ``*``, plus reading the alarms the ``instance_groups``' AMI updates roll back
+    on. Its three cdk-nag findings are acknowledged here."""
     stack = cdk.Stack.of(scope)
     role = iam.Role(
         scope,
@@ -142,6 +144,32 @@ def execution_role(
         *unscoped_actions,
     ]
     role.add_to_policy(iam.PolicyStatement(actions=[*unscoped, DETACH_NETWORK_INTERFACE], resources=["*"]))
+    # SageMaker Developer Guide, "Update your AMI version in your SageMaker HyperPod cluster": an update
+    # with AutoRollbackConfiguration needs cloudwatch:DescribeAlarms, which takes alarm ARNs.
+    alarms = sorted(
+        {
+            name
+            for g in instance_groups
+            for section in (g.scheduled_update, g.auto_patch)
+            if section is not None and section.rolling is not None
+            for name in section.rolling.rollback_alarms
+        }
+    )
+    if alarms:
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:DescribeAlarms"],
+                resources=[
+                    stack.format_arn(
+                        service="cloudwatch",
+                        resource="alarm",
+                        resource_name=name,
+                        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                    for name in alarms
+                ],
+            )
+        )
     cdk.Validations.of(role.node.default_child).acknowledge(
         cdk.Acknowledgment(
             id=managed_policy_finding(MANAGED_INSTANCE_POLICY),

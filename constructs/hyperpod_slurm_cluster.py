@@ -185,6 +185,7 @@ class HyperPodSlurmCluster(Construct):
             subnet=props.subnet,
             security_group=props.security_group,
             unscoped_actions=["ecr:GetAuthorizationToken"] if props.image_repository or props.observability else [],
+            instance_groups=props.instance_groups,
         )
         if props.image_repository is not None:
             # SageMaker Developer Guide, "IAM role for SageMaker HyperPod": the managed instance policy

@@ -9,6 +9,7 @@ Sources, read where each rule is applied:
 - CloudFormation's registry schema for ``AWS::SageMaker::Cluster``, which cfn-lint ships: the cron
   pattern (botocore gives only its length) and the two patching strategies it accepts
   (tests/rules/test_hyperpod_updates.py compares both with the schema);
+- cfn-lint's check of the AMI id format that the schema gives ImageId (``AMI_ID_FORMAT``);
 - the SageMaker API reference, ``ClusterInstanceGroupSpecification.ImageId``: a custom AMI must be
   unencrypted, owned by the account that creates the cluster, and have no volume but its primary
   snapshot. None of the three can be seen without AWS, so they are documented (docs/capacity.md).
@@ -129,10 +130,10 @@ class ScheduledUpdate:
     HyperPod AMI at each time the schedule names, batch by batch."""
 
     schedule: str
-    """When, as `cron(minute hour day-of-month month day-of-week year)` in UTC, e.g. `cron(0 3 ? * SUN *)`
-    (Sundays at 03:00). Required."""
-    rolling: RollingUpdate = RollingUpdate()
-    """How the nodes are taken through it. Default: one node at a time, no wait, no rollback alarms."""
+    """When, as `cron(minute hour day-of-month month day-of-week year)`, e.g. `cron(0 3 ? * SUN *)` (Sundays at
+    03:00; AWS's pages name no time zone). Required."""
+    rolling: RollingUpdate | None = None
+    """EKS only: batches and rollback alarms of the update. Default: HyperPod's."""
 
     def problems(self) -> Iterator[Problem]:
         low, high = _range("ScheduledUpdateConfig", "ScheduleExpression")
@@ -144,7 +145,10 @@ class ScheduledUpdate:
             ).at("schedule")
 
     def to_api(self) -> dict:
-        return {"ScheduleExpression": self.schedule, "DeploymentConfig": self.rolling.to_api()}
+        config = {"ScheduleExpression": self.schedule}
+        if self.rolling is not None:
+            config["DeploymentConfig"] = self.rolling.to_api()
+        return config
 
 
 class PatchingStrategy(enum.Enum):
@@ -168,7 +172,7 @@ class AutoPatch:
     strategy: PatchingStrategy
     """when-idle or when-all-idle. Required."""
     rolling: RollingUpdate | None = None
-    """Batches and rollback alarms of the patch. Default: HyperPod's."""
+    """EKS only: batches and rollback alarms of the patch. Default: HyperPod's."""
 
     def to_api(self) -> dict:
         config = {"PatchingStrategy": self.strategy.api_value}
@@ -177,19 +181,23 @@ class AutoPatch:
         return config
 
 
-# ImageId's other value: "Use the default latest system image" (API reference).
-DEFAULT_IMAGE = "default"
+# CloudFormation's registry schema gives ImageId the format AWS::EC2::Image.Id, which cfn-lint checks with
+# this pattern (cfnlint/rules/formats/ImageId.py, E1152): an AMI id of 8 or 17 characters. It refuses
+# the API's other value, `default` (HyperPod's latest AMI), which is what a group without ImageId gets.
+AMI_ID_FORMAT = r"^ami-([0-9a-z]{8}|[0-9a-z]{17})$"
 
 
 def image_id_problem(image_id: str) -> Problem | None:
-    """Why CreateCluster would reject ``image_id``, or None: the shape's pattern and length in botocore's model."""
+    """Why CreateCluster (botocore's pattern and length) or CloudFormation (the AMI id format) would
+    reject ``image_id``, or None."""
     rule = _api_shape("ImageId").metadata
-    if rule["min"] <= len(image_id) <= rule["max"] and re.fullmatch(rule["pattern"], image_id):
+    api = rule["min"] <= len(image_id) <= rule["max"] and re.fullmatch(rule["pattern"], image_id)
+    if api and re.match(AMI_ID_FORMAT, image_id):
         return None
     return problem(
         "not an AMI id",
         got=image_id,
-        allowed=f"ami- and 8 to 17 hexadecimal digits, or {DEFAULT_IMAGE} (HyperPod's latest AMI)",
+        allowed="ami- and 8 or 17 lowercase hexadecimal digits; leave image_id unset for HyperPod's latest AMI",
     )
 
 
@@ -202,11 +210,10 @@ def update_problems(
     found = []
     if image_id is not None and (p := image_id_problem(image_id)):
         found.append(p.at("image_id"))
+    if scheduled_update is not None:
+        found += [p.at("scheduled_update") for p in scheduled_update.problems()]
     for key, section in (("scheduled_update", scheduled_update), ("auto_patch", auto_patch)):
-        if section is None:
-            continue
-        found += [p.at(key) for p in section.problems()] if hasattr(section, "problems") else []
-        if (rolling := section.rolling) is not None:
+        if section is not None and (rolling := section.rolling) is not None:
             batch = rolling.batch_problem(instance_count)
             found += [p.at(f"{key}.rolling") for p in [*rolling.problems(), *([batch] if batch else [])]]
     return found

@@ -167,7 +167,7 @@ class HyperPodInstanceGroup:
     """Run HyperPod's deep health checks (InstanceStress, InstanceConnectivity) when a node starts.
     They only exist for GPU and Trainium types and are skipped on others. Default: True."""
     image_id: str | None = None
-    """The AMI the nodes boot (``ImageId``): a custom AMI's id, or ``default``. Default: HyperPod's, unset."""
+    """The AMI the nodes boot (``ImageId``), a custom AMI's id. Default: unset, HyperPod's latest AMI."""
     scheduled_update: ScheduledUpdate | None = None
     """A recurring AMI update (``ScheduledUpdateConfig``). Default: none."""
     auto_patch: AutoPatch | None = None
@@ -373,6 +373,17 @@ def group_problems(
             found.append(
                 problem("only compute groups have a partition", got=g.partition, allowed="None").at(f"{key}.partition")
             )
+        # SageMaker Developer Guide, "Update your AMI version in your SageMaker HyperPod cluster": "Updating
+        # your cluster in batches is available only for HyperPod clusters integrated with Amazon EKS."
+        for section_key, section in (("scheduled_update", g.scheduled_update), ("auto_patch", g.auto_patch)):
+            if slurm and section is not None and section.rolling is not None:
+                found.append(
+                    problem(
+                        "updates in batches are for EKS clusters only",
+                        got=f"batch_size {section.rolling.batch_size} {section.rolling.batch_unit.value}",
+                        allowed="no rolling section on a Slurm cluster",
+                    ).at(f"{key}.{section_key}.rolling")
+                )
         if g.partition_name is not None and not GROUP_NAME.match(g.partition_name):
             found.append(
                 problem(

@@ -124,8 +124,8 @@ class InstanceGroupConfig:
     taints: tuple[Taint, ...] = ()
     """EKS only: Kubernetes taints on every node of the group; `moe-cdk eks render` adds the matching tolerations."""
     image_id: str | None = None
-    """The AMI the nodes boot: a custom AMI's id (`ami-...`: unencrypted, owned by this account, one volume) or
-    `default` (HyperPod's latest). Default: unset, HyperPod's AMI. docs/capacity.md."""
+    """The AMI the nodes boot: a custom AMI's id (`ami-...`: unencrypted, owned by this account, one volume).
+    Default: unset, HyperPod's latest AMI. docs/capacity.md."""
     scheduled_update: ScheduledUpdate | None = None
     """A recurring update of the nodes to HyperPod's newest AMI, batch by batch. Default: none. docs/capacity.md."""
     auto_patch: AutoPatch | None = None
@@ -227,6 +227,14 @@ class ClusterConfig:
                         "only EKS nodes have Kubernetes labels and taints",
                         got=getattr(g, key),
                         allowed="none with this orchestrator",
+                    ).at(f"instance_groups[{i}].{key}")
+            for key in ("image_id", "scheduled_update", "auto_patch"):
+                value = getattr(g, key)
+                if self.orchestrator is Orchestrator.TRAINING_JOB and value is not None:
+                    yield problem(
+                        "only HyperPod instance groups have this setting",
+                        got=value if isinstance(value, str) else "a mapping",
+                        allowed="unset with orchestrator training-job",
                     ).at(f"instance_groups[{i}].{key}")
         if self.orchestrator is Orchestrator.TRAINING_JOB:
             other = [g.name for g in self.instance_groups if g.role is not NodeRole.COMPUTE]
