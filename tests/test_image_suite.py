@@ -23,9 +23,8 @@ CONCERNS = {
 
 
 def test_make_test_runs_the_image_versions_tests_after_the_suite():
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
-    }  # not the caller's make
+    # Not the calling make's flags, nor a TEST_WORKERS of the environment: the Makefile's own commands.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "TEST_WORKERS")}
     done = subprocess.run(["make", "-n", "test"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     commands = done.stdout.splitlines()
     suite = commands.index(".venv/bin/python -m pytest -n 4 --dist loadfile")
