@@ -127,7 +127,8 @@ class InstanceGroupConfig:
     """The AMI the nodes boot: a custom AMI's id (`ami-...`: unencrypted, owned by this account, one volume).
     Default: unset, HyperPod's latest AMI. docs/capacity.md."""
     scheduled_update: ScheduledUpdate | None = None
-    """A recurring update of the nodes to HyperPod's newest AMI, batch by batch. Default: none. docs/capacity.md."""
+    """A recurring update of the nodes to HyperPod's newest AMI (on EKS, batch by batch). Default: none.
+    docs/capacity.md."""
     auto_patch: AutoPatch | None = None
     """HyperPod's automatic security patching of the AMI, applied as nodes fall idle. Default: none.
     docs/capacity.md."""
