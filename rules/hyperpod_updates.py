@@ -28,7 +28,7 @@ from moe_cdk.core.loader import SECTION
 from moe_cdk.core.problems import Problem, problem
 
 # CloudFormation registry schema, AWS::SageMaker::Cluster, ScheduledUpdateConfig.ScheduleExpression:
-# cron(minute hour day-of-month month day-of-week year), UTC.
+# cron(minute hour day-of-month month day-of-week year); AWS's pages name no time zone.
 CRON = re.compile(
     r"cron\((?:[0-5][0-9]|[0-9]|) (?:[01][0-9]|2[0-3]|[0-9]) (?:[1-9]|0[1-9]|[12][0-9]|3[01]|\?) "
     r"(?:[1-9]|0[1-9]|1[0-2]|\*|\*/(?:[1-9]|1[0-2])|) "
