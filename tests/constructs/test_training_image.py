@@ -18,16 +18,14 @@ from moe_cdk.cli.image_versions import read_image_env
 DOCKERFILE = (ROOT / "training/Dockerfile").read_text()
 
 
-def _requirement_name(requirement: str) -> str:
-    return re.split(r"[=<>!~ ]", requirement, maxsplit=1)[0].lower()
-
-
 def test_dockerfile_pins_match_the_train_extra():
     train = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
-    in_dockerfile = {_requirement_name(r): r for r in re.findall(r'"([A-Za-z0-9_.-]+[=<>~!]=?[^"]+)"', DOCKERFILE)}
+    in_dockerfile = {
+        image_versions.requirement_name(r): r for r in re.findall(r'"([A-Za-z0-9_.-]+[=<>~!]=?[^"]+)"', DOCKERFILE)
+    }
     for requirement in train:
-        name = _requirement_name(requirement)
-        if name in ("torch", "megatron-core"):
+        name = image_versions.requirement_name(requirement)
+        if name in image_versions.IMAGE_PINNED:
             continue  # the image's versions are training/image.env's (the tests below)
         assert in_dockerfile.get(name) == requirement, (
             f"{name}: Dockerfile {in_dockerfile.get(name)!r} vs pyproject {requirement!r}"
