@@ -136,11 +136,20 @@ bench: setup
 # What bench/gpu_check.sh needs on a GPU machine without network (Python 3.12): the wheels
 # torch does not bring, and moe-cdk plan's memory figures for the shapes it runs.
 GPU_CHECK_DIR := .gpu-check
+# What the trainer imports beside torch, at this environment's versions (pydantic-core must match
+# pydantic exactly). The GPU machine's image has no pydantic and no crc32c; bench/gpu_check.sh
+# installs only the wheels whose module that machine cannot import.
+GPU_CHECK_PINNED := numpy packaging pyyaml psutil pydantic pydantic-core annotated-types typing-inspection \
+  typing-extensions crc32c prometheus-client
 gpu-check-prepare: setup
 	rm -rf $(GPU_CHECK_DIR) && mkdir -p $(GPU_CHECK_DIR)/wheels
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	  -d $(GPU_CHECK_DIR)/wheels megatron-core==0.16.1 numpy packaging pyyaml psutil
+	  -d $(GPU_CHECK_DIR)/wheels megatron-core==0.16.1 \
+	  $$($(PY) -c 'import importlib.metadata as m; print(*(f"{n}=={m.version(n)}" for n in "$(GPU_CHECK_PINNED)".split()))')
+	# python-hostlist is published as source only: build its (pure Python) wheel here.
+	$(PY) -m pip wheel -q --no-deps -w $(GPU_CHECK_DIR)/wheels \
+	  python-hostlist==$$($(PY) -c 'import importlib.metadata as m; print(m.version("python-hostlist"))')
 	$(PY) bench/gpu_check.py --write-plan $(GPU_CHECK_DIR)/plan.json
 
 diagram: setup system-packages

@@ -33,7 +33,7 @@ if [[ ! -f "$site/.complete" ]]; then
     wheels=()
     for wheel in "$prepared"/wheels/*.whl; do
         module="$(basename "$wheel" | cut -d- -f1 | tr '[:upper:]' '[:lower:]')"
-        case "$module" in megatron_core) module=megatron.core ;; pyyaml) module=yaml ;; esac
+        case "$module" in megatron_core) module=megatron.core ;; pyyaml) module=yaml ;; python_hostlist) module=hostlist ;; esac
         "$python" -c "import $module" 2>/dev/null || wheels+=("$wheel")
     done
     if (( ${#wheels[@]} > 0 )); then
@@ -41,9 +41,12 @@ if [[ ! -f "$site/.complete" ]]; then
     fi
     touch "$site/.complete"
 fi
-# moe_cdk.training without installing the repository: a package folder that links to it.
+# moe_cdk.training, and moe_cdk.core which it imports, without installing the repository: a
+# package folder that links to them.
 mkdir -p "$prepared/pkg/moe_cdk"
-ln -sfn "$repo/training" "$prepared/pkg/moe_cdk/training"
+for package in training core; do
+    ln -sfn "$repo/$package" "$prepared/pkg/moe_cdk/$package"
+done
 export PYTHONPATH="$prepared/pkg:$site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 

@@ -98,3 +98,19 @@ def test_gpu_check_script_without_preparation_exits_2_and_names_the_make_target(
 def test_gpu_check_script_passes_shellcheck():
     done = subprocess.run(["shellcheck", str(GPU_CHECK_SH)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_gpu_check_script_links_every_moe_cdk_package_the_trainer_imports():
+    """The GPU machine runs the trainer from package links, not an install: a package the trainer
+    imports and the script does not link fails there at the first import (as moe_cdk.core did)."""
+    import ast
+    import re
+
+    imported = set()
+    for path in (ROOT / "training").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            imported |= {name.split(".")[1] for name in names if name.startswith("moe_cdk.")}
+    linked = set(re.search(r"^for package in ([\w ]+); do$", GPU_CHECK_SH.read_text(), re.M).group(1).split())
+    assert imported <= linked, f"imported by training/ but not linked: {sorted(imported - linked)}"

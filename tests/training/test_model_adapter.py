@@ -115,3 +115,24 @@ def test_a_megatron_internal_gone_from_the_cpu_shims_is_left_alone_with_one_warn
     assert compat.versions() in warning
     assert not hasattr(token_dispatcher, "maybe_move_tensor_to_cpu")
     assert moptimizer.clip_grad_by_total_norm_fp32 is cpu_compat._clip_grad_by_total_norm_fp32_cpu
+
+
+def test_gpu_attention_softmax_runs_without_megatrons_compiled_fused_kernel():
+    """On a GPU the local spec's softmax must not ask for scaled_masked_softmax_cuda, which the
+    megatron-core wheel does not ship: its check is the same on CPU, so a bf16 forward shows it."""
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.utils import attention_mask_func
+
+    softmax = FusedScaleMaskSoftmax(
+        input_in_fp16=False,
+        input_in_bf16=True,
+        attn_mask_type=AttnMaskType.causal,
+        scaled_masked_softmax_fusion=transformer_config_kwargs(TINY, on_gpu=True)["masked_softmax_fusion"],
+        mask_func=attention_mask_func,
+        softmax_in_fp32=True,
+        scale=None,
+    )
+    scores = torch.randn(1, 4, 64, 64, dtype=torch.bfloat16)
+    causal = torch.ones(1, 1, 64, 64).triu(diagonal=1).bool()
+    assert softmax(scores, causal).shape == scores.shape

@@ -96,6 +96,14 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
     return spec
 
 
+def _fused_softmax_kernel_present() -> bool:
+    """Whether megatron's fused softmax kernel can load. The local spec's attention
+    (FusedScaleMaskSoftmax) imports ``scaled_masked_softmax_cuda`` at its first bf16 forward when
+    the fusion is on: a compiled extension that Megatron-LM builds and the megatron-core wheel does
+    not ship, so without it the fusion must stay off (seen on an H200, 2026-12-04)."""
+    return importlib.util.find_spec("scaled_masked_softmax_cuda") is not None
+
+
 def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
     """Every TransformerConfig field moe-cdk sets, in one place."""
     m, moe, p, r = config.model, config.moe, config.parallel, config.recompute
@@ -166,7 +174,7 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         gradient_accumulation_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
-        masked_softmax_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu and _fused_softmax_kernel_present(),
         persist_layer_norm=False,
         # No CUDA graphs. megatron-core 0.16's default scope, "full", is its deprecated spelling of the
         # whole layer and warns at every construction; the empty list is the same scope.
