@@ -84,6 +84,15 @@ $(IMAGE_STAMP): pyproject.toml training/image.env cli/image_versions.py | $(STAM
 	rm -f $(IMAGE_VENV)/.installed-*
 	touch $@
 
+# Karpenter's NodePool schema, as @kubernetes-models/karpenter compiles it from Karpenter's CRD into
+# validators (MIT; AWS's chart is on GitHub and public ECR, which CI cannot reach): the tests check the
+# NodePools `moe-cdk eks node-pools` writes against it (tests/jobs/karpenter_validate.mjs).
+KARPENTER_MODELS_VERSION := 2.0.0
+KARPENTER_MODELS := $(VENV)/k8s-models/node_modules/@kubernetes-models/karpenter/package.json
+$(KARPENTER_MODELS):
+	npm install --prefix $(VENV)/k8s-models --no-audit --no-fund --no-save --loglevel=error \
+	  @kubernetes-models/karpenter@$(KARPENTER_MODELS_VERSION)
+
 $(CDK):
 	@echo "$$(date '+%H:%M:%S') installing the CDK CLI $(CDK_CLI_VERSION)"
 	npm install --prefix $(VENV)/cdk-cli --no-audit --no-fund --no-save --loglevel=error aws-cdk@$(CDK_CLI_VERSION)
@@ -113,7 +122,7 @@ hyperpod-chart: setup
 # machine the whole suite took 642 s with 4 workers against 804 s with 2. `$(PY) -m pytest
 # tests/x.py` runs one file in this process, as before.
 TEST_WORKERS ?= 4
-test: setup system-packages
+test: setup system-packages $(KARPENTER_MODELS)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 	$(MAKE) --no-print-directory test-image
 

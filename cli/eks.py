@@ -10,11 +10,13 @@ from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.jobs.eks_job import (
     helm_values,
     job_spec_from_config,
+    pod_template,
     render_hyperpod_job,
     render_profile_config_map,
     render_pytorchjob,
     to_yaml,
 )
+from moe_cdk.jobs.node_pools import node_pool, node_pool_objects, unplaceable_reasons
 from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.schema.config import Orchestrator, load_config, require_orchestrator
 
@@ -40,6 +42,24 @@ def _run(args: argparse.Namespace) -> int:
         return report(args.config, error)
     if problems := spec.problems():
         return report(args.config, ConfigError(problems))
+    group = config.cluster.compute_group(args.group)
+    if group.autoscale and (
+        reasons := unplaceable_reasons(
+            pod_template(spec, [], [])["spec"],
+            node_pool(group),
+            requests={spec.device_resource: spec.devices_per_node, "vpc.amazonaws.com/efa": spec.efa_per_node},
+        )
+    ):
+        return report(
+            args.config,
+            ConfigError(
+                [
+                    problem("Karpenter could not add a node for these pods", got=reasons, allowed="a placeable pod").at(
+                        "--group"
+                    )
+                ]
+            ),
+        )
     if args.helm_values and args.preflight:
         return report(
             args.config,
@@ -48,6 +68,19 @@ def _run(args: argparse.Namespace) -> int:
                     problem(
                         "the chart has no preflight init container", got="--helm-values", allowed="a rendered job"
                     ).at("--preflight")
+                ]
+            ),
+        )
+    if args.helm_values and spec.fallback_instance_types:
+        return report(
+            args.config,
+            ConfigError(
+                [
+                    problem(
+                        "the chart selects one instance type, and this group's nodes may be any of several",
+                        got=[spec.instance_type, *spec.fallback_instance_types],
+                        allowed="a rendered job (without --helm-values)",
+                    ).at("--helm-values")
                 ]
             ),
         )
@@ -66,8 +99,32 @@ def _run(args: argparse.Namespace) -> int:
     return emit(to_yaml(*documents), args.output, summary)
 
 
+def _node_pools(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        require_orchestrator(config, "eks node-pools needs an EKS configuration", Orchestrator.EKS)
+    except ConfigError as error:
+        return report(args.config, error)
+    objects = node_pool_objects(config)
+    if not objects:
+        return report(
+            args.config,
+            ConfigError(
+                [
+                    problem(
+                        "no group is autoscaled",
+                        got="autoscale false everywhere",
+                        allowed="a compute group with autoscale: true",
+                    ).at("cluster.instance_groups")
+                ]
+            ),
+        )
+    groups = ", ".join(o["metadata"]["name"] for o in objects if o["kind"] == "NodePool")
+    return emit(to_yaml(*objects), args.output, f"HyperpodNodeClass and NodePool for {groups}")
+
+
 def add_parser(subcommands) -> argparse.ArgumentParser:
-    """Register ``eks render`` on an argparse subparsers object."""
+    """Register ``eks render`` and ``eks node-pools`` on an argparse subparsers object."""
     eks = subcommands.add_parser("eks", help="HyperPod EKS helpers")
     commands = eks.add_subparsers(dest="eks_command", required=True, metavar="COMMAND")
     parser = commands.add_parser("render", help="write the Kubernetes training job for the compute group")
@@ -112,4 +169,12 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
     parser.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
     parser.add_argument("--output", help="write the YAML here instead of stdout")
     parser.set_defaults(run=_run)
+    pools = commands.add_parser(
+        "node-pools", help="write the Karpenter HyperpodNodeClass and NodePool of each autoscaled group"
+    )
+    pools.add_argument(
+        "--config", required=True, help="infrastructure YAML with orchestrator eks, e.g. config/eks-autoscaling.yaml"
+    )
+    pools.add_argument("--output", help="write the YAML here instead of stdout")
+    pools.set_defaults(run=_node_pools)
     return parser

@@ -30,15 +30,26 @@ from moe_cdk.constructs.nag import nag_text
 from moe_cdk.constructs.training_eks_cluster import pod_identity_role
 from moe_cdk.constructs.validation import Problem, raise_if_any
 from moe_cdk.rules import eks as eks_rules
-from moe_cdk.rules.sagemaker import EksInstanceGroup, EksNodeRole, Taint, TaintEffect, eks_group_problems
+from moe_cdk.rules.hyperpod_capacity import CapacityType, TieredStorage
+from moe_cdk.rules.sagemaker import (
+    EksInstanceGroup,
+    EksNodeRole,
+    NodeProvisioningMode,
+    Taint,
+    TaintEffect,
+    eks_group_problems,
+)
 
 # The construct, its props, and the value types its props take: those are defined in rules/ with
 # their checks, which the configuration applies too.
 __all__ = [
     "HyperPodEksCluster",
     "HyperPodEksClusterProps",
+    "CapacityType",
     "EksInstanceGroup",
     "EksNodeRole",
+    "NodeProvisioningMode",
+    "TieredStorage",
     "Taint",
     "TaintEffect",
     "provisioning_parameters",
@@ -96,6 +107,11 @@ class HyperPodEksClusterProps:
     """Install the HyperPod training operator add-on (HyperPodPyTorchJob). Default: True."""
     training_operator_version: str | None = None
     """Its add-on version. Default: EKS's default."""
+    node_provisioning_mode: NodeProvisioningMode = NodeProvisioningMode.STANDARD
+    """Standard or continuous node provisioning; continuous is needed by autoscaled, Spot and flexible
+    groups. Default: standard."""
+    tiered_storage: TieredStorage | None = None
+    """Managed tiered checkpointing's share of each node's host memory. Default: off."""
 
 
 class HyperPodEksCluster(Construct):
@@ -127,11 +143,30 @@ class HyperPodEksCluster(Construct):
             after_hyperpod_setup=False,
         )
         self.lifecycle_bundle, self.lifecycle_entry = lifecycle.bundle, lifecycle.entry
+        # Automatic node recovery on every cluster; Karpenter needs it too ("Autoscaling on SageMaker
+        # HyperPod EKS", prerequisites), with continuous provisioning (checked in rules).
+        autoscaled = any(g.autoscale for g in props.instance_groups)
+        self.autoscaler_role = self._autoscaler_role(stack) if autoscaled else None
+        continuous = props.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS
         self._resource = sagemaker.CfnCluster(
             self,
             "Resource",
             cluster_name=props.cluster_name,
             node_recovery="Automatic",
+            node_provisioning_mode="Continuous" if continuous else None,
+            auto_scaling=(
+                sagemaker.CfnCluster.ClusterAutoScalingConfigProperty(mode="Enable", auto_scaler_type="Karpenter")
+                if autoscaled
+                else None
+            ),
+            cluster_role=self.autoscaler_role.role_arn if self.autoscaler_role else None,
+            tiered_storage_config=(
+                sagemaker.CfnCluster.TieredStorageConfigProperty(
+                    mode="Enable", instance_memory_allocation_percentage=props.tiered_storage.memory_percent
+                )
+                if props.tiered_storage
+                else None
+            ),
             orchestrator=sagemaker.CfnCluster.OrchestratorProperty(
                 eks=sagemaker.CfnCluster.ClusterOrchestratorEksConfigProperty(cluster_arn=props.eks_cluster.cluster_arn)
             ),
@@ -158,6 +193,8 @@ class HyperPodEksCluster(Construct):
             ],
         )
         self._resource.node.add_dependency(self.role)
+        if self.autoscaler_role:
+            self._resource.node.add_dependency(self.autoscaler_role)
         self.cluster_arn: str = self._resource.attr_cluster_arn
         self.cluster_name = props.cluster_name
         self.training_operator = self._training_operator() if props.training_operator else None
@@ -206,6 +243,34 @@ class HyperPodEksCluster(Construct):
             ),
         )
 
+    def _autoscaler_role(self, stack: cdk.Stack) -> iam.Role:
+        # "Autoscaling on SageMaker HyperPod EKS", IAM page: a role HyperPod assumes to add and remove
+        # the nodes Karpenter asks for. AWS's policy allows the two calls on every cluster of every
+        # account with an account condition; this one allows them on this account's clusters in this
+        # Region. Its KMS grant is for groups whose EBS volumes use a customer key, which moe-cdk never
+        # sets, so it is left out.
+        role = iam.Role(
+            self,
+            "AutoscalerRole",
+            assumed_by=iam.ServicePrincipal("hyperpod.sagemaker.amazonaws.com"),
+            description=f"Karpenter autoscaling of HyperPod cluster {self.props.cluster_name}",
+        )
+        clusters = stack.format_arn(service="sagemaker", resource="cluster", resource_name="*")
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["sagemaker:BatchAddClusterNodes", "sagemaker:BatchDeleteClusterNodes"], resources=[clusters]
+            )
+        )
+        cdk.Validations.of(role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
+            cdk.Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, clusters)}]",
+                reason="A HyperPod cluster's ARN ends in an id SageMaker assigns at creation, and the cluster "
+                "names this role when it is created, so the role cannot name its one cluster: it may add and "
+                "remove nodes of this account's clusters in this Region.",
+            )
+        )
+        return role
+
     def _training_operator(self) -> eks.CfnAddon:
         # [HP-TO] in rules/eks.py: the add-on needs a HyperPod cluster, cert-manager and
         # the Pod Identity agent; its controller gets the managed policy through Pod Identity.
@@ -234,5 +299,11 @@ class HyperPodEksCluster(Construct):
 
     @staticmethod
     def _problems(props: HyperPodEksClusterProps) -> list[Problem]:
-        found = eks_group_problems(props.instance_groups, require_efa=props.require_efa)
+        found = eks_group_problems(
+            props.instance_groups,
+            require_efa=props.require_efa,
+            continuous=props.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS,
+        )
+        if props.tiered_storage is not None:
+            found += [p.at("tiered_storage") for p in props.tiered_storage.problems()]
         return found + lifecycle_directory_problems(props.lifecycle_scripts_directory)

@@ -28,6 +28,7 @@ from constructs import Construct
 from moe_cdk.constructs.nag import managed_policy_finding, nag_text
 from moe_cdk.constructs.validation import Problem, problem, raise_if_any
 from moe_cdk.core import catalog
+from moe_cdk.rules.hyperpod_capacity import CapacityType
 from moe_cdk.rules.sagemaker import HyperPodInstanceGroup
 
 # SageMaker API reference, ClusterLifeCycleConfig.SourceS3Uri: "Make sure that the S3 bucket
@@ -58,10 +59,23 @@ def instance_group_property(
     thread per core on GPU groups, the EBS volume; ``orchestrator_fields`` add
     ``slurm_config`` or ``kubernetes_config``."""
     spec = g.spec
+    flexible = bool(g.fallback_instance_types)
     return sagemaker.CfnCluster.ClusterInstanceGroupProperty(
         instance_group_name=g.name,
-        instance_type=spec.sagemaker_name,
-        instance_count=g.instance_count,
+        # InstanceType and InstanceRequirements are mutually exclusive (botocore's model); the list's
+        # order is HyperPod's order of preference.
+        instance_type=None if flexible else spec.sagemaker_name,
+        instance_requirements=(
+            sagemaker.CfnCluster.InstanceRequirementsProperty(instance_types=g.instance_types) if flexible else None
+        ),
+        capacity_requirements=(
+            sagemaker.CfnCluster.ClusterCapacityRequirementsProperty(spot={})
+            if g.capacity is CapacityType.SPOT
+            else None
+        ),
+        # "Autoscaling on SageMaker HyperPod EKS": a scaled group starts at 0 nodes (Karpenter scales a
+        # larger one down to 0); its instance_count is the NodePool's limit instead.
+        instance_count=0 if g.autoscaled else g.instance_count,
         execution_role=role.role_arn,
         life_cycle_config=life_cycle,
         # One thread per core on GPU groups: the trainer pins one process per GPU and

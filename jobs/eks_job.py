@@ -67,6 +67,8 @@ class EksJobSpec:
     """Pods, one per node (1 master, nodes-1 workers)."""
     instance_type: str
     """The ml. instance type the pods run on (node selector)."""
+    fallback_instance_types: tuple[str, ...] = ()
+    """A flexible group's other types: the pods then select any of them (node affinity) instead of one."""
     devices_per_node: int
     """Accelerators per pod: every one the node has."""
     device_resource: str
@@ -107,6 +109,15 @@ class EksJobSpec:
 
         def add(name: str, what: str, got: object, allowed: str) -> None:
             found.append(problem(what, got=got, allowed=allowed).at(name))
+
+        if self.preflight and self.fallback_instance_types:
+            add(
+                "preflight",
+                "the node check compares a node with one instance type's figures, and this group's nodes may be "
+                "any of several",
+                [self.instance_type, *self.fallback_instance_types],
+                "no --preflight on a group with fallback_instance_types",
+            )
 
         for key in ("name", "namespace", "claim_name", "profile_config_map"):
             if not KUBERNETES_NAME.match(getattr(self, key)):
@@ -186,7 +197,10 @@ def pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_po
     pod_spec = {
         "hostNetwork": True,
         "dnsPolicy": "ClusterFirstWithHostNet",
-        "nodeSelector": {eks_rules.INSTANCE_TYPE_LABEL: spec.instance_type, **spec.node_labels},
+        "nodeSelector": {
+            **({} if spec.fallback_instance_types else {eks_rules.INSTANCE_TYPE_LABEL: spec.instance_type}),
+            **spec.node_labels,
+        },
         "terminationGracePeriodSeconds": spec.termination_grace_s,
         "containers": [container],
         "volumes": [
@@ -195,6 +209,24 @@ def pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_po
             {"name": "profile", "configMap": {"name": spec.profile_config_map}},
         ],
     }
+    if spec.fallback_instance_types:
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": eks_rules.INSTANCE_TYPE_LABEL,
+                                    "operator": "In",
+                                    "values": [spec.instance_type, *spec.fallback_instance_types],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
     if spec.preflight:
         # An init container gets the node's devices too: a pod's requests are the larger of its init
         # containers' and its containers' (Kubernetes docs, "Init Containers", resource sharing).
@@ -401,15 +433,19 @@ def job_spec_from_config(
         )
     gpu = spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU
     name = name or profile.name
+    fallbacks = [catalog.lookup(t) for t in chosen.fallback_instance_types]
     return EksJobSpec(
         name=name,
         namespace=config.eks.namespace,
         image=image,
         nodes=nodes,
         instance_type=spec.sagemaker_name,
+        fallback_instance_types=tuple(f.sagemaker_name for f in fallbacks),
+        # Every type of a flexible group has as many accelerators (rules/hyperpod_capacity.py); the EFA
+        # devices asked for are the fewest any of them has, so a node of any type can take the pod.
         devices_per_node=spec.accelerator_count,
         device_resource=eks_rules.GPU_RESOURCE if gpu else eks_rules.NEURON_RESOURCE,
-        efa_per_node=spec.efa_interfaces,
+        efa_per_node=min(s.efa_interfaces for s in [spec, *fallbacks]),
         train_profile=profile.text,
         profile_config_map=suffixed_name(name, "profile"),
         train_args=tuple(train_args),

@@ -13,6 +13,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from moe_cdk.core import catalog
 from moe_cdk.core.loader import SECTION
 from moe_cdk.core.problems import Problem, problem
+from moe_cdk.rules.hyperpod_capacity import CapacityType, capacity_problems
 from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate, update_problems
 
 # SageMaker Developer Guide, "Configuring custom Kubernetes labels and taints": prefixes
@@ -172,6 +173,24 @@ class HyperPodInstanceGroup:
     """A recurring AMI update (``ScheduledUpdateConfig``). Default: none."""
     auto_patch: AutoPatch | None = None
     """Automatic security patching (``AutoPatchConfig``). Default: none."""
+    fallback_instance_types: Sequence[str] = ()
+    """Types HyperPod tries, in order, when ``instance_type`` has no capacity (with it, the
+    ``InstanceRequirements`` list). Default: none."""
+    capacity: CapacityType = CapacityType.ON_DEMAND
+    """On-Demand or Spot capacity (``CapacityRequirements``). Default: On-Demand."""
+
+    @property
+    def instance_types(self) -> list[str]:
+        """The ``ml.`` names of every type the group's nodes may be, first choice first."""
+        return [
+            (s.sagemaker_name if (s := catalog.lookup(t)) else t)
+            for t in (self.instance_type, *self.fallback_instance_types)
+        ]
+
+    @property
+    def autoscaled(self) -> bool:
+        """Whether Karpenter sizes the group (EKS groups only)."""
+        return False
 
     @property
     def runs_deep_health_checks(self) -> bool:
@@ -211,8 +230,11 @@ class HyperPodInstanceGroup:
         return [*(["efa"] if spec.supports_efa else []), spec.ec2_name.split(".")[0], kind]
 
 
-def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_efa: bool) -> list[Problem]:
-    """Problems with the rules every HyperPod instance group follows."""
+def instance_group_problems(
+    groups: Sequence[HyperPodInstanceGroup], *, require_efa: bool, eks: bool = False, continuous: bool = False
+) -> list[Problem]:
+    """Problems with the rules every HyperPod instance group follows; ``eks`` and ``continuous`` say
+    whether the cluster is orchestrated by EKS and provisions continuously."""
     found: list[Problem] = []
     names = [g.name for g in groups]
     for i, g in enumerate(groups):
@@ -259,16 +281,33 @@ def instance_group_problems(groups: Sequence[HyperPodInstanceGroup], *, require_
                 instance_count=g.instance_count,
             )
         ]
+        found += [
+            p.at(key)
+            for p in capacity_problems(
+                instance_types=[g.instance_type, *g.fallback_instance_types],
+                capacity=g.capacity,
+                autoscale=g.autoscaled,
+                trains=g.runs_training,
+                deep_health_checks=g.runs_deep_health_checks,
+                training_plan=g.training_plan_arn is not None,
+                eks=eks,
+                continuous=continuous,
+                require_efa=require_efa,
+            )
+        ]
     return found
 
 
 def subnet_nodes(groups: Sequence[HyperPodInstanceGroup], *, eks: bool) -> list[tuple[str, int, int]]:
     """``(instance type, count, addresses each)`` per group, for ``rules.ec2.subnet_capacity_problem``."""
-    return [
-        (g.instance_type, g.instance_count, node_ip_addresses(network_cards=g.spec.efa_interfaces, eks=eks))
-        for g in groups
-        if g.spec is not None
-    ]
+    found = []
+    for g in groups:
+        # A flexible group's node may be any of its types: count the one with the most network cards.
+        specs = [s for t in (g.instance_type, *g.fallback_instance_types) if (s := catalog.lookup(t))]
+        if specs:
+            cards = max(s.efa_interfaces for s in specs)
+            found.append((g.instance_type, g.instance_count, node_ip_addresses(network_cards=cards, eks=eks)))
+    return found
 
 
 DATABASE_NAME = re.compile(r"^[a-zA-Z0-9$_]{1,64}$")
@@ -485,10 +524,20 @@ class EksInstanceGroup(HyperPodInstanceGroup):
     """Kubernetes labels on every node. Default: none."""
     taints: Sequence[Taint] = ()
     """Kubernetes taints on every node. Default: none."""
+    autoscale: bool = False
+    """Karpenter starts the group at 0 nodes and adds nodes, up to ``instance_count``, for pods that
+    wait for them (needs continuous provisioning). Default: False."""
+    empty_node_timeout_s: int = 600
+    """With ``autoscale``: how long a node may sit without training pods before Karpenter removes
+    it, in seconds. Default: 600."""
 
     @property
     def runs_training(self) -> bool:
         return self.role is EksNodeRole.COMPUTE
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.autoscale
 
 
 def kubernetes_metadata_problems(groups: Sequence[EksInstanceGroup]) -> list[Problem]:
@@ -531,9 +580,20 @@ def kubernetes_metadata_problems(groups: Sequence[EksInstanceGroup]) -> list[Pro
     return found
 
 
-def eks_group_problems(groups: Sequence[EksInstanceGroup], *, require_efa: bool) -> list[Problem]:
-    """Problems with groups HyperPod, Kubernetes or the lifecycle scripts would reject."""
-    found = instance_group_problems(groups, require_efa=require_efa) + kubernetes_metadata_problems(groups)
+def eks_group_problems(
+    groups: Sequence[EksInstanceGroup], *, require_efa: bool, continuous: bool = False
+) -> list[Problem]:
+    """Problems with groups HyperPod, Kubernetes or the lifecycle scripts would reject; ``continuous``
+    says whether the cluster provisions continuously."""
+    found = instance_group_problems(groups, require_efa=require_efa, eks=True, continuous=continuous)
+    found += kubernetes_metadata_problems(groups)
+    for i, g in enumerate(groups):
+        if g.autoscale and g.empty_node_timeout_s < 0:
+            found.append(
+                problem("must not be negative", got=g.empty_node_timeout_s, allowed="0 or more seconds").at(
+                    f"instance_groups[{i}].empty_node_timeout_s"
+                )
+            )
     roles = [g.role for g in groups]
     if EksNodeRole.COMPUTE not in roles:
         found.append(

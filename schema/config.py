@@ -37,6 +37,7 @@ from moe_cdk.rules.fsx import (
     efa_client_problems,
     throughput_problem,
 )
+from moe_cdk.rules.hyperpod_capacity import CapacityType, TieredStorage
 from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate
 from moe_cdk.rules.logs import retention_problem
 from moe_cdk.rules.sagemaker import (
@@ -132,6 +133,18 @@ class InstanceGroupConfig:
     auto_patch: AutoPatch | None = None
     """HyperPod's automatic security patching of the AMI, applied as nodes fall idle. Default: none.
     docs/capacity.md."""
+    fallback_instance_types: tuple[str, ...] = ()
+    """EKS, continuous provisioning: types HyperPod tries in order when `instance_type` has no capacity (at most 19;
+    compute groups: as many accelerators as `instance_type`). Default: none. docs/capacity.md."""
+    capacity: CapacityType = CapacityType.ON_DEMAND
+    """EKS, continuous provisioning: on-demand or spot. Spot nodes can be taken back with 2 minutes' notice; the
+    trainer resumes from its last checkpoint. Default: on-demand. docs/capacity.md."""
+    autoscale: bool = False
+    """EKS, continuous provisioning, compute groups: Karpenter starts the group at 0 nodes and adds nodes, up to
+    `instance_count`, while training pods wait for them (`moe-cdk eks node-pools` writes its objects). Default:
+    false. docs/capacity.md."""
+    empty_node_timeout_s: int = 600
+    """With `autoscale`: seconds a node may sit without training pods before Karpenter removes it."""
 
     def to_eks_props(self) -> EksInstanceGroup:
         # A Slurm-only role is reported on its own (ClusterConfig._eks_problems); as a system
@@ -147,6 +160,8 @@ class InstanceGroupConfig:
             **self._update_props(),
             labels=dict(self.labels),
             taints=self.taints,
+            autoscale=self.autoscale,
+            empty_node_timeout_s=self.empty_node_timeout_s,
         )
 
     def to_props(self) -> SlurmInstanceGroup:
@@ -163,7 +178,13 @@ class InstanceGroupConfig:
         )
 
     def _update_props(self) -> dict:
-        return {"image_id": self.image_id, "scheduled_update": self.scheduled_update, "auto_patch": self.auto_patch}
+        return {
+            "image_id": self.image_id,
+            "scheduled_update": self.scheduled_update,
+            "auto_patch": self.auto_patch,
+            "fallback_instance_types": self.fallback_instance_types,
+            "capacity": self.capacity,
+        }
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -181,28 +202,52 @@ class ClusterConfig:
     groups. Training jobs: one compute group."""
     # The construct's own enum and dataclass: the same values, defaults and checks.
     node_provisioning_mode: NodeProvisioningMode = NodeProvisioningMode.STANDARD
-    """Slurm: standard (every node at creation, or creation fails) or continuous (partial capacity accepted, failed
-    launches retried; needed for `accounting_database`)."""
+    """HyperPod: standard (every node at creation, or creation fails) or continuous (partial capacity accepted, failed
+    launches retried; needed for `accounting_database`, and on EKS for `autoscale`, `capacity: spot` and
+    `fallback_instance_types`)."""
     slurm_config_strategy: SlurmStrategy | None = None
     """Who owns slurm.conf: managed (HyperPod), overwrite or merge. Default: managed; leave unset with continuous
     provisioning, which rejects it."""
     accounting_database: AccountingDatabase | None = None
     """External Slurm accounting database (MySQL-compatible; credentials in Secrets Manager). Needs
     `node_provisioning_mode: continuous`. Default: none (HyperPod's database on the controller)."""
+    tiered_storage: TieredStorage | None = None
+    """EKS: HyperPod's managed tiered checkpointing, `memory_percent` (1 to 100) of each node's host memory kept for
+    checkpoints. Default: off. docs/capacity.md."""
 
     def problems(self) -> Problems:
         if self.orchestrator is not Orchestrator.SLURM:
-            for key, default in (
-                ("node_provisioning_mode", NodeProvisioningMode.STANDARD),
-                ("slurm_config_strategy", None),
-                ("accounting_database", None),
-            ):
+            for key, default in (("slurm_config_strategy", None), ("accounting_database", None)):
                 if getattr(self, key) != default:
                     yield problem(
                         "only Slurm clusters have this setting",
                         got=getattr(self, key),
                         allowed=f"unset with orchestrator {self.orchestrator.value}",
                     ).at(key)
+        if (
+            self.orchestrator is Orchestrator.TRAINING_JOB
+            and self.node_provisioning_mode is not NodeProvisioningMode.STANDARD
+        ):
+            yield problem(
+                "only HyperPod clusters have this setting",
+                got=self.node_provisioning_mode.value,
+                allowed="unset with orchestrator training-job",
+            ).at("node_provisioning_mode")
+        if self.orchestrator is not Orchestrator.EKS:
+            # SageMaker Developer Guide, "Managed tiered checkpointing": EKS-orchestrated clusters only.
+            if self.tiered_storage is not None:
+                yield problem(
+                    "only HyperPod EKS clusters have managed tiered checkpointing",
+                    got=f"memory_percent {self.tiered_storage.memory_percent}",
+                    allowed="no tiered_storage with this orchestrator",
+                ).at("tiered_storage")
+            for i, g in enumerate(self.instance_groups):
+                if g.autoscale:
+                    yield problem(
+                        "only HyperPod EKS clusters have Karpenter autoscaling",
+                        got=True,
+                        allowed="false with this orchestrator",
+                    ).at(f"instance_groups[{i}].autoscale")
         if self.orchestrator is Orchestrator.EKS:
             yield from self._eks_problems()
             return
@@ -272,7 +317,11 @@ class ClusterConfig:
                 yield problem("Slurm partitions do not apply to EKS", got=g.partition, allowed="no partition").at(
                     f"instance_groups[{i}].partition"
                 )
-        yield from eks_group_problems([g.to_eks_props() for g in self.instance_groups], require_efa=self.require_efa)
+        yield from eks_group_problems(
+            [g.to_eks_props() for g in self.instance_groups],
+            require_efa=self.require_efa,
+            continuous=self.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)

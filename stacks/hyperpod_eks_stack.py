@@ -51,6 +51,8 @@ class HyperPodEksStack(Stack):
                 require_efa=config.cluster.require_efa,
                 training_operator=config.eks.training_operator,
                 training_operator_version=config.eks.addon_versions.get("amazon-sagemaker-hyperpod-training-operator"),
+                node_provisioning_mode=config.cluster.node_provisioning_mode,
+                tiered_storage=config.cluster.tiered_storage,
             ),
         )
         # The nodes need the CNI, DNS and device plugins in place when they join.

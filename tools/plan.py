@@ -23,6 +23,7 @@ from moe_cdk.core import catalog
 from moe_cdk.core.catalog import AcceleratorKind
 from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
+from moe_cdk.rules.hyperpod_capacity import CapacityType
 from moe_cdk.schema.config import Config, NodeRole, Orchestrator
 from moe_cdk.training.config import RecomputeGranularity, RecomputeModule, Spec, TrainConfig, load_train_config
 from moe_cdk.training.step.parallel import Layout, plan_layout
@@ -337,14 +338,20 @@ def memory_per_device(
 
 
 @lru_cache(maxsize=4)
-def _load_prices(path: str) -> dict[tuple[str, str], float]:
+def _load_prices(path: str) -> dict[tuple[str, str, str], float]:
     data = yaml.safe_load(Path(path).read_text())
-    return {(e["instance_type"], e["region"]): float(e["usd_per_hour"]) for e in data["prices"]}
+    return {
+        (e["instance_type"], e["region"], e.get("capacity", CapacityType.ON_DEMAND.value)): float(e["usd_per_hour"])
+        for e in data["prices"]
+    }
 
 
-def load_prices(path: str | Path = PRICES_PATH) -> dict[tuple[str, str], float]:
-    """``{(instance type, region): USD per hour}`` from prices.yaml."""
-    return dict(_load_prices(str(path)))
+def load_prices(
+    path: str | Path = PRICES_PATH, capacity: CapacityType = CapacityType.ON_DEMAND
+) -> dict[tuple[str, str], float]:
+    """``{(instance type, region): USD per hour}`` from prices.yaml, for On-Demand or Spot capacity (an
+    entry's ``capacity``, on-demand when absent)."""
+    return {(t, r): price for (t, r, c), price in _load_prices(str(path)).items() if c == capacity.value}
 
 
 def _ml_name(instance_type: str) -> str:
@@ -352,19 +359,34 @@ def _ml_name(instance_type: str) -> str:
     return spec.sagemaker_name if spec else instance_type
 
 
-def cluster_cost_per_hour(config: Config, prices: dict[tuple[str, str], float]) -> tuple[float | None, list[str]]:
-    """Sum of instance_count x hourly price over every group; None and the missing ones when a price is unknown."""
-    total, missing = 0.0, []
+def cluster_cost_per_hour(config: Config, prices_path: str | Path = PRICES_PATH) -> tuple[float | None, list[str]]:
+    """Sum of instance_count x hourly price over every group (a flexible group at its first choice), and
+    notes; None when a price is unknown. A Spot group without a Spot price is priced at On-Demand, an
+    upper bound, and says so: AWS publishes no Spot rates for ml. types (docs/capacity.md)."""
+    on_demand, spot = load_prices(prices_path), load_prices(prices_path, CapacityType.SPOT)
+    total, notes, unknown = 0.0, [], False
     for group in config.cluster.instance_groups:
-        price = prices.get((_ml_name(group.instance_type), config.region))
+        key = (_ml_name(group.instance_type), config.region)
+        price = on_demand.get(key)
+        if group.capacity is CapacityType.SPOT:
+            if key in spot:
+                price = spot[key]
+            else:
+                notes.append(
+                    f"no Spot price for {key[0]} in {config.region} (tools/prices.yaml): group {group.name} is priced "
+                    "at On-Demand, an upper bound; Spot is up to 90 % less and varies"
+                )
         if price is None:
-            missing.append(
-                f"no price for {_ml_name(group.instance_type)} in {config.region} (tools/prices.yaml); "
-                "cost not estimated"
+            unknown = True
+            notes.append(f"no price for {key[0]} in {config.region} (tools/prices.yaml); cost not estimated")
+            continue
+        total += group.instance_count * price
+        if group.autoscale:
+            notes.append(
+                f"group {group.name} is autoscaled: the cost counts all {group.instance_count} nodes it may run, "
+                "and is 0 while no training pod runs"
             )
-        else:
-            total += group.instance_count * price
-    return (None if missing else total), missing
+    return (None if unknown else total), notes
 
 
 # ---------------------------------------------------------------------------------- plan
@@ -414,6 +436,23 @@ def _recommend(config: Config, run_hours: float, nodes: int) -> tuple[str, list[
     return "slurm", reasons
 
 
+# "Spot instances in SageMaker HyperPod": EC2 gives "a best-effort 2-minute interruption notice", not always.
+SPOT_NOTICE_S = 120
+
+
+def _tiered_storage_note(tiered, specs: Sequence[catalog.InstanceSpec], checkpoint_gb: float, nodes: int) -> str:
+    """How many checkpoints the memory tier holds: each node keeps its share of one checkpoint (the
+    state is sharded across the nodes) in ``memory_percent`` of its host memory (the smallest of its types)."""
+    kept_gib = min(tiered.gib_per_node(s.sagemaker_name) for s in specs)
+    share_gib = checkpoint_gb * 1e9 / 2**30 / nodes
+    held = int(kept_gib // share_gib) if share_gib else 0
+    verdict = f"holds {held} checkpoint(s)" if held else "cannot hold one checkpoint: raise memory_percent"
+    return (
+        f"tiered storage keeps {kept_gib:,.0f} GiB on each node ({tiered.memory_percent} % of its host memory); a "
+        f"checkpoint is {share_gib:,.1f} GiB a node: it {verdict}"
+    )
+
+
 def plan(
     config: Config,
     *,
@@ -457,9 +496,18 @@ def plan(
         )
     nodes = sum(g.instance_count for g, _ in groups)
     world_size = sum(g.instance_count * s.accelerator_count for g, s in groups)
+    # Every type a node may be: a flexible group's fallbacks have as many accelerators as its first
+    # choice (rules/hyperpod_capacity.py), but maybe less memory or speed.
+    every = [catalog.lookup(t) for g, _ in groups for t in (g.instance_type, *g.fallback_instance_types)]
+    for g, _ in groups:
+        if g.fallback_instance_types:
+            notes.append(
+                f"group {g.name}'s nodes may be {', '.join([_ml_name(g.instance_type), *g.fallback_instance_types])}: "
+                "memory is sized on the smallest device, time on the slowest, cost at the first"
+            )
     # Mixed groups: the smallest device bounds the memory, the slowest one the step time.
-    device_memory = min(s.accelerator_memory_gib for _, s in groups)
-    models = sorted({s.accelerator_model for _, s in groups})
+    device_memory = min(s.accelerator_memory_gib for s in every)
+    models = sorted({s.accelerator_model for s in every})
     # Dense BF16 peak per device, with its sources, in the catalog (the trainer's MFU reads the same table).
     peak = min(catalog.peak_bf16_tflops(mdl) or 0.0 for mdl in models)
     if len(groups) > 1:
@@ -484,6 +532,8 @@ def plan(
             f"the expert-parallel group spans nodes (EP {memory.layout.expert} x ETP {memory.layout.expert_tensor} = "
             f"{expert_ranks} ranks, {per_node} devices per node): the MoE all-to-all crosses EFA, not NVLink"
         )
+    if tiered := config.cluster.tiered_storage:
+        notes.append(_tiered_storage_note(tiered, every, memory.checkpoint_gb, nodes))
     model = _model()
     counts = model.parameter_counts(train, vocab)
     flops = model.flops_per_token(train, vocab)
@@ -493,11 +543,19 @@ def plan(
 
     lustre = config.storage.lustre
     storage_mb_s = lustre.storage_capacity_gib / 1024 * lustre.per_unit_storage_throughput_mb_s_tib
-    cost, missing = cluster_cost_per_hour(config, load_prices(prices_path))
-    notes.extend(missing)
+    cost, cost_notes = cluster_cost_per_hour(config, prices_path)
+    notes.extend(cost_notes)
     per_billion = cost / (tokens_per_second * 3600) * 1e9 if cost is not None and tokens_per_second else None
     recommendation, reasons = _recommend(config, run_hours, nodes)
 
+    save_s = memory.checkpoint_gb * 1e3 / storage_mb_s
+    spot = [g.name for g in config.cluster.instance_groups if g.capacity is CapacityType.SPOT]
+    if spot and save_s > SPOT_NOTICE_S:
+        notes.append(
+            f"Spot group(s) {', '.join(spot)}: a checkpoint takes about {save_s:,.0f} s, longer than the "
+            f"{SPOT_NOTICE_S} s notice of an interruption, so the save on SIGTERM will not finish and the run "
+            "resumes from its last periodic checkpoint (checkpoint.save_interval)"
+        )
     result = Plan(
         config_name=config.name,
         region=config.region,
@@ -517,7 +575,7 @@ def plan(
         run_tokens=run_tokens,
         estimated_run_hours=run_hours,
         storage_throughput_mb_s=storage_mb_s,
-        checkpoint_save_s=memory.checkpoint_gb * 1e3 / storage_mb_s,
+        checkpoint_save_s=save_s,
         recommendation=recommendation,
         reasons=tuple(reasons),
         notes=tuple(notes),
@@ -635,7 +693,7 @@ def render_table(plan: Plan) -> str:
             f"{plan.storage_throughput_mb_s:,.0f} MB/s (FSx)",
         ),
         ("", ""),
-        ("cluster cost", f"{_money(plan.cost_per_hour_usd)} per hour (all groups, on-demand)"),
+        ("cluster cost", f"{_money(plan.cost_per_hour_usd)} per hour (all groups, every node running)"),
         ("throughput", f"{plan.tokens_per_second:,.0f} tokens/s at {plan.mfu:.0%} MFU"),
         ("cost per 1B tokens", _money(plan.cost_per_billion_tokens_usd)),
         ("run", f"{plan.run_tokens / 1e9:,.2f}B tokens, about {plan.estimated_run_hours:,.1f} h"),

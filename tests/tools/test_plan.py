@@ -187,7 +187,10 @@ def test_every_shipped_configuration_plans(path):
 
 
 MODERN_PROFILES = ("training/configs/qwen3-30b-a3b.yaml", "training/configs/deepseek-v3-style-16b.yaml")
-P5EN_CONFIGS = [p for p in SHIPPED_CONFIGS if "ml.p5en.48xlarge" in (ROOT / p).read_text()]
+# Configurations whose GPU nodes are all ml.p5en.48xlarge (none that may fall back to another type).
+P5EN_CONFIGS = [
+    p for p in SHIPPED_CONFIGS if "ml.p5en.48xlarge" in (text := (ROOT / p).read_text()) and "fallback" not in text
+]
 
 
 @pytest.mark.parametrize("profile", MODERN_PROFILES)
@@ -279,7 +282,7 @@ def test_prices_file_covers_the_catalog_in_three_regions():
     data = yaml.safe_load((ROOT / "tools/prices.yaml").read_text())
     assert data["source"] and data["retrieved"]
     for entry in data["prices"]:
-        assert set(entry) == {"instance_type", "region", "usd_per_hour", "confirmed"}
+        assert set(entry) - {"capacity"} == {"instance_type", "region", "usd_per_hour", "confirmed"}
     types = {
         "ml.p5en.48xlarge",
         "ml.p5.48xlarge",
@@ -336,3 +339,39 @@ def test_an_eks_configuration_is_recommended_eks():
     result = plan(load_config(ROOT / "config/eks-p5en.yaml"))
     assert result.recommendation == "eks"
     assert any("eks" in reason for reason in result.reasons)
+
+
+def test_a_flexible_spot_autoscaled_group_is_sized_on_its_smallest_type_and_its_cost_explained():
+    result = plan(load_config(ROOT / "config/eks-autoscaling.yaml"))
+    # ml.p5.48xlarge's H100 (80 GB) bounds the memory, not ml.p5en.48xlarge's H200.
+    assert result.accelerator == "H100/H200" and result.memory.capacity == pytest.approx(80e9 / 2**30 * 0.9)
+    notes = "\n".join(result.notes)
+    assert "no Spot price for ml.p5en.48xlarge in us-east-2" in notes and "an upper bound" in notes
+    assert "group gpu is autoscaled: the cost counts all 4 nodes" in notes
+    assert "tiered storage keeps 410 GiB on each node (20 % of its host memory)" in notes
+
+
+def test_a_spot_price_in_the_prices_file_is_used(tmp_path):
+    prices = yaml.safe_load((ROOT / "tools/prices.yaml").read_text())
+    prices["prices"].append(
+        {
+            "instance_type": "ml.p5en.48xlarge",
+            "region": "us-east-2",
+            "usd_per_hour": 20.0,
+            "confirmed": False,
+            "capacity": "spot",
+        }
+    )
+    (path := tmp_path / "prices.yaml").write_text(yaml.safe_dump(prices))
+    config = load_config(ROOT / "config/eks-autoscaling.yaml")
+    result = plan(config, prices_path=path)
+    system = 2 * load_prices()[("ml.m5.2xlarge", "us-east-2")]
+    assert result.cost_per_hour_usd == pytest.approx(system + 4 * 20.0)
+    assert not any("no Spot price" in note for note in result.notes)
+
+
+def test_a_spot_group_is_told_when_a_checkpoint_outlasts_the_interruption_notice():
+    config = load_config(ROOT / "config/eks-autoscaling.yaml")
+    result = plan(config, train_config_path=str(ROOT / "training/configs/mixtral-8x7b.yaml"))
+    assert result.checkpoint_save_s > 120
+    assert any(n.startswith("Spot group(s) gpu: a checkpoint takes about") for n in result.notes), result.notes
