@@ -148,6 +148,8 @@ GPU_CHECK_DIR := .gpu-check
 # What the trainer imports beside torch, at this environment's versions (pydantic-core must match
 # pydantic exactly). The GPU machine's image has no pydantic and no crc32c; bench/gpu_check.sh
 # installs only the wheels whose module that machine cannot import.
+# The sequence lengths of the memory sweep (bench/gpu_check.sh), the same 3-layer shape otherwise.
+GPU_CHECK_SEQ_LENGTHS := 1024 2048 3072 4096
 GPU_CHECK_PINNED := numpy packaging pyyaml psutil pydantic pydantic-core annotated-types typing-inspection \
   typing-extensions crc32c prometheus-client
 gpu-check-prepare: setup
@@ -160,6 +162,8 @@ gpu-check-prepare: setup
 	$(PY) -m pip wheel -q --no-deps -w $(GPU_CHECK_DIR)/wheels \
 	  python-hostlist==$$($(PY) -c 'import importlib.metadata as m; print(m.version("python-hostlist"))')
 	$(PY) bench/gpu_check.py --write-plan $(GPU_CHECK_DIR)/plan.json
+	for length in $(GPU_CHECK_SEQ_LENGTHS); do \
+	  $(PY) bench/gpu_check.py --write-plan $(GPU_CHECK_DIR)/plan-$$length.json --seq-length $$length; done
 
 diagram: setup system-packages
 	rm -rf cdk.out/diagram

@@ -8,7 +8,8 @@
 # For each variant (the local spec; grouped GEMM where megatron can use one without Transformer
 # Engine) it runs bench/gpu_check.py: the trainer's own step on a stack of Mixtral-shaped MoE
 # layers in bf16, tokens/s, MFU and peak memory against moe-cdk plan's figure. It writes
-# gpu_check.json (all variants) to $OUT, or to bench/results without $OUT.
+# gpu_check.json (all variants, and a memory sweep over the prepared sequence lengths) to $OUT, or to
+# bench/results without $OUT.
 set -euo pipefail
 
 log() { printf '%s gpu_check: %s\n' "$(date -u '+%Y-%m-%dT%H:%M:%SZ')" "$*" >&2; }
@@ -64,10 +65,26 @@ for variant in local grouped_gemm; do
         log "variant $variant failed (exit $?)"
     fi
 done
-"$python" - "$out/gpu_check.json" "${results[@]}" <<'PY'
-import json, sys
-merged = {"results": [json.load(open(path)) for path in sys.argv[2:]]}
+# Peak memory against the plan at each prepared sequence length (the local spec, 2 timed steps): the
+# plan counts what the backward keeps, and the sweep shows what else the peak holds as attention grows.
+sweep="$(mktemp -d)"
+for plan in "$prepared"/plan-*.json; do
+    [[ -f "$plan" ]] || continue
+    length="$(basename "$plan" .json)"
+    length="${length#plan-}"
+    log "memory at sequence length $length"
+    timeout 200 "$python" "$repo/bench/gpu_check.py" --variant local --seq-length "$length" --steps 2 --warmup 1 \
+        --plan-json "$plan" --out "$sweep/$length.json" >/dev/null || log "sequence length $length failed (exit $?)"
+done
+"$python" - "$out/gpu_check.json" "$sweep" "${results[@]}" <<'PY'
+import json, pathlib, sys
+sweep = sorted(pathlib.Path(sys.argv[2]).glob("*.json"), key=lambda path: int(path.stem))
+merged = {
+    "results": [json.load(open(path)) for path in sys.argv[3:]],
+    "memory_by_seq_length": [json.loads(path.read_text()) for path in sweep],
+}
 open(sys.argv[1], "w").write(json.dumps(merged, indent=2) + "\n")
 print(json.dumps(merged, indent=2))
 PY
+rm -rf "$sweep"
 log "wrote $out/gpu_check.json"

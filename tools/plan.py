@@ -76,7 +76,12 @@ class MemoryEstimate:
     """fp32 main weights (bf16 only) and Adam moments, after the distributed optimizer's sharding."""
     activations: float
     """Activations kept for the backward pass by the micro-batches in flight, plus the fp32 logits."""
+    optimizer_step: float
+    """The optimizer step's fp32 temporary, one per parameter it updates: torch's foreach AdamW, which
+    megatron falls back to without Transformer Engine or Apex, holds it while the step runs, after the
+    activations are freed. 0 under the ``transformer_engine`` spec (its fused Adam updates in place)."""
     total: float
+    """Weights, gradients and optimizer state, plus the larger of the activations and the optimizer step."""
     capacity: float
     """Device memory less the reserve."""
     fits: bool
@@ -302,17 +307,19 @@ def memory_per_device(
     expert = counts.expert / (layout.expert * layout.expert_tensor * layout.pipeline)
     bf16 = model.use_bf16(train, on_gpu=True)
     sizes = BF16_BYTES if bf16 else FP32_BYTES
-    if o.distributed_optimizer:
-        optimizer = sizes["optimizer"] * (dense / layout.data + expert / layout.expert_data)
-    else:
-        optimizer = sizes["optimizer"] * (dense + expert)
+    stepped = dense / layout.data + expert / layout.expert_data if o.distributed_optimizer else dense + expert
+    optimizer = sizes["optimizer"] * stepped
     fused = m.spec is Spec.TRANSFORMER_ENGINE
+    # Measured on an H200 (docs/benchmarks.md): without Transformer Engine the peak stayed at 93.4 to
+    # 94.3 GiB from sequence 1,024 to 4,096, the weights' and optimizer's 77.5 GiB plus one fp32 copy of
+    # the parameters (torch._foreach_sqrt of Adam's second moments), not plus the activations.
+    optimizer_step = 0.0 if fused else 4 * stepped
     activations = activation_bytes(
         train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4, fused_attention=fused
     )
     per_device = dense + expert
     parameters, gradients = per_device * sizes["weight"] / GIB, per_device * sizes["gradient"] / GIB
-    total = parameters + gradients + optimizer / GIB + activations / GIB
+    total = parameters + gradients + optimizer / GIB + max(activations, optimizer_step) / GIB
     capacity = device_memory_gib * (1 - reserve_fraction)
     return MemoryEstimate(
         layout=layout,
@@ -324,6 +331,7 @@ def memory_per_device(
         gradients=gradients,
         optimizer=optimizer / GIB,
         activations=activations / GIB,
+        optimizer_step=optimizer_step / GIB,
         total=total,
         capacity=capacity,
         fits=total <= capacity,
@@ -581,7 +589,7 @@ def plan(
         notes=tuple(notes),
     )
     if not memory.fits:
-        term, gib = max(_memory_terms(memory).items(), key=lambda item: item[1])
+        term, gib = max(memory_terms(memory).items(), key=lambda item: item[1])
         result = dataclasses.replace(
             result,
             problems=(
@@ -597,12 +605,14 @@ def plan(
     return result
 
 
-def _memory_terms(memory: MemoryEstimate) -> dict[str, float]:
+def memory_terms(memory: MemoryEstimate) -> dict[str, float]:
+    """The terms of the total: the state, and the larger of the two that never coexist."""
+    peak = ("optimizer step", memory.optimizer_step) if memory.optimizer_step > memory.activations else None
     return {
         "parameters": memory.parameters,
         "gradients": memory.gradients,
         "optimizer": memory.optimizer,
-        "activations": memory.activations,
+        **dict([peak or ("activations", memory.activations)]),
     }
 
 
@@ -619,8 +629,10 @@ def _shrink(term: str, train: TrainConfig) -> str:
     else:
         ways = [f"parallel.expert above {p.expert}"] if p.expert < train.moe.num_experts else []
         ways += [f"parallel.tensor above {p.tensor}", f"parallel.pipeline above {p.pipeline}"]
-        if term == "optimizer" and not train.optim.distributed_optimizer:
+        if term in ("optimizer", "optimizer step") and not train.optim.distributed_optimizer:
             ways.insert(0, "optim.distributed_optimizer=true")
+        if term == "optimizer step":
+            ways.insert(0, "model.spec=transformer_engine (its fused Adam keeps no temporary)")
     return "try " + ", or ".join(ways) + ", or more nodes"
 
 
@@ -633,7 +645,7 @@ def _money(value: float | None) -> str:
 
 BAR_WIDTH = 60
 # One fill per memory term, in the order the bar stacks them; "·" is the reserve, " " free memory.
-BAR_FILLS = {"parameters": "█", "gradients": "▓", "optimizer": "▒", "activations": "░"}
+BAR_FILLS = {"parameters": "█", "gradients": "▓", "optimizer": "▒", "activations": "░", "optimizer step": "░"}
 
 
 def memory_bar(memory: MemoryEstimate, width: int = BAR_WIDTH) -> list[str]:
@@ -642,13 +654,14 @@ def memory_bar(memory: MemoryEstimate, width: int = BAR_WIDTH) -> list[str]:
     A plan that does not fit runs past the capacity mark ``|``, into the reserve or past the device's end ``‖``."""
     scale = max(memory.device_memory_gib, memory.total)
     cells, used = [], 0.0
-    for term, fill in BAR_FILLS.items():
-        used += _memory_terms(memory)[term]
-        cells += fill * (round(used / scale * width) - len(cells))
+    terms = memory_terms(memory)
+    for term, gib in terms.items():
+        used += gib
+        cells += BAR_FILLS[term] * (round(used / scale * width) - len(cells))
     capacity = round(memory.capacity / scale * width)
     device = round(memory.device_memory_gib / scale * width)
     cells += [" "] * max(0, capacity - len(cells)) + ["·"] * max(0, device - max(capacity, len(cells)))
-    legend = "  ".join(f"{fill} {term}" for term, fill in BAR_FILLS.items()) + "  · reserve  | capacity"
+    legend = "  ".join(f"{BAR_FILLS[term]} {term}" for term in terms) + "  · reserve  | capacity"
     if device < len(cells):  # past the device's memory: mark where it ends
         cells.insert(device, "‖")
         legend += "  ‖ device memory"
@@ -683,6 +696,13 @@ def render_table(plan: Plan) -> str:
             f"{m.activations:8.1f}   ({m.attention} attention, recompute "
             f"{', '.join(m.recompute) or 'none'}, incl. logits)",
         ),
+        (
+            "  optimizer step",
+            f"{m.optimizer_step:8.1f}   (torch's Adam without Transformer Engine: a temporary, after the activations "
+            "are freed; the total counts the larger)",
+        )
+        if m.optimizer_step
+        else None,
         ("  total", f"{m.total:8.1f}"),
         ("  capacity", f"{m.capacity:8.1f}   ({m.device_memory_gib:.1f} GiB less {m.reserve_fraction:.0%} reserve)"),
         ("  fits", "yes" if m.fits else "NO"),
@@ -703,6 +723,7 @@ def render_table(plan: Plan) -> str:
         *((("notes", ""),) if plan.notes else ()),
         *(("  -", note) for note in plan.notes),
     ]
+    rows = [row for row in rows if row]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows) + "\n"
 
@@ -738,6 +759,7 @@ def to_json(plan: Plan) -> dict:
             "gradients": m.gradients,
             "optimizer": m.optimizer,
             "activations": m.activations,
+            "optimizer_step": m.optimizer_step,
             "total": m.total,
             "capacity": m.capacity,
             "fits": m.fits,

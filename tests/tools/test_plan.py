@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ from moe_cdk.tools.plan import (
     load_prices,
     memory_bar,
     memory_per_device,
+    memory_terms,
     plan,
     render_table,
     to_json,
@@ -128,9 +130,9 @@ def test_the_memory_bar_stacks_each_term_to_scale_against_the_capacity():
     bar, legend = memory_bar(est, width=60)
     cells = bar[1:-1]
     assert len(cells) == 61 and cells.index("|") == round(est.capacity / 131.3 * 60)  # 60 cells and the mark
-    for term, fill in BAR_FILLS.items():
-        assert abs(cells.count(fill) - getattr(est, term) / 131.3 * 60) <= 1, term
-        assert f"{fill} {term}" in legend
+    for term, gib in memory_terms(est).items():
+        assert abs(cells.count(BAR_FILLS[term]) - gib / 131.3 * 60) <= 1, term
+        assert f"{BAR_FILLS[term]} {term}" in legend
     assert cells.count("·") == 60 - round(est.capacity / 131.3 * 60) and "‖" not in bar
 
 
@@ -242,6 +244,7 @@ def test_json_output_keys():
         "parameters",
         "gradients",
         "optimizer",
+        "optimizer_step",
         "activations",
         "total",
         "capacity",
@@ -375,3 +378,28 @@ def test_a_spot_group_is_told_when_a_checkpoint_outlasts_the_interruption_notice
     result = plan(config, train_config_path=str(ROOT / "training/configs/mixtral-8x7b.yaml"))
     assert result.checkpoint_save_s > 120
     assert any(n.startswith("Spot group(s) gpu: a checkpoint takes about") for n in result.notes), result.notes
+
+
+# Peak memory measured on one H200 by bench/gpu_check.sh (2026-12-04): 3 Mixtral layers, the local spec,
+# no Transformer Engine, by sequence length; docs/benchmarks.md.
+H200_PEAK_GIB = {1024: 93.36, 2048: 93.55, 3072: 93.87, 4096: 94.32}
+
+
+@pytest.mark.parametrize("seq_length", sorted(H200_PEAK_GIB))
+def test_the_plan_covers_the_peak_measured_on_an_h200_within_two_percent(seq_length):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_check import MIXTRAL as SHAPE, VOCAB, overrides
+
+    train = load_train_config(SHAPE, overrides(layers=3, seq_length=seq_length, micro_batches=4, variant="local"))
+    est = memory_per_device(train, world_size=1, vocab_size=VOCAB, device_memory_gib=141e9 / 2**30)
+    assert 1.0 <= est.total / H200_PEAK_GIB[seq_length] <= 1.02
+
+
+def test_torchs_adam_step_is_counted_instead_of_the_activations_when_larger():
+    local = load_train_config(MIXTRAL, ["model.spec=local"])
+    est = memory_per_device(local, world_size=16, vocab_size=32000, device_memory_gib=131.3)
+    assert est.optimizer_step == pytest.approx(est.optimizer / 3)  # 4 of the 12 bytes a bf16 parameter's state takes
+    states = est.parameters + est.gradients + est.optimizer
+    assert est.total == pytest.approx(states + max(est.activations, est.optimizer_step))
+    fused = load_train_config(MIXTRAL, ["model.spec=transformer_engine"])
+    assert memory_per_device(fused, world_size=16, vocab_size=32000, device_memory_gib=131.3).optimizer_step == 0
