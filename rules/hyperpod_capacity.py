@@ -87,7 +87,7 @@ def capacity_problems(
                 problem(
                     "needs continuous node provisioning",
                     got=shown,
-                    allowed="cluster.node_provisioning_mode: continuous",
+                    allowed="node_provisioning_mode continuous",
                 ).at(key)
             )
     if len(instance_types) > max_instance_types():

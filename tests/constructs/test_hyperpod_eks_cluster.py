@@ -18,6 +18,7 @@ from moe_cdk.constructs.hyperpod_eks_cluster import (
     EksNodeRole,
     HyperPodEksCluster,
     HyperPodEksClusterProps,
+    NodeProvisioningMode,
     Taint,
     provisioning_parameters,
 )
@@ -207,3 +208,35 @@ def test_reserved_label_and_taint_prefixes_are_refused():
 
 def test_lifecycle_runs_as_on_create_which_eks_requires(template):
     assert all(set(g["LifeCycleConfig"]) == {"SourceS3Uri", "OnCreate"} for g in _groups(template).values())
+
+
+AUTOSCALED = dataclasses.replace(GROUPS[1], autoscale=True, deep_health_checks=False)
+
+
+def test_an_autoscaled_group_needs_continuous_provisioning_at_the_construct_too():
+    with pytest.raises(ConfigError) as error:
+        _build(groups=(GROUPS[0], AUTOSCALED))
+    assert error.value.errors == [
+        "instance_groups[1].autoscale: needs continuous node provisioning "
+        "(got True; allowed node_provisioning_mode continuous)"
+    ]
+
+
+def test_a_construct_without_autoscaled_groups_gets_no_autoscaler_role():
+    _, _, hyperpod = _build()
+    assert hyperpod.autoscaler_role is None
+
+
+def test_an_autoscaled_construct_synthesizes_nag_clean_with_its_role():
+    app, stack, hyperpod = _build(
+        groups=(GROUPS[0], AUTOSCALED), node_provisioning_mode=NodeProvisioningMode.CONTINUOUS
+    )
+    app.synth()  # fails on any unacknowledged cdk-nag finding
+    cluster = _cluster_properties(Template.from_stack(stack))
+    assert cluster["ClusterRole"] == stack.resolve(hyperpod.autoscaler_role.role_arn)
+    assert _groups(Template.from_stack(stack))["gpu"]["InstanceCount"] == 0
+
+
+def _cluster_properties(template: Template) -> dict:
+    (cluster,) = template.find_resources("AWS::SageMaker::Cluster").values()
+    return cluster["Properties"]
