@@ -43,13 +43,7 @@ def _run(args: argparse.Namespace) -> int:
     if problems := spec.problems():
         return report(args.config, ConfigError(problems))
     group = config.cluster.compute_group(args.group)
-    if group.autoscale and (
-        reasons := unplaceable_reasons(
-            pod_template(spec, [], [])["spec"],
-            node_pool(group),
-            requests={spec.device_resource: spec.devices_per_node, "vpc.amazonaws.com/efa": spec.efa_per_node},
-        )
-    ):
+    if group.autoscale and (reasons := unplaceable_reasons(pod_template(spec, [], [])["spec"], node_pool(group))):
         return report(
             args.config,
             ConfigError(

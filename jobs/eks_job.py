@@ -431,9 +431,8 @@ def job_spec_from_config(
                 ).at("--group")
             ]
         )
-    gpu = spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU
     name = name or profile.name
-    fallbacks = [catalog.lookup(t) for t in chosen.fallback_instance_types]
+    fallbacks = chosen.specs[1:]
     return EksJobSpec(
         name=name,
         namespace=config.eks.namespace,
@@ -444,7 +443,7 @@ def job_spec_from_config(
         # Every type of a flexible group has as many accelerators (rules/hyperpod_capacity.py); the EFA
         # devices asked for are the fewest any of them has, so a node of any type can take the pod.
         devices_per_node=spec.accelerator_count,
-        device_resource=eks_rules.GPU_RESOURCE if gpu else eks_rules.NEURON_RESOURCE,
+        device_resource=eks_rules.device_resource(spec),
         efa_per_node=min(s.efa_interfaces for s in [spec, *fallbacks]),
         train_profile=profile.text,
         profile_config_map=suffixed_name(name, "profile"),

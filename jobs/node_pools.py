@@ -33,13 +33,6 @@ NODE_CLASS_KIND = "HyperpodNodeClass"
 NODE_POOL_API = "karpenter.sh/v1"
 
 
-def _device_resource(spec: catalog.InstanceSpec) -> str | None:
-    return {
-        catalog.AcceleratorKind.NVIDIA_GPU: eks_rules.GPU_RESOURCE,
-        catalog.AcceleratorKind.TRAINIUM: eks_rules.NEURON_RESOURCE,
-    }.get(spec.accelerator_kind)
-
-
 def node_class(group: InstanceGroupConfig) -> dict:
     return {
         "apiVersion": f"{NODE_CLASS_GROUP}/v1",
@@ -50,11 +43,11 @@ def node_class(group: InstanceGroupConfig) -> dict:
 
 
 def node_pool(group: InstanceGroupConfig) -> dict:
-    specs = [catalog.lookup(t) for t in (group.instance_type, *group.fallback_instance_types)]
+    specs = group.specs
     # At most instance_count nodes of the largest type; the accelerator limit is exact, since every
     # type of a training group has as many.
     limits = {"cpu": str(group.instance_count * max(s.vcpus for s in specs))}
-    if device := _device_resource(specs[0]):
+    if device := eks_rules.device_resource(specs[0]):
         limits[device] = str(group.instance_count * specs[0].accelerator_count)
     template_spec = {
         "nodeClassRef": {"group": NODE_CLASS_GROUP, "kind": NODE_CLASS_KIND, "name": group.name},
@@ -116,13 +109,13 @@ def _matches(requirement: Mapping, values: set[str]) -> bool:
     }.get(operator, False)
 
 
-def unplaceable_reasons(pod_spec: Mapping, pool: Mapping, *, requests: Mapping[str, int]) -> list[str]:
+def unplaceable_reasons(pod_spec: Mapping, pool: Mapping) -> list[str]:
     """Why Karpenter would leave a pod with ``pod_spec`` pending rather than add a node from ``pool``;
     empty when it can place it. Follows Karpenter's scheduling rules ("Scheduling" page): every
     nodeSelector key and required node-affinity expression must be met by the pool's template labels
     or its requirements (a key the pool does not know keeps the pod pending), every taint tolerated,
-    and the requests within one node of the pool's types. ``requests`` are the pod's extended
-    resources (accelerators, EFA devices)."""
+    and the extended resources (accelerators, EFA devices) its containers request within one node of
+    the pool's types."""
     template = pool["spec"]["template"]
     labels = template.get("metadata", {}).get("labels", {})
     requirements = {r["key"]: r for r in template["spec"]["requirements"]}
@@ -158,6 +151,13 @@ def unplaceable_reasons(pod_spec: Mapping, pool: Mapping, *, requests: Mapping[s
             reasons.append(f"the pool's taint {taint['key']}:{taint['effect']} is not tolerated")
     types = requirements.get(eks_rules.INSTANCE_TYPE_LABEL, {}).get("values", [])
     capacity = _capacities([catalog.lookup(t) for t in types])
+    extended = {eks_rules.EFA_RESOURCE, eks_rules.GPU_RESOURCE, eks_rules.NEURON_RESOURCE}
+    requests: dict[str, int] = {}
+    # A pod asks for the larger of its init containers' and its containers' requests ("Init Containers").
+    for container in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+        for resource, amount in container.get("resources", {}).get("requests", {}).items():
+            if resource in extended:
+                requests[resource] = max(requests.get(resource, 0), int(amount))
     for resource, amount in requests.items():
         if not any(node.get(resource, 0) >= amount for node in capacity):
             reasons.append(f"no instance type of the pool has {amount} {resource}")
@@ -171,7 +171,7 @@ def _capacities(specs: Sequence[catalog.InstanceSpec | None]) -> list[dict[str, 
         if spec is None:
             continue
         node = {eks_rules.EFA_RESOURCE: spec.efa_interfaces}
-        if device := _device_resource(spec):
+        if device := eks_rules.device_resource(spec):
             node[device] = spec.accelerator_count
         nodes.append(node)
     return nodes

@@ -71,6 +71,14 @@ NEURON_RESOURCE = "aws.amazon.com/neuron"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 
+def device_resource(spec: catalog.InstanceSpec) -> str | None:
+    """The extended resource a node of ``spec`` advertises for its accelerators; None for CPU types."""
+    return {
+        catalog.AcceleratorKind.NVIDIA_GPU: GPU_RESOURCE,
+        catalog.AcceleratorKind.TRAINIUM: NEURON_RESOURCE,
+    }.get(spec.accelerator_kind)
+
+
 @dataclass(frozen=True)
 class Addon:
     """An EKS add-on (``AWS::EKS::Addon``)."""

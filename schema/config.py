@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic.dataclasses import dataclass
 
+from moe_cdk.core import catalog
 from moe_cdk.core.loader import SECTION, json_schema, parse, render_docs
 from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
@@ -146,6 +147,12 @@ class InstanceGroupConfig:
     empty_node_timeout_s: int = 600
     """With `autoscale`: seconds a node may sit without training pods before Karpenter removes it."""
 
+    @property
+    def specs(self) -> list[catalog.InstanceSpec]:
+        """The catalog's figures for `instance_type` and each fallback, first choice first (a loaded
+        configuration names only types the catalog knows)."""
+        return [catalog.lookup(t) for t in (self.instance_type, *self.fallback_instance_types)]
+
     def to_eks_props(self) -> EksInstanceGroup:
         # A Slurm-only role is reported on its own (ClusterConfig._eks_problems); as a system
         # group it draws no second, EFA-related error.
@@ -157,7 +164,7 @@ class InstanceGroupConfig:
             ebs_volume_size_gib=self.ebs_volume_size_gib,
             training_plan_arn=self.training_plan_arn,
             deep_health_checks=self.deep_health_checks,
-            **self._update_props(),
+            **self._hyperpod_props(),
             labels=dict(self.labels),
             taints=self.taints,
             autoscale=self.autoscale,
@@ -174,10 +181,10 @@ class InstanceGroupConfig:
             ebs_volume_size_gib=self.ebs_volume_size_gib,
             training_plan_arn=self.training_plan_arn,
             deep_health_checks=self.deep_health_checks,
-            **self._update_props(),
+            **self._hyperpod_props(),
         )
 
-    def _update_props(self) -> dict:
+    def _hyperpod_props(self) -> dict:
         return {
             "image_id": self.image_id,
             "scheduled_update": self.scheduled_update,

@@ -506,7 +506,7 @@ def plan(
     world_size = sum(g.instance_count * s.accelerator_count for g, s in groups)
     # Every type a node may be: a flexible group's fallbacks have as many accelerators as its first
     # choice (rules/hyperpod_capacity.py), but maybe less memory or speed.
-    every = [catalog.lookup(t) for g, _ in groups for t in (g.instance_type, *g.fallback_instance_types)]
+    every = [s for g, _ in groups for s in g.specs]
     for g, _ in groups:
         if g.fallback_instance_types:
             notes.append(

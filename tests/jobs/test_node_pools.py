@@ -48,10 +48,6 @@ def objects(config):
     return node_class, node_pool
 
 
-def requests(spec) -> dict[str, int]:
-    return {spec.device_resource: spec.devices_per_node, "vpc.amazonaws.com/efa": spec.efa_per_node}
-
-
 def test_the_node_pool_passes_karpenters_schema(objects):
     assert karpenter_schema_errors(objects[1]) == [[]]
 
@@ -87,21 +83,22 @@ def test_the_pool_is_limited_to_the_groups_instance_count_and_empties_to_zero(ob
 def test_the_rendered_job_pods_are_ones_karpenter_can_place(config, objects, render):
     spec = job_spec_from_config(config, image=IMAGE)
     for pod in pods(render(spec)):
-        assert unplaceable_reasons(pod["spec"], objects[1], requests=requests(spec)) == []
+        assert unplaceable_reasons(pod["spec"], objects[1]) == []
 
 
 def test_a_pod_selecting_a_label_the_pool_lacks_stays_pending(config, objects):
     spec = job_spec_from_config(config, image=IMAGE)
     pod = pods(render_pytorchjob(spec))[0]["spec"]
     pod["nodeSelector"]["moe-cdk/pool"] = "inference"
-    (reason,) = unplaceable_reasons(pod, objects[1], requests=requests(spec))
+    (reason,) = unplaceable_reasons(pod, objects[1])
     assert "moe-cdk/pool=inference" in reason
 
 
 def test_a_pod_asking_for_more_devices_than_any_type_stays_pending(config, objects):
     spec = job_spec_from_config(config, image=IMAGE)
     pod = pods(render_pytorchjob(spec))[0]["spec"]
-    (reason,) = unplaceable_reasons(pod, objects[1], requests={"vpc.amazonaws.com/efa": 64})
+    pod["containers"][0]["resources"]["requests"]["vpc.amazonaws.com/efa"] = 64
+    (reason,) = unplaceable_reasons(pod, objects[1])
     assert reason == "no instance type of the pool has 64 vpc.amazonaws.com/efa"
 
 
@@ -112,11 +109,9 @@ def test_an_untolerated_pool_taint_keeps_the_pod_pending(config):
     (_, pool) = node_pool_objects(tainted)
     spec = job_spec_from_config(tainted, image=IMAGE)
     pod = pods(render_pytorchjob(spec))[0]["spec"]
-    assert unplaceable_reasons(pod, pool, requests=requests(spec)) == []
+    assert unplaceable_reasons(pod, pool) == []
     del pod["tolerations"]
-    assert unplaceable_reasons(pod, pool, requests=requests(spec)) == [
-        "the pool's taint moe-cdk/training:NoSchedule is not tolerated"
-    ]
+    assert unplaceable_reasons(pod, pool) == ["the pool's taint moe-cdk/training:NoSchedule is not tolerated"]
 
 
 def test_a_flexible_groups_pods_select_any_of_its_types_and_the_fewest_efa(config):
