@@ -18,13 +18,49 @@ from moe_cdk.jobs.eks_job import (
 )
 from moe_cdk.jobs.node_pools import node_pool, node_pool_objects, unplaceable_reasons
 from moe_cdk.jobs.profile import load_job_profile
+from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import Orchestrator, load_config, require_orchestrator
+
+
+def _neuron(args: argparse.Namespace, config) -> tuple[str, str]:
+    """The NxD Training PyTorchJob and its configuration's ConfigMap for a Trainium configuration."""
+    from moe_cdk.jobs.neuron_job import eks_spec, neuron_run, render_neuron_pytorchjob
+
+    unsupported = [
+        problem(reason, got=flag, allowed="a Kubeflow PyTorchJob (without it)").at(flag)
+        for flag, given, reason in (
+            ("--hyperpod", args.hyperpod, "the HyperPod training operator starts moe-train's agent, not NxD Training"),
+            ("--helm-values", args.helm_values, "charts/moe-training runs moe-train"),
+        )
+        if given
+    ]
+    if unsupported:
+        raise ConfigError(unsupported)
+    run = neuron_run(
+        config,
+        load_job_profile(config, args.train_config, args.train_arg),
+        group=args.group,
+        nodes=args.nodes,
+        name=args.name,
+    )
+    spec = eks_spec(config, run, image=args.image, backoff_limit=args.backoff_limit, preflight=args.preflight)
+    if problems := spec.problems():
+        raise ConfigError(problems)
+    job = render_neuron_pytorchjob(spec, run)
+    summary = (
+        f"ConfigMap {spec.profile_config_map} and NxD Training PyTorchJob {spec.name}, {spec.nodes} pod(s) x "
+        f"{spec.devices_per_node} {spec.device_resource} ({run.spec.ranks_per_node} ranks), {spec.efa_per_node} EFA"
+    )
+    return to_yaml(render_profile_config_map(spec), job), summary
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         require_orchestrator(config, "eks render needs an EKS configuration", Orchestrator.EKS)
+        if config.training_stack is TrainingStack.NXDT:
+            text, summary = _neuron(args, config)
+            return emit(text, args.output, summary)
         spec = job_spec_from_config(
             config,
             profile=load_job_profile(config, args.train_config, args.train_arg),

@@ -14,10 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-from moe_cdk.cli.report import emit, report
+from moe_cdk.cli.report import emit, report, require_image
 from moe_cdk.core.problems import ConfigError, raise_if_any
 from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
+from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import (
     Orchestrator,
     load_config,
@@ -38,10 +39,40 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _neuron_sbatch(args: argparse.Namespace, config) -> tuple[str, str]:
+    """The NxD Training batch script for a Trainium configuration (jobs/neuron_job.py)."""
+    from moe_cdk.jobs.neuron_job import neuron_run, render_neuron_sbatch, slurm_spec
+
+    require_image(args, "NxD Training runs in the Neuron image (the storage stack's TrainingImageUri)")
+    run = neuron_run(
+        config,
+        load_job_profile(config, args.train_config, args.train_arg),
+        group=args.group,
+        nodes=args.nodes,
+        name=args.job_name,
+    )
+    spec = slurm_spec(
+        config,
+        run,
+        image=args.image,
+        time_limit=args.time,
+        signal_lead_seconds=args.signal_lead,
+        qos=args.qos,
+        nice=args.nice,
+        max_requeues=args.max_requeues,
+        after=args.after,
+    )
+    raise_if_any(spec.problems())
+    return render_neuron_sbatch(spec, run), f"NxD Training: {spec.nodes} node(s) x {run.spec.ranks_per_node} ranks"
+
+
 def _slurm_render(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         require_orchestrator(config, "slurm render needs a HyperPod Slurm configuration", Orchestrator.SLURM)
+        if config.training_stack is TrainingStack.NXDT:
+            text, summary = _neuron_sbatch(args, config)
+            return emit(text, args.output, summary)
         spec = job_spec_from_config(
             config,
             profile=load_job_profile(config, args.train_config, args.train_arg),

@@ -3,21 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from moe_cdk.cli.report import report
+from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.schema.config import load_config
+from moe_cdk.jobs.nxdt import nxdt_problems
+from moe_cdk.rules.neuron import TrainingStack
+from moe_cdk.schema.config import NodeRole, load_config
 from moe_cdk.tools.plan import DEFAULT_MFU, plan, render_table, to_json
+from moe_cdk.training.config import load_train_config
+
+
+def _check_nxdt(config, args: argparse.Namespace) -> None:
+    """Raise ``ConfigError`` with every key of the profile NxD Training cannot run on the Trainium groups."""
+    train_config = Path(args.train_config) if args.train_config else config.training.path
+    label = "--train-config" if args.train_config else "training.profile"
+    try:
+        train = load_train_config(train_config, tuple(args.set or ()))
+    except ConfigError:
+        return  # plan() reports the profile's own problems
+    ranks = sum(
+        g.instance_count * spec.ranks_per_node
+        for g in config.cluster.instance_groups
+        if g.role is NodeRole.COMPUTE and (spec := catalog.lookup(g.instance_type)).is_accelerated
+    )
+    if found := nxdt_problems(train, world_size=ranks):
+        raise ConfigError([dataclasses.replace(p, key=f"{label}: {p.key}") for p in found])
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 when it fits, 2 (problems on stderr) when the configuration is invalid or, after
     printing the plan, when it does not fit."""
     try:
+        config = load_config(args.config)
+        if config.training_stack is TrainingStack.NXDT:
+            _check_nxdt(config, args)
         result = plan(
-            load_config(args.config),
+            config,
             train_config_path=args.train_config,
             mfu=args.mfu,
             train_overrides=tuple(args.set or ()),

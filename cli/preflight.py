@@ -3,6 +3,7 @@ training image or, for a CPU cluster, with the host's Python.
 
     moe-preflight node --instance-type ml.p5en.48xlarge [--dcgm-level 1 --dcgm-json FILE]
     moe-preflight nccl-tests --log all_reduce_perf.log --instance-type ml.p5en.48xlarge --nodes 2
+    moe-preflight nccom-test --log nccom_all_reduce.log --instance-type ml.trn2.48xlarge --nodes 2   # Trainium
     moe-preflight collectives --config PROFILE --instance-type ml.p5en.48xlarge   # every rank
 
 Each prints verdict lines (training/fabric/preflight.py) and exits 0 when every check passed, 1 when one
@@ -76,6 +77,28 @@ def _nccl_tests(args: argparse.Namespace) -> int:
     )
 
 
+def _nccom_test(args: argparse.Namespace) -> int:
+    from moe_cdk.training.fabric.preflight import check_nccom_test
+
+    log = Path(args.log)
+    if not log.is_file():
+        return report(
+            "moe-preflight nccom-test",
+            ConfigError([problem("no such file", got=args.log, allowed="an nccom-test log").at("--log")]),
+        )
+    operation = args.operation or log.stem.removeprefix("nccom_")
+    return _print(
+        [
+            check_nccom_test(
+                log.read_text(errors="replace"),
+                operation=operation,
+                instance_type=args.instance_type,
+                nodes=args.nodes,
+            )
+        ]
+    )
+
+
 def _collectives(args: argparse.Namespace) -> int:
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.launch_env import detect
@@ -138,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moe-preflight", description="The preflight job's checks on the nodes.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    node = commands.add_parser("node", help="this node's GPUs, DCGM result and EFA devices against the catalog")
+    node = commands.add_parser(
+        "node", help="this node's GPUs (and DCGM result) or Neuron devices, and EFA devices, against the catalog"
+    )
     node.add_argument("--instance-type", help="the node's instance type, e.g. ml.p5en.48xlarge")
     node.add_argument("--local", action="store_true", help="a CPU node: check the interpreter, torch and gloo only")
     node.add_argument("--node", help="the name in the verdict (default: SLURMD_NODENAME or the host name)")
@@ -153,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     nccl.add_argument("--nodes", type=int, default=1, help="nodes in the run (the floors apply from 2)")
     nccl.add_argument("--local", action="store_true", help="no catalog floor and no EFA check")
     nccl.set_defaults(run=_nccl_tests)
+
+    nccom = commands.add_parser("nccom-test", help="a Neuron nccom-test log against the catalog's floor (Trainium)")
+    nccom.add_argument("--log", required=True, help="the output of nccom-test")
+    nccom.add_argument("--operation", help="all_reduce or alltoall (default: the log's name without nccom_)")
+    nccom.add_argument("--instance-type", required=True, help="the nodes' instance type, e.g. ml.trn2.48xlarge")
+    nccom.add_argument("--nodes", type=int, default=1, help="nodes in the run (the floor applies from 2)")
+    nccom.set_defaults(run=_nccom_test)
 
     coll = commands.add_parser(
         "collectives", help="the EP all-to-all with the profile's dispatch shape, and an all-reduce"

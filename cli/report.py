@@ -19,6 +19,14 @@ def report(source: str, error: ConfigError, exit_code: int = EXIT_INVALID) -> in
     return exit_code
 
 
+def require_image(args, what: str) -> None:
+    """Raise ``ConfigError`` at ``--image`` unless the command was given an image and no ``--local``: ``what``
+    says where the job runs, e.g. "NxD Training runs in the Neuron image on the Trainium nodes"."""
+    if args.local or not args.image:
+        found = problem(what, got="--local" if args.local else None, allowed="--image URI, without --local")
+        raise ConfigError([found.at("--image")])
+
+
 def emit(text: str, output: str | None, what: str = "") -> int:
     """Write a rendered file to ``output`` and say so (``wrote FILE: what``), or print it on stdout; 0.
     The file appears whole or not at all (written beside it, then renamed); a folder that is missing

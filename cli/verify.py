@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from moe_cdk.cli.report import emit, report
-from moe_cdk.core.problems import ConfigError, problem
+from moe_cdk.cli.report import emit, report, require_image
+from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.profile import load_job_profile
+from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import HYPERPOD, Orchestrator, load_config, require_orchestrator
 
 
@@ -26,21 +27,35 @@ def _render(args: argparse.Namespace) -> int:
     return emit(text, args.output, summary)
 
 
+def _neuron_job(args: argparse.Namespace, config):
+    """The Slurm spec of the NxD Training job whose nodes and image a Trainium preflight checks."""
+    from moe_cdk.jobs.neuron_job import neuron_run, slurm_spec
+
+    require_image(args, "a Trainium preflight runs in the Neuron image on the Trainium nodes")
+    run = neuron_run(
+        config, load_job_profile(config, args.train_config), group=args.group, nodes=args.nodes, name=args.job_name
+    )
+    return slurm_spec(config, run, image=args.image)
+
+
 def _slurm(args: argparse.Namespace, config) -> tuple[str, str]:
     from moe_cdk.jobs.preflight_job import preflight_job, render_preflight_sbatch
     from moe_cdk.jobs.slurm_job import job_spec_from_config
 
-    job = job_spec_from_config(
-        config,
-        profile=load_job_profile(config, args.train_config),
-        image=args.image,
-        local=args.local,
-        python=args.python,
-        group=args.group,
-        nodes=args.nodes,
-        job_name=args.job_name,
-        master_port=args.master_port,
-    )
+    if config.training_stack is TrainingStack.NXDT:
+        job = _neuron_job(args, config)
+    else:
+        job = job_spec_from_config(
+            config,
+            profile=load_job_profile(config, args.train_config),
+            image=args.image,
+            local=args.local,
+            python=args.python,
+            group=args.group,
+            nodes=args.nodes,
+            job_name=args.job_name,
+            master_port=args.master_port,
+        )
     group = config.cluster.compute_group(args.group)
     spec = preflight_job(job, instance_type=group.instance_type, dcgm_level=args.dcgm_level)
     return render_preflight_sbatch(
@@ -52,15 +67,23 @@ def _eks(args: argparse.Namespace, config) -> tuple[str, str]:
     from moe_cdk.jobs.eks_job import job_spec_from_config, render_profile_config_map, to_yaml
     from moe_cdk.jobs.preflight_job import render_preflight_mpijob, render_preflight_pytorchjob
 
-    if args.local or not args.image:
-        raise ConfigError(
-            [
-                problem(
-                    "an EKS preflight runs in the training image on the GPU nodes",
-                    got="--local" if args.local else None,
-                    allowed="--image URI, without --local",
-                ).at("--image")
-            ]
+    require_image(args, "an EKS preflight runs in the training image on the accelerator nodes")
+    if config.training_stack is TrainingStack.NXDT:
+        # Each pod checks its node's Neuron and EFA devices; nccom-test across pods is not rendered on EKS
+        # (docs/trainium.md): its multi-node launch needs SSH between the pods.
+        from moe_cdk.jobs.neuron_job import eks_spec, neuron_run
+
+        run = neuron_run(
+            config, load_job_profile(config, args.train_config), group=args.group, nodes=args.nodes, name=args.job_name
+        )
+        spec = eks_spec(config, run, image=args.image)
+        if problems := spec.problems():
+            raise ConfigError(problems)
+        job = render_preflight_pytorchjob(spec)
+        return (
+            to_yaml(render_profile_config_map(spec), job),
+            f"ConfigMap {spec.profile_config_map} and PyTorchJob {job['metadata']['name']} (Neuron and EFA devices), "
+            f"{spec.nodes} pod(s) of {spec.instance_type}",
         )
     spec = job_spec_from_config(
         config,

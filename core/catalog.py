@@ -12,6 +12,10 @@ Sources (checked 2026-11-30):
   instances" (efa-acc-inst-types): P5 has 32 EFA devices and one ENA device.
 - [NEURON] AWS Neuron documentation, "Amazon EC2 Trn2 Architecture": trn2.48xlarge has
   16 Trainium2 chips, 192 vCPUs, 2,048 GiB host memory and 1,536 GiB device memory.
+- [NEURON-LNC] AWS Neuron documentation, "Logical NeuronCore configuration" (aws-neuron/aws-neuron-sdk,
+  about-neuron/arch/neuron-features/logical-neuroncore-config.rst at ee7d6e0): a Trainium2 chip has 8 physical
+  NeuronCores, grouped by the default LNC=2 into 4 logical NeuronCores, so a trn2.48xlarge presents 64;
+  ``neuron-ls -j`` reports each chip's ``memory_size`` as 103079215104 bytes (96 GiB).
 - [SM-API] SageMaker API reference, ``ClusterInstanceGroupDetails.InstanceType`` valid
   values (ml.p4de.24xlarge, ml.p5.48xlarge, ml.p5en.48xlarge, ml.trn2.48xlarge, ml.m5.*).
 - [EC2-GP] Amazon EC2 "General purpose instance specifications" (m5 family).
@@ -50,7 +54,7 @@ class InstanceSpec:
     """Marketing name of the accelerator, e.g. ``H200``; empty for CPU-only types."""
     accelerator_count: int
     """Accelerators (GPUs or Trainium chips) per instance."""
-    accelerator_memory_gb: int
+    accelerator_memory_gb: float
     """Memory per accelerator, in GB (10**9 bytes): an H200's 141 GB is 131.3 GiB."""
     efa_interfaces: int
     """Maximum EFA interfaces per instance; 0 when the type has no EFA."""
@@ -60,6 +64,14 @@ class InstanceSpec:
     """Host memory per instance, in GiB."""
     network_gbps: int
     """Aggregate network bandwidth, in Gbit/s."""
+    ranks_per_accelerator: int = 1
+    """Training processes per accelerator: 1 per GPU; per Trainium2 chip, its logical NeuronCores at the default
+    logical-NeuronCore setting (4 at LNC=2)."""
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Training processes per instance: one per GPU or logical NeuronCore (64 on a trn2.48xlarge)."""
+        return self.accelerator_count * self.ranks_per_accelerator
 
     @property
     def sagemaker_name(self) -> str:
@@ -117,18 +129,20 @@ _SPECS: tuple[InstanceSpec, ...] = (
     _gpu("p5.48xlarge", "H100", 8, 80, 32, 192, 2048, 3200),
     # [EC2-ACC]: 8x A100 80 GB, 96 vCPUs, 1,152 GiB, 400 Gbps over 4 EFA interfaces.
     _gpu("p4de.24xlarge", "A100", 8, 80, 4, 96, 1152, 400),
-    # [NEURON]: 16 Trainium2 chips, 1,536 GiB device memory (96 GiB each), 192 vCPUs,
-    # 2,048 GiB host memory; [EC2-ACC]: 3.2 Tbps EFAv3 over 16 EFA interfaces.
+    # [NEURON]: 16 Trainium2 chips, 1,536 GiB device memory (96 GiB each, which is 103.1 GB: AWS states
+    # this one in GiB), 192 vCPUs, 2,048 GiB host memory; [EC2-ACC]: 3.2 Tbps EFAv3 over 16 EFA
+    # interfaces; [NEURON-LNC]: 4 logical NeuronCores per chip at the default LNC=2.
     InstanceSpec(
         ec2_name="trn2.48xlarge",
         accelerator_kind=AcceleratorKind.TRAINIUM,
         accelerator_model="Trainium2",
         accelerator_count=16,
-        accelerator_memory_gb=96,
+        accelerator_memory_gb=96 * 2**30 / 1e9,
         efa_interfaces=16,
         vcpus=192,
         memory_gib=2048,
         network_gbps=3200,
+        ranks_per_accelerator=4,
     ),
     # [EC2-GP]: head and login nodes. Bandwidth is the "up to" figure for the smaller sizes.
     _cpu("m5.xlarge", 4, 16, 10),

@@ -38,6 +38,7 @@ from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.jobs.profile import PROFILE_FILE, JobProfile, load_job_profile
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.eks import KUBERNETES_NAME
+from moe_cdk.rules.neuron import moe_train_refusal
 from moe_cdk.schema.config import Config, nodes_of
 
 CONTAINER = "pytorch"  # the container name the Kubeflow training operator looks for
@@ -152,34 +153,18 @@ class EksJobSpec:
         return found
 
 
-def pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_ports: list[dict] = ()) -> dict:
-    resources = {spec.device_resource: spec.devices_per_node}
-    if spec.efa_per_node:
-        resources[eks_rules.EFA_RESOURCE] = spec.efa_per_node
-    annotations = {}
-    ports = list(extra_ports)
-    if spec.metrics_port is not None:
-        annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port)}
-        ports.append({"name": "metrics", "containerPort": spec.metrics_port})
-    probe_period = 30
-    container = {
-        "name": CONTAINER,
-        "image": spec.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": command,
-        "args": args,
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "volumeMounts": [
-            {"name": "fsx", "mountPath": FSX_MOUNT},
-            {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True},
-        ],
+_PROBE_PERIOD_S = 30
+
+
+def _probes(spec: EksJobSpec) -> dict:
+    """moe-train's probes: the first metrics record, then a record at least every ``stall_timeout_s``."""
+    return {
         "startupProbe": {
             "exec": {"command": ["test", "-f", LIVENESS_FILE]},
-            "periodSeconds": probe_period,
-            "failureThreshold": -(-spec.startup_timeout_s // probe_period),
+            "periodSeconds": _PROBE_PERIOD_S,
+            "failureThreshold": -(-spec.startup_timeout_s // _PROBE_PERIOD_S),
         },
-        "readinessProbe": {"exec": {"command": ["test", "-f", READINESS_FILE]}, "periodSeconds": probe_period},
+        "readinessProbe": {"exec": {"command": ["test", "-f", READINESS_FILE]}, "periodSeconds": _PROBE_PERIOD_S},
         "livenessProbe": {
             "exec": {
                 "command": [
@@ -188,15 +173,51 @@ def pod_template(spec: EksJobSpec, command: list[str], args: list[str], extra_po
                     f"test $(( $(date +%s) - $(stat -c %Y {LIVENESS_FILE}) )) -lt {spec.stall_timeout_s}",
                 ]
             },
-            "periodSeconds": probe_period,
+            "periodSeconds": _PROBE_PERIOD_S,
             "failureThreshold": 2,
         },
+    }
+
+
+def pod_template(
+    spec: EksJobSpec,
+    command: list[str],
+    args: list[str],
+    extra_ports: list[dict] = (),
+    *,
+    probes: bool = True,
+    host_network: bool = True,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """One pod of ``spec``'s job running ``command`` with ``args``. ``probes``: moe-train's startup, readiness
+    and liveness files; ``host_network``: the node's interfaces (NCCL over EFA); ``env``: container variables."""
+    resources = {spec.device_resource: spec.devices_per_node}
+    if spec.efa_per_node:
+        resources[eks_rules.EFA_RESOURCE] = spec.efa_per_node
+    annotations = {}
+    ports = list(extra_ports)
+    if spec.metrics_port is not None:
+        annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port)}
+        ports.append({"name": "metrics", "containerPort": spec.metrics_port})
+    container = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "args": args,
+        **({"env": [{"name": k, "value": v} for k, v in env.items()]} if env else {}),
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": [
+            {"name": "fsx", "mountPath": FSX_MOUNT},
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True},
+        ],
+        **(_probes(spec) if probes else {}),
     }
     if ports:
         container["ports"] = ports
     pod_spec = {
-        "hostNetwork": True,
-        "dnsPolicy": "ClusterFirstWithHostNet",
+        **({"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if host_network else {}),
         "nodeSelector": {
             **({} if spec.fallback_instance_types else {eks_rules.INSTANCE_TYPE_LABEL: spec.instance_type}),
             **spec.node_labels,
@@ -306,17 +327,24 @@ def to_yaml(*documents: dict) -> str:
 
 
 def render_pytorchjob(spec: EksJobSpec) -> dict:
-    """A Kubeflow ``PyTorchJob`` (kubeflow.org/v1)."""
-    template = pod_template(spec, ["moe-train"], _trainer_args(spec))
-    replica_specs = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
+    """A Kubeflow ``PyTorchJob`` (kubeflow.org/v1) that runs moe-train."""
+    return pytorchjob(spec, pod_template(spec, ["moe-train"], _trainer_args(spec)))
+
+
+def pytorchjob(
+    spec: EksJobSpec, template: dict, *, restart_policy: str = "ExitCode", nproc_per_node: int | None = None
+) -> dict:
+    """A ``PyTorchJob`` of ``spec.nodes`` pods on ``template``, each a launcher of ``nproc_per_node`` ranks
+    (``nprocPerNode``; default: one per device)."""
+    replica_specs = {"Master": {"replicas": 1, "restartPolicy": restart_policy, "template": template}}
     if spec.nodes > 1:
-        replica_specs["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "ExitCode", "template": template}
+        replica_specs["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": restart_policy, "template": template}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
         "spec": {
-            "nprocPerNode": str(spec.devices_per_node),
+            "nprocPerNode": str(nproc_per_node or spec.devices_per_node),
             "runPolicy": {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "None"},
             "pytorchReplicaSpecs": replica_specs,
         },
@@ -421,6 +449,8 @@ def job_spec_from_config(
     chosen = config.cluster.compute_group(group)
     nodes = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
+    if refusal := moe_train_refusal(spec):
+        raise refusal
     if not spec.is_accelerated:
         raise ConfigError(
             [

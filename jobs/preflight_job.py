@@ -50,6 +50,7 @@ from moe_cdk.core import catalog
 from moe_cdk.core.problems import Problem, problem, raise_if_any
 from moe_cdk.jobs import eks_job
 from moe_cdk.jobs.slurm_job import SlurmJobSpec, batch_header, enroot_image, trainer_config_arg
+from moe_cdk.training.fabric.neuron import NCCOM_OPERATIONS, NEURON_BIN
 
 # Built into the training image at a pinned commit (training/Dockerfile).
 NCCL_TESTS_DIR = "/opt/nccl-tests/build"
@@ -58,6 +59,18 @@ NCCL_TESTS = ("all_reduce_perf", "alltoall_perf")
 # 16 GiB is where AWS's nccl-tests test case ends its sweep (3.test_cases/micro-benchmarks/nccl-tests).
 NCCL_TESTS_ARGS = ("-b", "8", "-e", "16G", "-f", "2", "-g", "1", "-c", "1", "-n", "20")
 DEFAULT_TIME_LIMIT = "00:45:00"
+# nccom-test's options (aws-neuron-sdk tools/neuron-sys-tools/nccom-test.rst): 8 B to 1 GB doubling, 20 timed and 5
+# warm-up iterations, fp32, no progress animation; the operations the preflight runs; the root rank's port.
+NCCOM_TEST_ARGS = (
+    "--minbytes 8",
+    "--maxbytes 1GB",
+    "--stepfactor 2",
+    "--iters 20",
+    "--warmup_iters 5",
+    "--datatype fp32",
+    "--non-interactive",
+)
+NCCOM_PORT = 45654
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,8 +100,16 @@ class PreflightSpec:
 
     @property
     def gpus(self) -> bool:
+        return self._kind is catalog.AcceleratorKind.NVIDIA_GPU
+
+    @property
+    def trainium(self) -> bool:
+        return self._kind is catalog.AcceleratorKind.TRAINIUM
+
+    @property
+    def _kind(self) -> catalog.AcceleratorKind | None:
         spec = catalog.lookup(self.instance_type)
-        return not self.job.local and spec is not None and spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU
+        return None if self.job.local or spec is None else spec.accelerator_kind
 
 
 def preflight_job(job: SlurmJobSpec, *, instance_type: str, dcgm_level: int = 1) -> PreflightSpec:
@@ -131,6 +152,20 @@ _DCGM = """\
 # shellcheck disable=SC2016  # the inner bash expands $1 and $2
 srun "${nodes[@]}" bash -c 'mkdir -p "$1" && dcgmi diag -r "$2" -j > "$1/dcgm.json" || rm -f "$1/dcgm.json"' \\
     dcgm "$work" __LEVEL__ || log "dcgmi failed on at least one node"
+"""
+
+# nccom-test on the hosts (HyperPod's AMI installs the Neuron tools), from the first node over every node, as AWS's
+# sbatch runs it (awslabs/awsome-distributed-training, micro-benchmarks/nccom-tests/slurm/nccom-tests.sbatch):
+# the root rank's address in NEURON_RT_ROOT_COMM_ID and every host named. One rank per logical NeuronCore.
+_NCCOM = """\
+mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+for operation in __OPERATIONS__; do
+    NEURON_RT_ROOT_COMM_ID="${MASTER_ADDR}:__PORT__" PATH="__NEURON_BIN__:$PATH" nccom-test \\
+        --nworkers "$(( __RANKS__ * SLURM_JOB_NUM_NODES ))" --nnodes "$SLURM_JOB_NUM_NODES" \\
+        __ARGS__ "$operation" --hosts "${hosts[@]}" \\
+        > "$work/nccom_${operation}.log" 2>&1 || log "nccom-test ${operation} exited $? (its log is checked next)"
+    check "nccom_${operation}" __PARSE__
+done
 """
 
 _RESULT = """\
@@ -201,6 +236,10 @@ def render_preflight_sbatch(spec: PreflightSpec) -> str:
                 f'    > "$work/{test}.log" 2>&1 || log "{test} exited $? (its log is checked next)"\n'
                 f"check {test} {parse}\n"
             )
+    if spec.trainium:
+        parts.append(_nccom(spec))
+        parts.append(_RESULT)
+        return "\n".join(parts)  # the torch collectives run on CUDA or gloo, not on Neuron
     collectives = ["moe-preflight", "collectives", "--config", config]
     collectives += ["--local"] if job.local else ["--instance-type", itype]
     ranks = ['"${nodes[@]}"'] if job.local else [f"--ntasks-per-node={job.tasks_per_node}"]
@@ -209,20 +248,48 @@ def render_preflight_sbatch(spec: PreflightSpec) -> str:
     return "\n".join(parts)
 
 
+def _nccom(spec: PreflightSpec) -> str:
+    ranks = catalog.lookup(spec.instance_type).ranks_per_node
+    parse = _in_image(
+        spec,
+        ["--nodes=1", "--ntasks=1", '--nodelist="$first_node"'],
+        [
+            "moe-preflight",
+            "nccom-test",
+            "--log",
+            '"$work/nccom_${operation}.log"',
+            "--operation",
+            '"$operation"',
+            "--instance-type",
+            shlex.quote(spec.instance_type),
+            "--nodes",
+            '"$SLURM_JOB_NUM_NODES"',
+        ],
+    )
+    return (
+        _NCCOM.replace("__OPERATIONS__", " ".join(NCCOM_OPERATIONS))
+        .replace("__PORT__", str(NCCOM_PORT))
+        .replace("__NEURON_BIN__", NEURON_BIN)
+        .replace("__RANKS__", str(ranks))
+        .replace("__ARGS__", " ".join(NCCOM_TEST_ARGS))
+        .replace("__PARSE__", parse.replace("\n", "\n    "))
+    )
+
+
 def render_preflight_pytorchjob(spec: eks_job.EksJobSpec) -> dict:
     """The EKS preflight: a ``PyTorchJob`` named ``<job>-preflight`` on the training job's pod template,
     run once (no restarts: a failed preflight is a result)."""
     name = eks_job.suffixed_name(spec.name, "preflight")
     spec = dataclasses.replace(spec, name=name, metrics_port=None)
     itype = shlex.quote(spec.instance_type)
-    script = (
-        f"moe-preflight node --instance-type {itype} --dcgm-level 0 && "
-        f"exec torchrun -m moe_cdk.cli.preflight -- collectives --config {eks_job.PROFILE_PATH} "
-        f"--instance-type {itype}"
-    )
-    template = eks_job.pod_template(spec, ["bash", "-c", script], [])
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        template["spec"]["containers"][0].pop(probe)
+    script = f"moe-preflight node --instance-type {itype} --dcgm-level 0"
+    trainium = catalog.lookup(spec.instance_type).accelerator_kind is catalog.AcceleratorKind.TRAINIUM
+    if not trainium:  # the torch collectives run on CUDA; a Trainium preflight checks each node's devices only
+        script += (
+            f" && exec torchrun -m moe_cdk.cli.preflight -- collectives --config {eks_job.PROFILE_PATH} "
+            f"--instance-type {itype}"
+        )
+    template = eks_job.pod_template(spec, ["bash", "-c", script], [], probes=False, host_network=not trainium)
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if spec.nodes > 1:
         replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "Never", "template": template}

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem, raise_if_any
 from moe_cdk.jobs.profile import JobProfile, load_job_profile
+from moe_cdk.rules.neuron import moe_train_refusal
 from moe_cdk.schema.config import Config, nodes_of
 
 # Slurm's --time formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
@@ -107,7 +108,7 @@ class SlurmJobSpec:
     output: str = "%x-%j.out"
     """Where the job's stdout and stderr go (``--output``), appended to across requeues."""
     efa_env_file: str = "/etc/profile.d/moe-cdk-efa.sh"
-    """File of EFA/NCCL variables that the script sources when it exists (not when ``local``)."""
+    """File of EFA/NCCL variables that the script sources when it exists (not when ``local``; empty: none)."""
     max_requeues: int = 10
     """How many times the script requeues the job after a retryable exit before it gives up."""
     hyperpod_marker: str = HYPERPOD_MARKER
@@ -352,7 +353,7 @@ if [[ -d __MARKER__ ]]; then
 fi
 """
 
-_SIGNALS = """\
+_USR1_NOTE = """\
 # USR1 (--signal=B:USR1@N, scancel --batch --signal=USR1) and TERM (scancel, scontrol
 # requeue, preemption) reach this shell; the ranks must see USR1 to save a checkpoint and
 # exit 143. Checked on Slurm 22.05 with two nodes: srun relays a USR1 it receives to its
@@ -363,16 +364,20 @@ _SIGNALS = """\
 # breaks the rank that uses it). A TERM from Slurm also reaches srun itself, which then
 # ends the step ("forcing job termination"): saving on TERM is best effort, saving on
 # USR1 is the path to rely on.
+"""
+
+_SIGNALS = """\
+# USR1 and TERM reach this shell; the traps pass them on to the job step.
 srun_pid=""
 # shellcheck disable=SC2317  # only the traps below call it
-forward_usr1() {
-    log "got $1: asking the trainer to save a checkpoint and stop"
+forward_signal() {
+    log "got $1: __ASK__"
     if [[ -n "$srun_pid" ]]; then
-        kill -USR1 "$srun_pid" 2>/dev/null || true
+        kill -__STEP_SIGNAL__ "$srun_pid" 2>/dev/null || true
     fi
 }
-trap 'forward_usr1 USR1' USR1
-trap 'forward_usr1 TERM' TERM
+trap 'forward_signal USR1' USR1
+trap 'forward_signal TERM' TERM
 
 """
 
@@ -392,7 +397,7 @@ log "trainer exited with ${rc}"
 max_requeues=__MAX_REQUEUES__
 if (( rc == 0 )); then
     exit 0
-elif (( rc < 128 )); then
+elif (( __PERMANENT__ )); then
     log "permanent failure (exit ${rc}; 2 = bad configuration): not requeueing"
     exit "$rc"
 elif (( restart_count < max_requeues )); then
@@ -449,12 +454,31 @@ def batch_header(spec: SlurmJobSpec, title: str) -> list[str]:
         _PREAMBLE.replace("__MASTER_PORT__", str(spec.master_port)),
     ]
     if not spec.local:
-        parts.append(_EFA.replace("__EFA_ENV_FILE__", shlex.quote(spec.efa_env_file)))
+        if spec.efa_env_file:
+            parts.append(_EFA.replace("__EFA_ENV_FILE__", shlex.quote(spec.efa_env_file)))
         if (ecr := ecr_registry(spec.container_image)) is not None:
             parts.append(_ENROOT_CREDENTIALS.replace("__REGISTRY__", ecr[0]).replace("__REGION__", ecr[1]))
     if spec.train_profile is not None:
         parts.append(_write_profile(spec))
     return parts
+
+
+def signal_forwarding(
+    *, step_signal: str = "USR1", ask: str = "asking the trainer to save a checkpoint and stop"
+) -> str:
+    """The traps that pass USR1 and TERM on to the job step as ``step_signal``, and the start of that step."""
+    return _SIGNALS.replace("__STEP_SIGNAL__", step_signal).replace("__ASK__", ask)
+
+
+def wait_and_requeue(*, max_requeues: int, permanent: str = "rc < 128") -> str:
+    """The wait for the step, and the requeue after a retryable exit; ``permanent`` is the bash arithmetic test
+    on ``rc`` of the exits that end the job instead."""
+    return _WAIT_AND_EXIT.replace("__MAX_REQUEUES__", str(max_requeues)).replace("__PERMANENT__", permanent)
+
+
+def auto_resume(marker: str = HYPERPOD_MARKER) -> str:
+    """The ``auto_resume`` array: ``--auto-resume=1`` for the training step on a HyperPod node."""
+    return _AUTO_RESUME.replace("__MARKER__", shlex.quote(marker))
 
 
 def render_sbatch(spec: SlurmJobSpec) -> str:
@@ -467,21 +491,24 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         "# Rendered by moe_cdk.jobs.slurm_job.render_sbatch; submit with sbatch.",
     )
     if not spec.local:
-        parts.append(_AUTO_RESUME.replace("__MARKER__", shlex.quote(spec.hyperpod_marker)))
+        parts.append(auto_resume(spec.hyperpod_marker))
     # A job that Slurm may not requeue (requeue=False) stops at its first retryable exit.
     max_requeues = spec.max_requeues if spec.requeue else 0
-    parts.append(_SIGNALS + _command(spec) + "\n" + _WAIT_AND_EXIT.replace("__MAX_REQUEUES__", str(max_requeues)))
+    parts.append(_USR1_NOTE + signal_forwarding() + _command(spec) + "\n" + wait_and_requeue(max_requeues=max_requeues))
     return "\n".join(parts)
 
 
 __all__ = [
     "HYPERPOD_MARKER",
     "SlurmJobSpec",
+    "auto_resume",
     "batch_header",
     "ecr_registry",
     "enroot_image",
     "render_sbatch",
+    "signal_forwarding",
     "trainer_config_arg",
+    "wait_and_requeue",
 ]
 
 
@@ -523,6 +550,8 @@ def job_spec_from_config(
     chosen = config.cluster.compute_group(group)
     node_count = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
+    if not local and (refusal := moe_train_refusal(spec)):
+        raise refusal
     gpus = spec.accelerator_count if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else None
     return SlurmJobSpec(
         job_name=job_name or profile.name,

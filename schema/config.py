@@ -41,6 +41,7 @@ from moe_cdk.rules.fsx import (
 from moe_cdk.rules.hyperpod_capacity import CapacityType, TieredStorage
 from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate
 from moe_cdk.rules.logs import retention_problem
+from moe_cdk.rules.neuron import TrainingStack, resolve, stack_problem
 from moe_cdk.rules.sagemaker import (
     AccountingDatabase,
     EksInstanceGroup,
@@ -538,6 +539,11 @@ class TrainingConfig:
     """Trainer configuration (a `moe-train` YAML), relative to the project folder (the one holding cdk.json). Every
     rendered job carries its text (a Slurm script, a Kubernetes ConfigMap, a SageMaker input channel), so changing it
     needs no new image; `--train-config` on those commands runs another file."""
+    stack: TrainingStack = TrainingStack.AUTO
+    """What trains the profile: `megatron` (moe-train, megatron-core on CUDA: NVIDIA GPUs),
+    `neuronx-distributed-training` (AWS's NxD Training on Trainium, which jobs render the profile for:
+    docs/trainium.md), or `auto`, the one that runs on the compute groups' accelerators. `torchtitan-neuron` is
+    refused with its reason."""
 
     @property
     def path(self) -> Path:
@@ -611,6 +617,7 @@ class Config:
                 ).at("storage.lustre.availability_zone")
         yield from self._eks_problems()
         yield from self._observability_problems()
+        yield from self._stack_problems()
         if self.storage.lustre.efa_enabled:
             yield from self._efa_client_problems()
         existing = self.network.existing_vpc
@@ -644,6 +651,42 @@ class Config:
                     yield problem(
                         "no subnet in a zone the deployment uses", got=sorted(covered), allowed=f"a subnet in {zone}"
                     ).at("network.existing_vpc.private_subnets")
+
+    @property
+    def accelerator_kinds(self) -> set[catalog.AcceleratorKind]:
+        """The kinds of accelerator the compute groups have."""
+        return {
+            spec.accelerator_kind
+            for g in self.cluster.instance_groups
+            if g.role is NodeRole.COMPUTE and (spec := catalog.lookup(g.instance_type)) and spec.is_accelerated
+        }
+
+    @property
+    def training_stack(self) -> TrainingStack:
+        """The stack ``training.stack`` resolves to on the compute groups: NxD Training on Trainium, else megatron."""
+        kinds = self.accelerator_kinds
+        return resolve(self.training.stack, next(iter(kinds)) if len(kinds) == 1 else catalog.AcceleratorKind.NONE)
+
+    def _stack_problems(self) -> Problems:
+        stack = self.training.stack
+        kinds = self.accelerator_kinds
+        if len(kinds) > 1:
+            yield problem(
+                "one configuration trains with one stack, so its compute groups have one kind of accelerator",
+                got=sorted(k.value for k in kinds),
+                allowed="NVIDIA GPU groups or Trainium groups: a configuration for each",
+            ).at("cluster.instance_groups")
+        for kind in sorted(kinds, key=lambda k: k.value):
+            if reason := stack_problem(stack, kind):
+                yield problem(reason, got=stack.value, allowed=f"a stack that trains on {kind.value}").at(
+                    "training.stack"
+                )
+        if catalog.AcceleratorKind.TRAINIUM in kinds and self.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+            yield problem(
+                "SageMaker Training Jobs here run moe-train (CUDA); the Trainium path renders Slurm and EKS jobs",
+                got=self.cluster.orchestrator.value,
+                allowed="slurm or eks with Trainium compute groups (docs/trainium.md)",
+            ).at("cluster.orchestrator")
 
     def _efa_client_problems(self) -> Problems:
         if self.cluster.orchestrator is Orchestrator.EKS:

@@ -12,6 +12,7 @@ from moe_cdk.constructs.lustre_storage import LustreStorage, LustreStorageProps
 from moe_cdk.constructs.training_image import TrainingImage, TrainingImageProps
 from moe_cdk.constructs.training_network import TrainingNetwork
 from moe_cdk.core.names import project_root
+from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import data_bucket_name, fsx_parameter_names, lifecycle_bucket_name
 
@@ -87,8 +88,12 @@ class StorageStack(Stack):
                 removal_policy=RemovalPolicy.RETAIN,
             )
         )
+        # One image per configuration: the one its compute trains with (rules/neuron.py, training.stack).
+        dockerfile = (
+            "training/Dockerfile.neuron" if config.training_stack is TrainingStack.NXDT else "training/Dockerfile"
+        )
         self.training_image = TrainingImage(
-            self, "TrainingImage", TrainingImageProps(context_directory=str(project_root()))
+            self, "TrainingImage", TrainingImageProps(context_directory=str(project_root()), dockerfile=dockerfile)
         )
 
         CfnOutput(self, "FileSystemId", value=self.lustre.file_system_id)

@@ -20,10 +20,10 @@ from pathlib import Path
 import yaml
 
 from moe_cdk.core import catalog
-from moe_cdk.core.catalog import AcceleratorKind
 from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.rules.hyperpod_capacity import CapacityType
+from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import Config, NodeRole, Orchestrator
 from moe_cdk.training.config import RecomputeGranularity, RecomputeModule, Spec, TrainConfig, load_train_config
 from moe_cdk.training.step.parallel import Layout, plan_layout
@@ -105,7 +105,11 @@ class Plan:
     nodes: int
     """Compute nodes with accelerators."""
     world_size: int
-    """Accelerators across those nodes: one training process each."""
+    """Training processes across those nodes: one per GPU, or per logical NeuronCore on Trainium."""
+    accelerators: int
+    """GPUs or Trainium chips across those nodes."""
+    stack: str
+    """What trains the profile (``training.stack`` resolved): ``megatron`` or ``neuronx-distributed-training``."""
     accelerator: str
     vocab_size: int
     total_parameters: int
@@ -278,6 +282,7 @@ def memory_per_device(
     vocab_size: int,
     device_memory_gib: float,
     reserve_fraction: float = DEFAULT_RESERVE,
+    optimizer_temporary: bool = True,
 ) -> MemoryEstimate:
     """Memory one GPU needs to train ``train`` on ``world_size`` GPUs of ``device_memory_gib`` each.
 
@@ -289,7 +294,9 @@ def memory_per_device(
       expert-data-parallel) under ``optim.distributed_optimizer``;
     - activations: ``activation_bytes``, with unfused attention unless ``model.spec`` is
       ``transformer_engine`` (``auto`` may pick the local spec, the larger of the two);
-    - capacity: ``device_memory_gib * (1 - reserve_fraction)``.
+    - capacity: ``device_memory_gib * (1 - reserve_fraction)``;
+    - ``optimizer_temporary``: count torch's foreach AdamW temporary (measured on CUDA); off for NxD Training,
+      whose optimizer step is a compiled XLA graph.
 
     Raises ``ConfigError`` when the parallel layout does not fit ``world_size``.
     """
@@ -313,7 +320,7 @@ def memory_per_device(
     # Measured on an H200 (docs/benchmarks.md): without Transformer Engine the peak stayed at 93.4 to
     # 94.3 GiB from sequence 1,024 to 4,096, the weights' and optimizer's 77.5 GiB plus one fp32 copy of
     # the parameters (torch._foreach_sqrt of Adam's second moments), not plus the activations.
-    optimizer_step = 0.0 if fused else 4 * stepped
+    optimizer_step = 0.0 if fused or not optimizer_temporary else 4 * stepped
     activations = activation_bytes(
         train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4, fused_attention=fused
     )
@@ -503,7 +510,10 @@ def plan(
             ]
         )
     nodes = sum(g.instance_count for g, _ in groups)
-    world_size = sum(g.instance_count * s.accelerator_count for g, s in groups)
+    accelerators = sum(g.instance_count * s.accelerator_count for g, s in groups)
+    # One rank per GPU, or per logical NeuronCore (4 per Trainium2 chip at LNC 2), which holds that share of the chip.
+    world_size = sum(g.instance_count * s.ranks_per_node for g, s in groups)
+    stack = config.training_stack
     # Every type a node may be: a flexible group's fallbacks have as many accelerators as its first
     # choice (rules/hyperpod_capacity.py), but maybe less memory or speed.
     every = [s for g, _ in groups for s in g.specs]
@@ -514,14 +524,24 @@ def plan(
                 "memory is sized on the smallest device, time on the slowest, cost at the first"
             )
     # Mixed groups: the smallest device bounds the memory, the slowest one the step time.
-    device_memory = min(s.accelerator_memory_gib for s in every)
+    device_memory = min(s.accelerator_memory_gib / s.ranks_per_accelerator for s in every)
     models = sorted({s.accelerator_model for s in every})
     # Dense BF16 peak per device, with its sources, in the catalog (the trainer's MFU reads the same table).
     peak = min(catalog.peak_bf16_tflops(mdl) or 0.0 for mdl in models)
     if len(groups) > 1:
         notes.append(f"{len(groups)} compute groups pooled into one world of {world_size} devices")
-    if any(s.accelerator_kind is AcceleratorKind.TRAINIUM for _, s in groups):
-        notes.append("moe-train runs on NVIDIA GPUs (CUDA); Trainium figures are indicative only")
+    if stack is TrainingStack.NXDT:
+        # What NxD Training cannot express is refused by `moe-cdk plan` and the job renderers (jobs/nxdt.py).
+        # NxD Training splits the experts over the tensor-parallel ranks (jobs/nxdt.py): expert-tensor = tensor.
+        parallel = dataclasses.replace(train.parallel, expert_tensor=train.parallel.tensor)
+        train = dataclasses.replace(train, parallel=parallel)
+        per_chip = every[0].ranks_per_accelerator
+        notes.append(
+            f"NxD Training on Trainium: an estimate from megatron's formulas for NxD Training's layout (experts over "
+            f"the tensor-parallel ranks, ZeRO-1 over data parallel), per logical NeuronCore with "
+            f"1/{per_chip} of a chip's memory; XLA's compiled graphs may hold more, and nothing here has run on "
+            "Trainium: neuron_parallel_compile's first run reports the real figure"
+        )
 
     vocab = _vocab_size(train, notes)
     memory = memory_per_device(
@@ -530,6 +550,7 @@ def plan(
         vocab_size=vocab,
         device_memory_gib=device_memory,
         reserve_fraction=reserve_fraction,
+        optimizer_temporary=stack is not TrainingStack.NXDT,
     )
     # megatron orders the expert ranks expert-tensor first, then expert: each expert-parallel group
     # is EP x ETP consecutive ranks, on one node only while that fits its devices.
@@ -545,7 +566,7 @@ def plan(
     model = _model()
     counts = model.parameter_counts(train, vocab)
     flops = model.flops_per_token(train, vocab)
-    tokens_per_second = mfu * peak * 1e12 * world_size / flops
+    tokens_per_second = mfu * peak * 1e12 * accelerators / flops
     run_tokens = train.max_steps * train.optim.global_batch_size * train.model.seq_length
     run_hours = run_tokens / tokens_per_second / 3600 if tokens_per_second else float("inf")
 
@@ -571,6 +592,8 @@ def plan(
         instance_type=groups[0][0].instance_type,
         nodes=nodes,
         world_size=world_size,
+        accelerators=accelerators,
+        stack=stack.value,
         accelerator="/".join(models),
         vocab_size=vocab,
         total_parameters=counts.total,
@@ -672,10 +695,13 @@ def memory_bar(memory: MemoryEstimate, width: int = BAR_WIDTH) -> list[str]:
 def render_table(plan: Plan) -> str:
     """The plan as a fixed-width text table."""
     m = plan.memory
+    per_chip = plan.world_size // plan.accelerators
+    ranks = f" ({plan.world_size} ranks, one per logical NeuronCore)" if per_chip > 1 else ""
     rows: list[tuple[str, str]] = [
         ("configuration", f"{plan.config_name} ({plan.region})"),
         ("profile", plan.profile),
-        ("compute", f"{plan.nodes} x {plan.instance_type} = {plan.world_size} x {plan.accelerator}"),
+        ("compute", f"{plan.nodes} x {plan.instance_type} = {plan.accelerators} x {plan.accelerator}{ranks}"),
+        ("stack", plan.stack),
         (
             "parameters",
             f"{plan.total_parameters / 1e9:.2f}B total, {plan.active_parameters / 1e9:.2f}B active, "
@@ -683,7 +709,7 @@ def render_table(plan: Plan) -> str:
         ),
         ("layout", m.layout.describe()),
         ("", ""),
-        ("memory per device", "GiB"),
+        ("memory per device" if per_chip == 1 else "memory per NeuronCore", "GiB"),
         ("  parameters", f"{m.parameters:8.1f}   ({m.parameters_per_device / 1e9:.2f}B {m.precision})"),
         ("  gradients", f"{m.gradients:8.1f}   (fp32 buffers)"),
         (
@@ -706,6 +732,12 @@ def render_table(plan: Plan) -> str:
         ("  total", f"{m.total:8.1f}"),
         ("  capacity", f"{m.capacity:8.1f}   ({m.device_memory_gib:.1f} GiB less {m.reserve_fraction:.0%} reserve)"),
         ("  fits", "yes" if m.fits else "NO"),
+        (
+            "  per chip",
+            f"{m.total * per_chip:8.1f}   of {m.device_memory_gib * per_chip:.1f} GiB ({per_chip} NeuronCores' shares)",
+        )
+        if per_chip > 1
+        else None,
         *zip(("", ""), memory_bar(m)),
         (
             "checkpoint",
@@ -738,6 +770,8 @@ def to_json(plan: Plan) -> dict:
         "instance_type": plan.instance_type,
         "nodes": plan.nodes,
         "world_size": plan.world_size,
+        "accelerators": plan.accelerators,
+        "stack": plan.stack,
         "accelerator": plan.accelerator,
         "vocab_size": plan.vocab_size,
         "parameters": {

@@ -10,10 +10,12 @@ import sys
 import tomllib
 
 import torch
-from conftest import ROOT, read_json
+from conftest import ROOT, read_json, synth
 
 from moe_cdk.cli import image_versions
 from moe_cdk.cli.image_versions import read_image_env
+from moe_cdk.rules import neuron
+from moe_cdk.schema.config import load_config
 
 DOCKERFILE = (ROOT / "training/Dockerfile").read_text()
 
@@ -170,3 +172,23 @@ def test_without_the_images_python_the_suite_runs_on_this_one_and_says_so(tmp_pa
         f"no Python 3.12 here (python3.12 on PATH, pyenv); the image's torch and megatron-core run on this "
         f"Python {THIS_PYTHON} instead" in done.stderr
     )
+
+
+NEURON_DOCKERFILE = (ROOT / "training/Dockerfile.neuron").read_text()
+
+
+def test_neuron_dockerfile_builds_from_the_image_and_commit_the_rules_name():
+    assert f"ARG BASE_IMAGE={neuron.NEURON_BASE_IMAGE}\n" in NEURON_DOCKERFILE
+    assert f"ARG NXDT_COMMIT={neuron.NXDT_COMMIT}\n" in NEURON_DOCKERFILE
+    assert neuron.NXDT_REPOSITORY in NEURON_DOCKERFILE and f"{neuron.NXDT_DIR}/examples" in NEURON_DOCKERFILE
+
+
+def test_neuron_dockerfile_copies_what_moe_preflight_needs_and_no_more():
+    copied = set(re.findall(r"^COPY ([a-z_]+) ", NEURON_DOCKERFILE, re.MULTILINE))
+    assert copied == set(re.findall(r"^COPY ([a-z_]+) ", DOCKERFILE, re.MULTILINE))
+
+
+def test_a_trainium_configuration_builds_the_neuron_image(tmp_path):
+    synth(load_config(ROOT / "config/trn2.yaml"), tmp_path)
+    (image,) = read_json(tmp_path / "moe-trn2-storage.assets.json")["dockerImages"].values()
+    assert image["source"]["dockerFile"] == "training/Dockerfile.neuron"

@@ -19,7 +19,6 @@ def test_ec2_and_sagemaker_names_give_the_same_spec(name):
         ("ml.p5en.48xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 141, 16, 192)),
         ("ml.p5.48xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 80, 32, 192)),
         ("ml.p4de.24xlarge", (AcceleratorKind.NVIDIA_GPU, 8, 80, 4, 96)),
-        ("ml.trn2.48xlarge", (AcceleratorKind.TRAINIUM, 16, 96, 16, 192)),
     ],
 )
 def test_accelerator_figures(name, figures):
@@ -31,6 +30,23 @@ def test_accelerator_figures(name, figures):
         spec.efa_interfaces,
         spec.vcpus,
     ) == figures
+
+
+def test_trainium2_chip_memory_is_96_gib_as_neuron_ls_reports_it():
+    # neuron-ls -j: memory_size 103079215104 bytes per trn2 chip (AWS states it in GiB, not GB).
+    spec = catalog.lookup("ml.trn2.48xlarge")
+    assert (spec.accelerator_kind, spec.accelerator_count, spec.efa_interfaces, spec.vcpus) == (
+        AcceleratorKind.TRAINIUM,
+        16,
+        16,
+        192,
+    )
+    assert spec.accelerator_memory_gib * 2**30 == 103079215104
+
+
+def test_trainium2_node_runs_one_rank_per_logical_neuroncore():
+    assert catalog.lookup("ml.trn2.48xlarge").ranks_per_node == 64
+    assert catalog.lookup("ml.p5en.48xlarge").ranks_per_node == 8
 
 
 def test_accelerator_memory_in_gib_converts_the_published_gigabytes():

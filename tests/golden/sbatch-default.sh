@@ -150,16 +150,17 @@ fi
 # breaks the rank that uses it). A TERM from Slurm also reaches srun itself, which then
 # ends the step ("forcing job termination"): saving on TERM is best effort, saving on
 # USR1 is the path to rely on.
+# USR1 and TERM reach this shell; the traps pass them on to the job step.
 srun_pid=""
 # shellcheck disable=SC2317  # only the traps below call it
-forward_usr1() {
+forward_signal() {
     log "got $1: asking the trainer to save a checkpoint and stop"
     if [[ -n "$srun_pid" ]]; then
         kill -USR1 "$srun_pid" 2>/dev/null || true
     fi
 }
-trap 'forward_usr1 USR1' USR1
-trap 'forward_usr1 TERM' TERM
+trap 'forward_signal USR1' USR1
+trap 'forward_signal TERM' TERM
 
 srun \
     "${auto_resume[@]}" \

@@ -192,22 +192,24 @@ def test_metrics_port_is_annotated_for_the_scraper(spec):
     assert metadata["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9410"}
 
 
-@pytest.mark.parametrize(
-    "instance_type", ["ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.trn2.48xlarge"]
-)
+@pytest.mark.parametrize("instance_type", ["ml.p5en.48xlarge", "ml.p5.48xlarge", "ml.p4de.24xlarge"])
 def test_efa_and_device_requests_follow_the_instance_type(instance_type):
     spec = catalog.lookup(instance_type)
     resources = container(render_pytorchjob(job_spec_from_config(config_with_compute(instance_type), image=IMAGE)))[
         "resources"
     ]
-    device = (
-        "nvidia.com/gpu" if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU else "aws.amazon.com/neuron"
-    )
     assert (
         resources["limits"]
         == resources["requests"]
-        == {device: spec.accelerator_count, "vpc.amazonaws.com/efa": spec.efa_interfaces}
+        == {"nvidia.com/gpu": spec.accelerator_count, "vpc.amazonaws.com/efa": spec.efa_interfaces}
     )
+
+
+def test_a_moe_train_job_on_trainium_is_refused_naming_the_neuron_path():
+    with pytest.raises(ConfigError) as error:
+        job_spec_from_config(config_with_compute("ml.trn2.48xlarge"), image=IMAGE)
+    (found,) = error.value.problems
+    assert found.key == "--group" and "training.stack: neuronx-distributed-training" in str(found)
 
 
 def test_no_efa_resource_without_efa_devices(spec):

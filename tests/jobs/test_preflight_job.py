@@ -19,6 +19,7 @@ from kubeflow.training import ApiClient
 from moe_cdk.cli.moe_cdk import main
 from moe_cdk.jobs.preflight_job import NCCL_TESTS, preflight_job, render_preflight_sbatch
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
+from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import Orchestrator, load_config, parse_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,9 +46,12 @@ def test_every_hyperpod_configuration_renders_a_preflight_that_its_checker_accep
     orchestrator = load_config(config).cluster.orchestrator
     text = _render(tmp_path, "--config", str(config), "--image", IMAGE)
     if orchestrator is Orchestrator.EKS:
-        config_map, job, mpijob = yaml.safe_load_all(text)
+        config_map, job, *mpijob = yaml.safe_load_all(text)
         assert config_map["kind"] == "ConfigMap"
-        check_mpijob(mpijob)
+        # nccl-tests' MPIJob on GPUs; a Trainium preflight checks each node's devices only (docs/trainium.md).
+        assert len(mpijob) == (0 if load_config(config).training_stack is TrainingStack.NXDT else 1)
+        for nccl in mpijob:
+            check_mpijob(nccl)
         for replica in job["spec"]["pytorchReplicaSpecs"].values():
             t = replica["template"]
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **t["metadata"]}, "spec": t["spec"]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 
@@ -10,6 +11,7 @@ import yaml
 from conftest import ROOT, SHIPPED_CONFIGS, config_errors
 
 from moe_cdk.core.loader import field_docs
+from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema import config as config_module
 from moe_cdk.schema.config import Config, ConfigError, NodeRole, Orchestrator, load_config, parse_config, reference_docs
 
@@ -362,3 +364,57 @@ def test_a_typo_in_an_instance_group_does_not_hide_a_bad_throughput_tier():
         "cluster.instance_groups[0].instanc_type",
         "storage.lustre.per_unit_storage_throughput_mb_s_tib",
     ], errors
+
+
+TRN2 = yaml.safe_load((ROOT / "config/trn2.yaml").read_text())
+
+
+def _trn2_errors(mutate) -> list[str]:
+    return config_errors(TRN2, mutate)
+
+
+def test_moe_train_on_trainium_is_refused_naming_the_neuron_path():
+    (error,) = _trn2_errors(lambda d: d["training"].update(stack="megatron"))
+    assert error.startswith("training.stack: moe-train runs megatron-core on CUDA")
+    assert "use training.stack: neuronx-distributed-training" in error
+
+
+def test_nxd_training_on_gpus_is_refused():
+    (error,) = errors_for(lambda d: d["training"].update(stack="neuronx-distributed-training"))
+    assert error.startswith("training.stack: neuronx-distributed-training runs on Trainium only")
+
+
+def test_torchtitan_neuron_with_expert_parallelism_is_refused_for_its_backend():
+    (error,) = _trn2_errors(lambda d: d["training"].update(stack="torchtitan-neuron"))
+    assert "TorchTitan Neuron's expert-parallel backend does not run on Trn2" in error
+
+
+def test_trainium_on_sagemaker_training_jobs_is_refused():
+    def mutate(d):
+        d["cluster"] = {
+            "orchestrator": "training-job",
+            "availability_zone": "us-east-2a",
+            "instance_groups": [
+                {"name": "trn2", "role": "compute", "instance_type": "ml.trn2.48xlarge", "instance_count": 1}
+            ],
+        }
+
+    errors = _trn2_errors(mutate)
+    assert any(e.startswith("cluster.orchestrator: SageMaker Training Jobs here run moe-train") for e in errors)
+
+
+def test_gpu_and_trainium_groups_in_one_configuration_are_refused():
+    def mutate(d):
+        d["cluster"]["instance_groups"].append(
+            {"name": "gpu", "role": "compute", "instance_type": "ml.p5en.48xlarge", "instance_count": 1}
+        )
+
+    errors = _trn2_errors(mutate)
+    assert any(e.startswith("cluster.instance_groups: one configuration trains with one stack") for e in errors)
+
+
+def test_auto_resolves_to_nxd_training_on_trainium_and_megatron_on_gpus(default_config):
+    trn2 = copy.deepcopy(TRN2)
+    del trn2["training"]["stack"]
+    assert parse_config(trn2).training_stack is TrainingStack.NXDT
+    assert default_config.training_stack is TrainingStack.MEGATRON

@@ -10,11 +10,13 @@ import pytest
 import yaml
 from conftest import ROOT, SHIPPED_CONFIGS
 
+from moe_cdk.cli.moe_cdk import main
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.schema.config import load_config, parse_config
 from moe_cdk.tools.plan import (
     BAR_FILLS,
     GIB,
+    _model,
     load_prices,
     memory_bar,
     memory_per_device,
@@ -224,6 +226,8 @@ def test_json_output_keys():
         "instance_type",
         "nodes",
         "world_size",
+        "accelerators",
+        "stack",
         "accelerator",
         "vocab_size",
         "parameters",
@@ -403,3 +407,29 @@ def test_torchs_adam_step_is_counted_instead_of_the_activations_when_larger():
     assert est.total == pytest.approx(states + max(est.activations, est.optimizer_step))
     fused = load_train_config(MIXTRAL, ["model.spec=transformer_engine"])
     assert memory_per_device(fused, world_size=16, vocab_size=32000, device_memory_gib=131.3).optimizer_step == 0
+
+
+def test_trn2_is_sized_per_logical_neuroncore_and_per_chip():
+    result = plan(load_config(ROOT / "config/trn2.yaml"))
+    assert (result.accelerators, result.world_size, result.stack) == (32, 128, "neuronx-distributed-training")
+    assert result.memory.device_memory_gib == 24.0  # a quarter of a chip's 96 GiB at LNC 2
+    table = render_table(result)
+    assert "memory per NeuronCore" in table and f"{result.memory.total * 4:8.1f}   of 96.0 GiB" in table
+    assert any("nothing here has run on Trainium" in note for note in result.notes)
+
+
+def test_trn2_plan_counts_the_experts_over_the_tensor_parallel_ranks():
+    layout = plan(load_config(ROOT / "config/trn2.yaml")).memory.layout
+    assert (layout.tensor, layout.expert, layout.expert_tensor, layout.expert_data) == (8, 8, 8, 2)
+
+
+def test_trn2_throughput_counts_chips_not_neuroncores():
+    result = plan(load_config(ROOT / "config/trn2.yaml"))
+    flops = _model().flops_per_token(load_train_config(ROOT / "training/configs/mixtral-8x7b-trn2.yaml"), 32000)
+    assert result.tokens_per_second == pytest.approx(result.mfu * 667e12 * 32 / flops)
+
+
+def test_a_profile_nxd_training_cannot_run_is_a_plan_error_naming_its_key(capsys):
+    args = ["plan", "--config", str(ROOT / "config/trn2.yaml"), "--set", "moe.capacity_factor=null"]
+    assert main(args) == 2
+    assert "training.profile: moe.capacity_factor: dropless MoE (null)" in capsys.readouterr().err

@@ -6,6 +6,8 @@ FAIL <problem>; <problem>``, where each problem is the project's one format (``k
 (got ...; allowed ...)``). The preflight job prints one verdict per node and one per collective, and
 exits 1 when any of them failed (cli/preflight.py).
 
+``check_nccom_test`` reads Neuron's ``nccom-test`` output the same way as nccl-tests'.
+
 The node checks run the node's own tools through ``run_tool`` and parse their output with
 ``training.fabric.logs``:
 
@@ -13,6 +15,8 @@ The node checks run the node's own tools through ``run_tool`` and parse their ou
   uncorrected volatile ECC errors;
 - ``dcgmi diag -r LEVEL -j``, run on the host (DCGM is not in the training image) and handed over as
   a file: every test passed;
+- ``neuron-ls --json-output`` on Trainium (``training.fabric.neuron``): every chip, its logical NeuronCores
+  (one rank each), its memory, and no device held by another process;
 - ``fi_info -p efa``: the EFA device count against the catalog's ``efa_interfaces``;
 - ``fi_info --version``: the libfabric version, reported.
 
@@ -30,7 +34,7 @@ from pathlib import Path
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import Problem, problem
-from moe_cdk.training.fabric import logs as fabric_logs
+from moe_cdk.training.fabric import logs as fabric_logs, neuron as neuron_fabric
 from moe_cdk.training.fabric.bench import CollectiveResult, DispatchShape
 
 FI_INFO_EFA = ("fi_info", "-p", "efa")
@@ -70,8 +74,9 @@ Runner = Callable[[Sequence[str]], ToolOutput]
 def run_tool(argv: Sequence[str], *, timeout_s: float = TOOL_TIMEOUT_S) -> ToolOutput:
     """Run one diagnostic command, never raising: a missing command is exit 127, a hung one 124."""
     command = list(argv)
-    if command[0] == "fi_info" and Path(EFA_BIN, "fi_info").exists():
-        command[0] = str(Path(EFA_BIN, "fi_info"))
+    for name, folder in (("fi_info", EFA_BIN), ("neuron-ls", neuron_fabric.NEURON_BIN)):
+        if command[0] == name and Path(folder, name).exists():
+            command[0] = str(Path(folder, name))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError:
@@ -139,6 +144,22 @@ def _gpus(found: _Findings, spec: catalog.InstanceSpec, output: ToolOutput) -> N
     if ecc:
         found.problems.append(problem("uncorrected ECC errors", got="; ".join(ecc), allowed="0").at("gpus.ecc"))
     found.facts.append(f"{len(gpus)}/{spec.accelerator_count} {spec.accelerator_model} GPUs")
+
+
+def _neuron(found: _Findings, spec: catalog.InstanceSpec, output: ToolOutput) -> None:
+    if (failed := output.failure("neuron")) is not None:
+        found.problems.append(failed)
+        return
+    try:
+        devices = neuron_fabric.parse_neuron_ls(output.stdout)
+    except ValueError as error:
+        found.problems.append(
+            problem("unreadable neuron-ls output", got=str(error), allowed="neuron-ls -j's JSON").at("neuron")
+        )
+        return
+    fact, problems = neuron_fabric.device_findings(spec, devices)
+    found.facts.append(fact)
+    found.problems.extend(problems)
 
 
 def _dcgm(found: _Findings, level: int, dcgm_json: Path | None) -> None:
@@ -211,6 +232,8 @@ def check_node(
     if spec.accelerator_kind is catalog.AcceleratorKind.NVIDIA_GPU:
         _gpus(found, spec, run(fabric_logs.NVIDIA_SMI_QUERY))
         _dcgm(found, dcgm_level, dcgm_json)
+    elif spec.accelerator_kind is catalog.AcceleratorKind.TRAINIUM:
+        _neuron(found, spec, run(neuron_fabric.NEURON_LS))
     _efa(found, spec, run(FI_INFO_EFA), run(FI_INFO_VERSION))
     return found.verdict(node)
 
@@ -247,6 +270,37 @@ def check_nccl_tests(
         )
     _network(found, fabric_logs.parse_nccl_debug(text), spec, collective)
     return found.verdict(collective)
+
+
+def check_nccom_test(text: str, *, operation: str, instance_type: str, nodes: int) -> Verdict:
+    """One ``nccom-test`` run on Trainium: a result table, no failed size, and across nodes the largest message's
+    bus bandwidth at or above ``neuron.nccom_floor_gb_s``."""
+    subject = f"nccom_{operation}"
+    result = neuron_fabric.parse_nccom_test(text)
+    found = _Findings()
+    if result.failures:
+        failed = problem("nccom-test failed", got=" | ".join(result.failures[:3]), allowed="no failure")
+        found.problems.append(failed.at(subject))
+    if not result.rows:
+        found.problems.append(problem("no result table", got="no rows", allowed="nccom-test output").at(subject))
+        return found.verdict(subject)
+    busbw = result.busbw_at_largest_gb_s
+    found.facts.append(f"busbw {busbw:.2f} GB/s at {max(r.size_bytes for r in result.rows)} B")
+    if result.average_busbw_gb_s is not None:
+        found.facts.append(f"average busbw {result.average_busbw_gb_s:.2f} GB/s")
+    spec = catalog.lookup(instance_type)
+    if spec is None:
+        found.problems.append(catalog.unknown_instance_type(instance_type).at("instance_type"))
+    elif nodes >= 2 and busbw < (floor := neuron_fabric.nccom_floor_gb_s(spec)):
+        found.problems.append(
+            problem(
+                f"bus bandwidth below the {spec.ec2_name} floor",
+                got=f"{busbw:.2f} GB/s",
+                allowed=f"{floor:g} GB/s or more (half the EFA line rate per rank: {spec.network_gbps} Gbps / 8 / "
+                f"{spec.ranks_per_node} ranks)",
+            ).at(f"{subject}.busbw")
+        )
+    return found.verdict(subject)
 
 
 def _network(found: _Findings, report: fabric_logs.NcclNetReport, spec: catalog.InstanceSpec | None, key: str) -> None:
