@@ -50,14 +50,16 @@ setup: $(STAMP) $(CDK)
 image-setup: $(IMAGE_STAMP)
 
 # Debian packages the tests use: shellcheck for the lifecycle scripts, a real Slurm
-# (controller, node daemon, client, munge) for the sbatch and lifecycle tests, Slurm's headers
+# (controller, node daemon, client, munge) for the sbatch and lifecycle tests, with real accounting
+# (slurmdbd over MariaDB, as HyperPod's controller runs it) for the teams tests, Slurm's headers
 # (libslurm-dev, and gcc) for the stand-in pyxis plugin those tests build, graphviz for the
 # architecture diagram, containerd (and its ctr) to read the pause image out of the EKS node's moved
 # data root, and prometheus for promtool, which checks and unit-tests the alert rules
 # (bookworm: 2.42). Its post-install adds a `prometheus` user and enables prometheus.service; where
 # systemd is PID 1 (a CI virtual machine) it also starts a server on :9090, which no test uses; in a
 # container nothing starts (no runlevel, or policy-rc.d refuses). Root installs them once.
-SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge libslurm-dev gcc graphviz containerd prometheus
+SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge slurmdbd mariadb-server libslurm-dev gcc graphviz containerd \
+  prometheus
 system-packages:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

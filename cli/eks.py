@@ -43,7 +43,15 @@ def _neuron(args: argparse.Namespace, config) -> tuple[str, str]:
         nodes=args.nodes,
         name=args.name,
     )
-    spec = eks_spec(config, run, image=args.image, backoff_limit=args.backoff_limit, preflight=args.preflight)
+    spec = eks_spec(
+        config,
+        run,
+        image=args.image,
+        backoff_limit=args.backoff_limit,
+        preflight=args.preflight,
+        team=args.team,
+        qos=args.qos,
+    )
     if problems := spec.problems():
         raise ConfigError(problems)
     job = render_neuron_pytorchjob(spec, run)
@@ -73,6 +81,8 @@ def _run(args: argparse.Namespace) -> int:
             stall_timeout_s=args.stall_timeout,
             startup_timeout_s=args.startup_timeout,
             preflight=args.preflight,
+            team=args.team,
+            qos=args.qos,
         )
     except ConfigError as error:
         return report(args.config, error)
@@ -98,6 +108,19 @@ def _run(args: argparse.Namespace) -> int:
                     problem(
                         "the chart has no preflight init container", got="--helm-values", allowed="a rendered job"
                     ).at("--preflight")
+                ]
+            ),
+        )
+    if args.helm_values and spec.team:
+        return report(
+            args.config,
+            ConfigError(
+                [
+                    problem(
+                        "the chart does not render the team's queue and priority-class labels",
+                        got=f"--team {spec.team}",
+                        allowed="a rendered job (without --helm-values)",
+                    ).at("--helm-values")
                 ]
             ),
         )
@@ -175,6 +198,10 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         "instead of a Kubeflow PyTorchJob",
     )
     parser.add_argument("--helm-values", action="store_true", help="print values for charts/moe-training instead")
+    parser.add_argument(
+        "--team", help="the team the job runs as: its namespace, task-governance queue and default QoS (config teams)"
+    )
+    parser.add_argument("--qos", help="the QoS tier: its priority class; one of the team's tiers")
     parser.add_argument("--group", help="compute group to run on (default: the first)")
     parser.add_argument("--nodes", type=int, help="pods, one per node (default: the group's instance_count)")
     parser.add_argument("--name", help="job name (default: the training profile's file name)")

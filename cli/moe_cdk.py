@@ -19,6 +19,7 @@ from moe_cdk.core.problems import ConfigError, raise_if_any
 from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
 from moe_cdk.rules.neuron import TrainingStack
+from moe_cdk.rules.teams import job_team
 from moe_cdk.schema.config import (
     Orchestrator,
     load_config,
@@ -51,13 +52,15 @@ def _neuron_sbatch(args: argparse.Namespace, config) -> tuple[str, str]:
         nodes=args.nodes,
         name=args.job_name,
     )
+    account, qos = job_team(config.teams, args.team, args.qos)
     spec = slurm_spec(
         config,
         run,
         image=args.image,
         time_limit=args.time,
         signal_lead_seconds=args.signal_lead,
-        qos=args.qos,
+        qos=qos,
+        account=account,
         nice=args.nice,
         max_requeues=args.max_requeues,
         after=args.after,
@@ -84,6 +87,7 @@ def _slurm_render(args: argparse.Namespace) -> int:
             time_limit=args.time,
             signal_lead_seconds=args.signal_lead,
             qos=args.qos,
+            team=args.team,
             nice=args.nice,
             max_requeues=args.max_requeues,
             job_name=args.job_name,
@@ -161,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument(
         "--signal-lead", type=int, default=300, help="seconds before the limit to signal a checkpoint (default: 300)"
     )
-    render.add_argument("--qos", help="Slurm QoS")
+    render.add_argument("--team", help="the team the job runs as: its Slurm account (teams in the configuration)")
+    render.add_argument("--qos", help="Slurm QoS: one of the team's tiers (default: the team's default tier)")
     render.add_argument("--nice", type=int, help="Slurm priority adjustment (--nice)")
     render.add_argument(
         "--max-requeues", type=int, default=10, help="self-requeues after retryable exits (default: 10)"

@@ -29,6 +29,7 @@ from moe_cdk.constructs.hyperpod_nodes import (
 from moe_cdk.constructs.nag import nag_text
 from moe_cdk.constructs.training_eks_cluster import pod_identity_role
 from moe_cdk.constructs.validation import Problem, raise_if_any
+from moe_cdk.core import catalog
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.hyperpod_capacity import CapacityType, TieredStorage
 from moe_cdk.rules.sagemaker import (
@@ -39,6 +40,7 @@ from moe_cdk.rules.sagemaker import (
     TaintEffect,
     eks_group_problems,
 )
+from moe_cdk.rules.teams import Team, TeamsConfig
 
 # The construct, its props, and the value types its props take: those are defined in rules/ with
 # their checks, which the configuration applies too.
@@ -112,6 +114,38 @@ class HyperPodEksClusterProps:
     groups. Default: standard."""
     tiered_storage: TieredStorage | None = None
     """Managed tiered checkpointing's share of each node's host memory. Default: off."""
+    teams: TeamsConfig | None = None
+    """Task governance for these teams: the add-on, a scheduler configuration with the QoS tiers as priority classes
+    and fair share on, and one compute quota per team (its share of each compute group's accelerators, or nodes).
+    Default: none."""
+
+
+def compute_quota_properties(
+    team: Team, *, cluster_name: str, cluster_arn: str, groups: Sequence[EksInstanceGroup]
+) -> dict:
+    """``AWS::SageMaker::ComputeQuota`` for ``team``: its share of each compute group's accelerators (whole nodes on
+    a type without them), rounded down; its sharing strategy and borrow limit; its fair-share weight; and
+    preemption of lower-priority tasks, as the schema's default."""
+    resources = []
+    for g in groups:
+        spec = catalog.lookup(g.instance_type)
+        if g.role is not EksNodeRole.COMPUTE or spec is None:
+            continue
+        units = g.instance_count * (spec.accelerator_count or 1)
+        key = "Accelerators" if spec.accelerator_count else "Count"
+        resources.append({"InstanceType": spec.sagemaker_name, key: units * team.share_percent // 100})
+    sharing = {"Strategy": team.sharing, **({"BorrowLimit": team.borrow_percent} if team.borrow_percent else {})}
+    return {
+        "Name": f"{cluster_name}-{team.name}"[:63],
+        "ClusterArn": cluster_arn,
+        "ComputeQuotaConfig": {
+            "ComputeQuotaResources": resources,
+            "ResourceSharingConfig": sharing,
+            "PreemptTeamTasks": "LowerPriority",
+        },
+        "ComputeQuotaTarget": {"TeamName": team.name, "FairShareWeight": team.share_percent},
+        "ActivationState": "Enabled",
+    }
 
 
 class HyperPodEksCluster(Construct):
@@ -198,6 +232,7 @@ class HyperPodEksCluster(Construct):
         self.cluster_arn: str = self._resource.attr_cluster_arn
         self.cluster_name = props.cluster_name
         self.training_operator = self._training_operator() if props.training_operator else None
+        self.task_governance = self._task_governance(props.teams) if props.teams is not None else None
 
     def _grant_eks_node_permissions(self, stack: cdk.Stack) -> None:
         # What EKS nodes do beyond a Slurm node, per AWS's HyperPod EKS console template
@@ -295,6 +330,47 @@ class HyperPodEksCluster(Construct):
             ],
         )
         addon.node.add_dependency(self._resource)
+        return addon
+
+    def _task_governance(self, teams: TeamsConfig) -> eks.CfnAddon:
+        # [HP-TG] in rules/eks.py: the add-on first, then the scheduler configuration, then the quotas
+        # (a scheduler configuration created before the add-on is active can end in CreateFailed).
+        addon = eks.CfnAddon(
+            self,
+            "TaskGovernance",
+            cluster_name=self.props.eks_cluster.cluster_name,
+            addon_name=eks_rules.TASK_GOVERNANCE.name,
+            resolve_conflicts="OVERWRITE",
+        )
+        addon.node.add_dependency(self._resource)
+        scheduler = sagemaker.CfnClusterSchedulerConfig(
+            self,
+            "SchedulerConfig",
+            name=f"{self.props.cluster_name}-teams",
+            cluster_arn=self.cluster_arn,
+            scheduler_config=sagemaker.CfnClusterSchedulerConfig.SchedulerConfigProperty(
+                priority_classes=[
+                    sagemaker.CfnClusterSchedulerConfig.PriorityClassProperty(name=t.name, weight=t.priority)
+                    for t in teams.qos
+                ],
+                fair_share="Enabled",
+            ),
+        )
+        scheduler.node.add_dependency(addon)
+        for team in teams.teams:
+            quota = cdk.CfnResource(
+                self,
+                f"Quota-{team.name}",
+                # aws-cdk-lib 2.275 has no L1 for it; cfn-lint checks the properties against the registry schema.
+                type="AWS::SageMaker::ComputeQuota",
+                properties=compute_quota_properties(
+                    team,
+                    cluster_name=self.props.cluster_name,
+                    cluster_arn=self.cluster_arn,
+                    groups=self.props.instance_groups,
+                ),
+            )
+            quota.node.add_dependency(scheduler)
         return addon
 
     @staticmethod

@@ -31,6 +31,7 @@ from moe_cdk.rules.sagemaker import (
     group_problems,
     slurm_provisioning_problems,
 )
+from moe_cdk.rules.teams import TeamsConfig
 
 # The construct, its props, and the value types its props take: those are defined in rules/ with
 # their checks, which the configuration applies too.
@@ -124,6 +125,9 @@ class HyperPodSlurmClusterProps:
     observability: NodeObservability | None = None
     """Exporters on every node and an agent on the controller (the caller grants ``aps:RemoteWrite`` on its
     workspace to ``role``). Default: none."""
+    teams: TeamsConfig | None = None
+    """Teams: their members' users and homes on every node; accounts, QoS tiers, fair share, priority and
+    preemption on the controller (lifecycle_scripts/slurm_teams.sh). Default: none."""
 
 
 def provisioning_parameters(
@@ -132,6 +136,7 @@ def provisioning_parameters(
     region: str,
     fsx: FsxMount | None,
     observability: NodeObservability | None = None,
+    teams: TeamsConfig | None = None,
 ) -> dict:
     """What the lifecycle scripts read, built from the cluster's own props: no value is typed twice."""
     groups = list(instance_groups)
@@ -164,6 +169,34 @@ def provisioning_parameters(
             "scrape_interval_s": observability.scrape_interval_s,
             "trainer_metrics_port": observability.trainer_metrics_port,
         },
+        "teams": None if teams is None else teams_parameters(teams),
+    }
+
+
+def teams_parameters(teams: TeamsConfig) -> dict:
+    """The teams as slurm_teams.py reads them, each team's tiers and default tier resolved."""
+    return {
+        "qos": [
+            {
+                "name": t.name,
+                "priority": t.priority,
+                "preempts": list(t.preempts),
+                "max_gpus": t.max_gpus,
+                "max_wall": t.max_wall,
+                "grace_time_s": t.grace_time_s,
+            }
+            for t in teams.qos
+        ],
+        "teams": [
+            {
+                "name": team.name,
+                "share_percent": team.share_percent,
+                "qos": list(team.tiers(teams.qos)),
+                "default_qos": team.default(teams.qos),
+                "members": [{"name": m.name, "uid": m.uid} for m in team.members],
+            }
+            for team in teams.teams
+        ],
     }
 
 
@@ -219,7 +252,11 @@ class HyperPodSlurmCluster(Construct):
         if props.observability is not None:
             self._allow_observability(props.observability, stack)
         self.provisioning_parameters = provisioning_parameters(
-            instance_groups=props.instance_groups, region=props.region, fsx=props.fsx, observability=props.observability
+            instance_groups=props.instance_groups,
+            region=props.region,
+            fsx=props.fsx,
+            observability=props.observability,
+            teams=props.teams,
         )
         lifecycle = publish_lifecycle(
             self,

@@ -39,6 +39,7 @@ from moe_cdk.jobs.profile import PROFILE_FILE, JobProfile, load_job_profile
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.eks import KUBERNETES_NAME
 from moe_cdk.rules.neuron import moe_train_refusal
+from moe_cdk.rules.teams import PRIORITY_LABEL, QUEUE_LABEL, job_team, priority_class, queue_name, team_namespace
 from moe_cdk.schema.config import Config, nodes_of
 
 CONTAINER = "pytorch"  # the container name the Kubeflow training operator looks for
@@ -100,6 +101,11 @@ class EksJobSpec:
     """A pod whose trainer wrote no metrics record for this long is restarted (liveness), in seconds."""
     termination_grace_s: int = 300
     """Time between SIGTERM and SIGKILL: the trainer saves a checkpoint in it, in seconds."""
+    team: str | None = None
+    """The team the job runs as: its pods carry the team's task-governance queue (``kueue.x-k8s.io/queue-name``),
+    in the team's namespace."""
+    qos: str | None = None
+    """The QoS tier: its priority class (``kueue.x-k8s.io/priority-class``)."""
     preflight: bool = False
     """Check each pod's node first: an init container runs ``moe-preflight node`` (GPUs and EFA devices against
     the catalog) in the image, and the trainer starts only where it passed. The checks across nodes are the
@@ -269,10 +275,14 @@ def pod_template(
 
 
 def labels(spec: EksJobSpec) -> dict[str, str]:
+    """The job's and its pods' labels: its name, and with a team its task-governance queue and priority class
+    (rules/teams.py), which task governance reads from both."""
     return {
         "app.kubernetes.io/name": "moe-training",
         "app.kubernetes.io/instance": spec.name,
         "app.kubernetes.io/managed-by": "moe-cdk",
+        **({QUEUE_LABEL: queue_name(spec.team)} if spec.team else {}),
+        **({PRIORITY_LABEL: priority_class(spec.qos)} if spec.team and spec.qos else {}),
     }
 
 
@@ -438,6 +448,8 @@ def job_spec_from_config(
     stall_timeout_s: int = 900,
     startup_timeout_s: int = 1800,
     preflight: bool = False,
+    team: str | None = None,
+    qos: str | None = None,
 ) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
@@ -463,9 +475,10 @@ def job_spec_from_config(
         )
     name = name or profile.name
     fallbacks = chosen.specs[1:]
+    team, qos = job_team(config.teams, team, qos)
     return EksJobSpec(
         name=name,
-        namespace=config.eks.namespace,
+        namespace=team_namespace(team) if team else config.eks.namespace,
         image=image,
         nodes=nodes,
         instance_type=spec.sagemaker_name,
@@ -485,4 +498,6 @@ def job_spec_from_config(
         startup_timeout_s=startup_timeout_s,
         stall_timeout_s=stall_timeout_s,
         preflight=preflight,
+        team=team,
+        qos=qos,
     )

@@ -45,6 +45,7 @@ from moe_cdk.jobs.slurm_job import (
     wait_and_requeue,
 )
 from moe_cdk.rules import eks as eks_rules, neuron
+from moe_cdk.rules.teams import job_team, team_namespace
 from moe_cdk.schema.config import Config, InstanceGroupConfig, nodes_of
 
 DEFAULT_COMPILE_CACHE = "/fsx/neuron-compile-cache"
@@ -186,6 +187,7 @@ def slurm_spec(
     time_limit: str = "48:00:00",
     signal_lead_seconds: int = 300,
     qos: str | None = None,
+    account: str | None = None,
     nice: int | None = None,
     max_requeues: int = 10,
     after: str | None = None,
@@ -202,6 +204,7 @@ def slurm_spec(
         time_limit=time_limit,
         signal_lead_seconds=signal_lead_seconds,
         qos=qos,
+        account=account,
         nice=nice,
         container_image=image,
         container_mounts="/fsx:/fsx",
@@ -266,12 +269,21 @@ def render_neuron_sbatch(spec: SlurmJobSpec, run: NeuronRun) -> str:
 
 
 def eks_spec(
-    config: Config, run: NeuronRun, *, image: str, backoff_limit: int = 10, preflight: bool = False
+    config: Config,
+    run: NeuronRun,
+    *,
+    image: str,
+    backoff_limit: int = 10,
+    preflight: bool = False,
+    team: str | None = None,
+    qos: str | None = None,
 ) -> eks_job.EksJobSpec:
-    """The pods of ``run``: one per node, with every Neuron chip and EFA device of it."""
+    """The pods of ``run``: one per node, with every Neuron chip and EFA device of it; with ``team``, in its
+    namespace and queue."""
+    team, qos = job_team(config.teams, team, qos)
     return eks_job.EksJobSpec(
         name=run.name,
-        namespace=config.eks.namespace,
+        namespace=team_namespace(team) if team else config.eks.namespace,
         image=image,
         nodes=run.nodes,
         instance_type=run.spec.sagemaker_name,
@@ -284,6 +296,8 @@ def eks_spec(
         tolerations=tuple(t.toleration() for t in run.group.taints),
         backoff_limit=backoff_limit,
         preflight=preflight,
+        team=team,
+        qos=qos,
     )
 
 

@@ -33,6 +33,7 @@ from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem, raise_if_any
 from moe_cdk.jobs.profile import JobProfile, load_job_profile
 from moe_cdk.rules.neuron import moe_train_refusal
+from moe_cdk.rules.teams import job_team
 from moe_cdk.schema.config import Config, nodes_of
 
 # Slurm's --time formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
@@ -81,6 +82,8 @@ class SlurmJobSpec:
     requeues itself after a retryable exit."""
     qos: str | None = None
     """Quality of service (``--qos``)."""
+    account: str | None = None
+    """The account the job is charged to (``--account``): with teams, the team's."""
     nice: int | None = None
     """Priority adjustment (``--nice``): positive values lower the job's priority."""
     container_image: str | None = None
@@ -134,7 +137,7 @@ class SlurmJobSpec:
             add("tasks_per_node", "too few", self.tasks_per_node, "1 or more")
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             add("gpus_per_node", "too few", self.gpus_per_node, "1 or more, or null for none")
-        for name in ("partition", "qos"):
+        for name in ("partition", "qos", "account"):
             value = getattr(self, name)
             if value is not None and not _SLURM_NAME.match(value):
                 add(name, "not a Slurm name", value, "letters, digits, '.', '_' or '-'")
@@ -255,6 +258,8 @@ def _sbatch_lines(spec: SlurmJobSpec) -> list[str]:
     lines.append("--requeue" if spec.requeue else "--no-requeue")
     lines.append(f"--signal=B:USR1@{spec.signal_lead_seconds}")
     lines.append(f"--time={spec.time_limit}")
+    if spec.account is not None:
+        lines.append(f"--account={spec.account}")
     if spec.qos is not None:
         lines.append(f"--qos={spec.qos}")
     if spec.nice is not None:
@@ -524,6 +529,7 @@ def job_spec_from_config(
     time_limit: str = "48:00:00",
     signal_lead_seconds: int = 300,
     qos: str | None = None,
+    team: str | None = None,
     nice: int | None = None,
     max_requeues: int = 10,
     job_name: str | None = None,
@@ -547,6 +553,7 @@ def job_spec_from_config(
             ]
         )
     profile = profile or load_job_profile(config, None, train_args)
+    account, qos = job_team(config.teams, team, qos)
     chosen = config.cluster.compute_group(group)
     node_count = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
@@ -564,6 +571,7 @@ def job_spec_from_config(
         time_limit=time_limit,
         signal_lead_seconds=signal_lead_seconds,
         qos=qos,
+        account=account,
         nice=nice,
         container_image=None if local else image,
         container_mounts=None if local else "/fsx:/fsx",

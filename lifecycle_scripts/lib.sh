@@ -258,6 +258,7 @@ step_hint() {
     setup_enroot) echo "enroot could not be found or installed: the node needs it for srun --container-image (check the node's internet route through the NAT gateway for the pinned download, or use an AMI that ships enroot)" ;;
     setup_pyxis) echo "pyxis could not be registered with Slurm: check /opt/slurm/etc/plugstack.conf on the controller and that Slurm's headers are under /opt/slurm/include" ;;
     slurm_features) echo "the node's Slurm features could not be set: check that slurmctld runs on the controller (systemctl status slurmctld) and this node's slurmd (systemctl status slurmd)" ;;
+    teams) echo "the teams could not be set up: check slurmdbd on the controller (systemctl status slurmdbd; sacctmgr show cluster), that /fsx is mounted, and the teams section of the configuration" ;;
     observability) echo "the exporters or the metrics agent could not start: check Docker (systemctl status docker), the node role's ECR and SSM permissions, and the remote-write parameter; or set observability.enabled: false" ;;
     setup_containerd) echo "containerd's data could not be moved to the data disk: check containerd's configuration and that the disk is mounted" ;;
     *) echo "see the diagnostics above" ;;

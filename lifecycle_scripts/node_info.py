@@ -92,7 +92,7 @@ TOP_LEVEL_KEYS = (
     "container_runtime",
 )
 # Keys a file may lack; a missing one reads as null.
-OPTIONAL_TOP_LEVEL_KEYS = ("observability",)
+OPTIONAL_TOP_LEVEL_KEYS = ("observability", "teams")
 WORKER_KEYS = ("instance_group_name", "partition_name", "instance_type", "features")
 FSX_KEYS = ("dns_name_parameter", "mount_name_parameter", "mount_point")
 FSX_OPTIONAL_KEYS = ("efa_interfaces",)
@@ -121,6 +121,7 @@ DESCRIPTIONS = {
     "mount_point": "an absolute path other than '/'",
     "efa_interfaces": "an object of worker group names to EFA interface counts (1 to 32)",
     "observability": "an object with keys " + ", ".join(OBSERVABILITY_KEYS) + " or null",
+    "teams": "an object with lists qos and teams, or null",
     "remote_write_url_parameter": SSM_ALLOWED,
     "scrape_interval_s": f"an integer number of seconds from {SCRAPE_INTERVAL_S[0]} to {SCRAPE_INTERVAL_S[1]}",
     "trainer_metrics_port": (
@@ -136,6 +137,7 @@ EKS_DESCRIPTIONS = {
     "login_group": EKS_NULL,
     "fsx_lustre": EKS_NULL,
     "observability": EKS_NULL,
+    "teams": EKS_NULL,
     "container_runtime": "an object with keys " + ", ".join(EKS_CONTAINER_KEYS),
     "partition_name": EKS_NULL,
     "features": "a list of feature names",
@@ -312,9 +314,45 @@ def validate(params: object) -> dict:
     elif observability is not None:
         check_observability(check, observability)
 
+    teams = params.get("teams")
+    if teams is not None and eks:
+        check.add("teams", "not used on EKS (task governance holds the teams there)", show(teams), EKS_NULL)
+    elif teams is not None:
+        check_teams(check, teams)
+
     if check.problems:
         raise Invalid(check.problems)
     return params
+
+
+# The names slurm_teams.sh passes to sacctmgr and useradd, and uses in paths (rules/teams.py checks the same).
+TEAM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+QOS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,52}[a-z0-9])?$")
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def check_teams(check: Checker, teams: object) -> None:
+    """The teams object: QoS tiers and teams with names that are safe in commands and paths, integer figures."""
+    if not isinstance(teams, dict) or not all(isinstance(teams.get(k), list) for k in ("qos", "teams")):
+        check.add("teams", "invalid", show(teams), DESCRIPTIONS["teams"])
+        return
+    for i, tier in enumerate(teams["qos"]):
+        key = f"teams.qos[{i}]"
+        if not isinstance(tier, dict) or not QOS_NAME.match(str(tier.get("name", ""))):
+            check.add(key, "invalid", show(tier), "an object with a QoS name: lowercase letters, digits, inner '-'")
+        elif not is_int(tier.get("priority")) or not all(QOS_NAME.match(str(p)) for p in tier.get("preempts", [])):
+            check.add(key, "invalid", show(tier), "an integer priority and a list of QoS names to preempt")
+    for i, team in enumerate(teams["teams"]):
+        key = f"teams.teams[{i}]"
+        if not isinstance(team, dict) or not TEAM_NAME.match(str(team.get("name", ""))):
+            check.add(key, "invalid", show(team), "an object with a team name: lowercase letters, digits, inner '-'")
+            continue
+        if not is_int(team.get("share_percent")):
+            check.add(f"{key}.share_percent", "invalid", show(team.get("share_percent")), "an integer")
+        for j, member in enumerate(team.get("members", [])):
+            if not (isinstance(member, dict) and USER_NAME.match(str(member.get("name", "")))
+                    and is_int(member.get("uid"))):
+                check.add(f"{key}.members[{j}]", "invalid", show(member), "an object with a login name and an integer uid")
 
 
 def is_int(value: object) -> bool:

@@ -19,6 +19,9 @@
 #   setup_enroot     setup_enroot.sh                                       (login and compute)
 #   setup_pyxis      setup_pyxis.sh                                        (all nodes)
 #   slurm_features   slurm_features.sh           (compute: set; controller: the trigger)
+#   teams            slurm_teams.sh              (all nodes: team members' users and homes; controller:
+#                                                 accounts, QoS, fair share, priority and preemption;
+#                                                 skipped when teams is null)
 #   observability    setup_observability.sh      (all nodes: exporters; controller: the agent;
 #                                                 skipped when observability is null)
 # or, with "workload_manager": "eks" (no Slurm, enroot or pyxis; the FSx CSI driver mounts
@@ -68,6 +71,7 @@ slurm_steps() {
     compute | controller) run_step slurm_features bash ./slurm_features.sh ;;
     *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
   esac
+  run_step teams bash ./slurm_teams.sh
   run_step observability bash ./setup_observability.sh
 }
 

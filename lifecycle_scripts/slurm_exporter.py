@@ -22,6 +22,8 @@ Every metric is a gauge:
                                               partition sinfo lists
     moe_slurm_node_gpus_total{node}           GPUs of the node (its Gres)
     moe_slurm_node_gpus_allocated{node}       GPUs allocated to jobs (AllocTRES, else GresUsed)
+    moe_slurm_account_gpus{account,state}     GPUs of the running and pending jobs of each account (a
+                                              team's, with teams), nodes x GPUs per node (%b)
 
 A family whose command failed is sent with its HELP and TYPE lines and no samples, beside
 moe_slurm_up 0, so a failing Slurm shows as 0, never as stale numbers.
@@ -33,9 +35,10 @@ The commands and their formats (Slurm's sinfo, squeue and scontrol man pages, 22
         default partition, which %P adds), long state. The state's suffixes ("*" not
         responding, "~" powered off, "#" powering up, "!", "%", "$", "@", "^", "-") are
         dropped and it is lowercased: "down*" counts as "down", "idle~" as "idle".
-    squeue --noheader --all --format=%P|%T
+    squeue --noheader --all --format=%P|%T|%a|%D|%b
         One line per job (by default only jobs that have not finished): partition (comma-separated
-        for a job submitted to several), long state, lowercased ("RUNNING" becomes "running").
+        for a job submitted to several), long state, lowercased ("RUNNING" becomes "running"),
+        account, node count, and the generic resources asked per node ("gres:gpu:8", or "N/A").
     scontrol --details --oneliner show nodes
         One line per node of KEY=value fields. Gres ("gpu:8(S:0-1)", "gpu:h100:4",
         "(null)") gives the total; AllocTRES's "gres/gpu=N" the allocated count, which Slurm
@@ -68,7 +71,7 @@ DEFAULT_COMMAND_TIMEOUT_S = 8.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 SINFO = ("sinfo", "--noheader", "--Node", "--format=%N|%R|%T")
-SQUEUE = ("squeue", "--noheader", "--all", "--format=%P|%T")
+SQUEUE = ("squeue", "--noheader", "--all", "--format=%P|%T|%a|%D|%b")
 SCONTROL_NODES = ("scontrol", "--details", "--oneliner", "show", "nodes")
 
 # sinfo's node state suffixes (sinfo(1), "NODE STATE CODES").
@@ -85,7 +88,10 @@ FAMILIES = (
     ("moe_slurm_jobs", "Slurm jobs per partition and state (squeue; unfinished jobs only)."),
     ("moe_slurm_node_gpus_total", "GPUs of the Slurm node (its Gres)."),
     ("moe_slurm_node_gpus_allocated", "GPUs of the Slurm node allocated to jobs (AllocTRES gres/gpu, else GresUsed)."),
+    ("moe_slurm_account_gpus", "GPUs of running and pending jobs per account (a team) and state (squeue)."),
 )
+# The GPUs in squeue's %b (tres_per_node: "gres:gpu:8", "gres/gpu:h100:8", "gpu:8", "N/A").
+GPUS_PER_NODE = re.compile(r"gpu(?::[A-Za-z0-9_.-]+)?[:=](\d+)")
 
 
 @dataclass(frozen=True)
@@ -198,13 +204,30 @@ def count_nodes(text: str) -> dict:
     return counts
 
 
+def count_account_gpus(text: str) -> dict:
+    """(account, state) -> GPUs of its running and pending jobs (nodes x GPUs per node), from the squeue lines;
+    0 for an account whose jobs ask for none, so every account with a job shows."""
+    counts: dict = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 5:
+            continue
+        state, account, nodes, tres = parts[1].strip().lower(), parts[2].strip(), parts[3].strip(), parts[4]
+        if state not in ZERO_FILLED_JOB_STATES or account in ("", "(null)"):
+            continue
+        found = GPUS_PER_NODE.search(tres)
+        gpus = int(found.group(1)) * (int(nodes) if nodes.isdigit() else 1) if found else 0
+        counts[(account, state)] = counts.get((account, state), 0) + gpus
+    return counts
+
+
 def count_jobs(text: str, partitions: tuple) -> dict:
     """(partition, state) -> jobs, from the squeue lines, with 0 for the zero-filled states of
     every partition in ``partitions``."""
     counts: dict = {(p, s): 0 for p in partitions for s in ZERO_FILLED_JOB_STATES}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 2:
+        if len(parts) < 2:
             continue
         state = parts[1].strip().lower()
         for partition in parts[0].split(","):
@@ -267,6 +290,9 @@ def collect(timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> str:
     if squeue is not None:
         for (partition, state), count in sorted(count_jobs(squeue, partitions).items()):
             samples["moe_slurm_jobs"].append(sample("moe_slurm_jobs", {"partition": partition, "state": state}, count))
+        for (account, state), gpus in sorted(count_account_gpus(squeue).items()):
+            samples["moe_slurm_account_gpus"].append(
+                sample("moe_slurm_account_gpus", {"account": account, "state": state}, gpus))
     if scontrol is not None:
         for node in sorted(parse_nodes(scontrol), key=lambda n: n.name):
             samples["moe_slurm_node_gpus_total"].append(

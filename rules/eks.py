@@ -22,6 +22,9 @@ Sources (checked 2026-11-30):
   ``amazon-sagemaker-hyperpod-training-operator`` add-on needs cert-manager and the Pod
   Identity agent; its service account is aws-hyperpod/hp-training-operator-controller-manager
   with the managed policy AmazonSageMakerHyperPodTrainingOperatorAccess.
+- [HP-TG] SageMaker Developer Guide, "Task governance" setup: the ``amazon-sagemaker-hyperpod-taskgovernance``
+  add-on (Kueue inside; an existing Kueue must be removed first; Kubernetes 1.30 or later), then the cluster's
+  ``AWS::SageMaker::ClusterSchedulerConfig`` and one ``AWS::SageMaker::ComputeQuota`` per team.
 - [EFA-CHART] aws/eks-charts stable/aws-efa-k8s-device-plugin templates/daemonset.yaml: a
   required node affinity on ``supportedInstanceLabels.keys`` In ``supportedInstanceLabels.values``.
 - [NEURON] AWS Neuron docs, "Kubernetes environment setup" (k8s-neuron-device-plugin) and
@@ -122,6 +125,13 @@ TRAINING_OPERATOR = Addon(
     None,
     "HyperPodPyTorchJob: job auto-restart and log-based hang detection",
     "HP-TO",
+)
+
+TASK_GOVERNANCE = Addon(
+    "amazon-sagemaker-hyperpod-taskgovernance",
+    None,
+    "Task governance (Kueue): the teams' quotas, priority classes and fair share (config `teams`)",
+    "HP-TG",
 )
 
 NVIDIA_DEVICE_PLUGIN = Chart(
@@ -284,7 +294,7 @@ def reference_table() -> str:
         "| Add-on | Version | Purpose | Source |",
         "| --- | --- | --- | --- |",
     ]
-    for addon in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR):
+    for addon in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR, TASK_GOVERNANCE):
         version = addon.version or "EKS default for the cluster version (pin with `eks.addon_versions`)"
         lines.append(f"| `{addon.name}` | {version} | {addon.purpose} | {addon.source} |")
     lines += [
@@ -381,7 +391,7 @@ def kubernetes_version_problem(version: str) -> Problem | None:
 
 
 def addon_version_problems(addon_versions: Mapping[str, str]) -> list[Problem]:
-    known = [a.name for a in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR)]
+    known = [a.name for a in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR, TASK_GOVERNANCE)]
     return [
         problem("not an add-on moe-cdk installs", got=name, allowed=", ".join(known)).at(f"addon_versions.{name}")
         for name in addon_versions

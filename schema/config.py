@@ -56,6 +56,7 @@ from moe_cdk.rules.sagemaker import (
     slurm_provisioning_problems,
     subnet_nodes,
 )
+from moe_cdk.rules.teams import TeamsConfig
 
 Problems = Iterator[Problem]
 
@@ -578,6 +579,9 @@ class Config:
     """The EKS control plane, with orchestrator `eks`."""
     observability: ObservabilityConfig = ObservabilityConfig()
     """Managed Prometheus and Grafana for a HyperPod cluster."""
+    teams: TeamsConfig | None = None
+    """Teams sharing a HyperPod cluster, and the QoS tiers their jobs run at (docs/teams.md). Default: none, one team
+    runs with no setup."""
 
     @property
     def lustre_availability_zone(self) -> str:
@@ -618,6 +622,28 @@ class Config:
         yield from self._eks_problems()
         yield from self._observability_problems()
         yield from self._stack_problems()
+        c = self.cluster
+        if (
+            self.teams is not None
+            and c.orchestrator is Orchestrator.SLURM
+            and c.node_provisioning_mode is NodeProvisioningMode.STANDARD
+            and c.slurm_config_strategy is not SlurmStrategy.MERGE
+        ):
+            # SageMaker Developer Guide, "SageMaker HyperPod references", Orchestrator.Slurm: Managed fails
+            # UpdateCluster on a changed slurm.conf, Overwrite overwrites it, Merge "preserves manual slurm.conf
+            # changes".
+            yield problem(
+                "teams include their priority and preemption settings in slurm.conf; HyperPod's managed strategy fails "
+                "a cluster update on a changed slurm.conf and overwrite discards the change",
+                got=c.slurm_config_strategy.value if c.slurm_config_strategy else "unset (managed)",
+                allowed="merge",
+            ).at("cluster.slurm_config_strategy")
+        if self.teams is not None and self.cluster.orchestrator is Orchestrator.TRAINING_JOB:
+            yield problem(
+                "SageMaker Training Jobs run on their own instances: there is no cluster to share",
+                got="a teams section",
+                allowed="teams with orchestrator slurm or eks",
+            ).at("teams")
         if self.storage.lustre.efa_enabled:
             yield from self._efa_client_problems()
         existing = self.network.existing_vpc

@@ -62,7 +62,7 @@ class SlurmClusterStack(Stack):
         fsx = _fsx_mount(config, storage)
         observability = _node_observability(config)
         parameters = provisioning_parameters(
-            instance_groups=groups, region=config.region, fsx=fsx, observability=observability
+            instance_groups=groups, region=config.region, fsx=fsx, observability=observability, teams=config.teams
         )
         super().__init__(scope, id, synthesizer=hyperpod_synthesizer(config, parameters), **kwargs)
         # The lifecycle bucket must exist before this stack's assets are published into it.
@@ -84,6 +84,7 @@ class SlurmClusterStack(Stack):
                 slurm_config_strategy=config.cluster.construct_slurm_config_strategy,
                 accounting_database=config.cluster.accounting_database,
                 observability=observability,
+                teams=config.teams,
             ),
         )
         self.observability = None

@@ -53,6 +53,7 @@ class HyperPodEksStack(Stack):
                 training_operator_version=config.eks.addon_versions.get("amazon-sagemaker-hyperpod-training-operator"),
                 node_provisioning_mode=config.cluster.node_provisioning_mode,
                 tiered_storage=config.cluster.tiered_storage,
+                teams=config.teams,
             ),
         )
         # The nodes need the CNI, DNS and device plugins in place when they join.

@@ -41,6 +41,7 @@ from typing import NamedTuple
 from ports import reserve_ports
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+ACCOUNTING_PACKAGES = ("slurmdbd", "mariadb-server")
 NODES = ("node1", "node2")
 TERMINAL_STATES = frozenset(
     {
@@ -101,9 +102,10 @@ def _reserve_ports(count: int) -> list[socket.socket]:
         return held
 
 
-def ensure_installed() -> None:
-    """Install the Slurm and munge packages unless ``slurmctld`` is already on PATH."""
-    if shutil.which("slurmctld") and shutil.which("munged") and shutil.which("sbatch"):
+def ensure_installed(extra: Sequence[str] = ()) -> None:
+    """Install the Slurm and munge packages (and ``extra``: accounting's) unless their commands are on PATH."""
+    commands = ["slurmctld", "munged", "sbatch", *(["slurmdbd", "mariadbd"] if extra else [])]
+    if all(shutil.which(c) for c in commands):
         return
     if os.geteuid() != 0:
         raise SlurmUnavailable("Slurm is not installed and installing it needs root")
@@ -111,13 +113,14 @@ def ensure_installed() -> None:
         raise SlurmUnavailable("Slurm is not installed and there is no apt-get to install it")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     # Wait for another apt run instead of failing on its lock.
-    install = ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "--no-install-recommends", *PACKAGES]
+    packages = (*PACKAGES, *extra)
+    install = ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "--no-install-recommends", *packages]
     done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:  # a fresh machine may have no package lists yet
         subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=300", "update"], env=env, capture_output=True)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SlurmUnavailable(f"installing {' '.join(PACKAGES)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SlurmUnavailable(f"installing {' '.join(packages)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
 def _hardware() -> dict[str, int]:
@@ -148,6 +151,7 @@ class SlurmCluster:
         configless: bool = False,
         slurm_user: str = "root",
         launch_after_s: float | None = None,
+        accounting: bool = False,
     ):
         """``job_env`` is added to the environment of every command, and so of every job
         (sbatch exports it). By default ``OMP_NUM_THREADS=1``: both virtual nodes share this
@@ -163,14 +167,22 @@ class SlurmCluster:
         which slurmctld drops to that user; its state and log folders are then that user's, and
         ``etc_dir`` must be readable by it (a pytest ``tmp_path`` is not: it sits in a 0700 folder).
         ``launch_after_s`` writes the configuration at once but starts the daemons that many
-        seconds later, in the background (``wait_launched`` waits for them)."""
+        seconds later, in the background (``wait_launched`` waits for them).
+
+        ``accounting`` runs real accounting, as HyperPod's controller does by default: a MariaDB server of its
+        own (a fresh data folder, its own port, grant tables skipped) and slurmdbd with ``slurmdbd.conf`` beside
+        slurm.conf (owned by SlurmUser, mode 600, as slurmdbd requires), the cluster registered with sacctmgr
+        before slurmctld starts. Debian's ``mariadb-server`` and ``slurmdbd`` are installed when missing."""
         self.startup_timeout = startup_timeout
         self.job_env = {"OMP_NUM_THREADS": "1"} if job_env is None else dict(job_env)
         self.etc_dir = etc_dir
         self.configless = configless
         self.slurm_user = slurm_user
         self.launch_after_s = launch_after_s
+        self.accounting = accounting
         self.ctld_port = 0
+        self.dbd_port = 0
+        self.mysql_port = 0
         self.dir: Path | None = None
         self.conf: Path | None = None
         self.env: dict[str, str] = {}
@@ -228,7 +240,7 @@ class SlurmCluster:
         self._stopping.wait()
 
     def _prepare(self) -> None:
-        ensure_installed()
+        ensure_installed(ACCOUNTING_PACKAGES if self.accounting else ())
         if os.geteuid() != 0:
             raise SlurmUnavailable("starting munged as the munge user and slurmd needs root")
         try:
@@ -269,6 +281,12 @@ class SlurmCluster:
         if not self.plugstack.exists():
             self.plugstack.write_text("")  # no SPANK plugins from /etc/slurm
         self.conf.write_text(self._slurm_conf())
+        if self.accounting:
+            (self.dir / "mysql").mkdir()
+            dbd_conf = etc / "slurmdbd.conf"
+            dbd_conf.write_text(self._slurmdbd_conf())
+            dbd_conf.chmod(0o600)
+            os.chown(dbd_conf, owner.pw_uid, owner.pw_gid)
         if self.slurm_user != "root":
             readable = subprocess.run(["runuser", "-u", self.slurm_user, "--", "test", "-r", str(self.conf)])
             if readable.returncode != 0:
@@ -294,6 +312,8 @@ class SlurmCluster:
             extra_groups=[],
         )
         self._wait(lambda: self.munge_socket.exists(), "munged to create its socket", "munged")
+        if self.accounting:
+            self._launch_accounting()
         self._spawn("slurmctld", ["slurmctld", "-D"])
         self._wait(lambda: "UP" in self.run("scontrol", "ping").stdout, "slurmctld to answer", "slurmctld")
         for node in NODES:
@@ -315,7 +335,7 @@ class SlurmCluster:
                 while time.monotonic() < deadline and self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.strip():
                     time.sleep(0.5)
         # slurmd before slurmctld (no "node not responding" noise), munged last.
-        for name in [*(f"slurmd-{n}" for n in NODES), "slurmctld", "munged"]:
+        for name in [*(f"slurmd-{n}" for n in NODES), "slurmctld", "slurmdbd", "mariadbd", "munged"]:
             proc = self._procs.get(name)
             if proc is not None:
                 _terminate(proc.pid, proc)
@@ -407,8 +427,10 @@ class SlurmCluster:
         assert self.dir is not None
         hw = _hardware()
         # Held until _launch starts the daemons, which may be launch_after_s later.
-        self._reserved = _reserve_ports(1 + len(NODES))
+        self._reserved = _reserve_ports(1 + len(NODES) + (2 if self.accounting else 0))
         self.ctld_port, *node_ports = (s.getsockname()[1] for s in self._reserved)
+        if self.accounting:
+            *node_ports, self.dbd_port, self.mysql_port = node_ports
         d = self.dir
         lines = [
             "# Written by tests/slurm_harness.py: a private two-node cluster on one machine.",
@@ -439,7 +461,18 @@ class SlurmCluster:
             "EnforcePartLimits=ALL",  # impossible requests fail at submission, not pend forever
             "MailProg=/bin/true",
             "JobAcctGatherType=jobacct_gather/linux",
-            "AccountingStorageType=accounting_storage/none",
+            *(
+                [
+                    "AccountingStorageType=accounting_storage/slurmdbd",
+                    "AccountingStorageHost=localhost",
+                    f"AccountingStoragePort={self.dbd_port}",
+                    # slurm.conf(5): with slurmdbd, AccountingStoragePass names the munge socket to reach it by
+                    # (AuthInfo's is not used for it).
+                    f"AccountingStoragePass={self.munge_socket}",
+                ]
+                if self.accounting
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "ReturnToService=2",
@@ -461,6 +494,55 @@ class SlurmCluster:
             )
         lines.append(f"PartitionName=ci Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
+
+    def _slurmdbd_conf(self) -> str:
+        d = self.dir
+        return (
+            "\n".join(
+                [
+                    "# Written by tests/slurm_harness.py: slurmdbd over this cluster's own MariaDB.",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={self.munge_socket}",
+                    "DbdHost=localhost",
+                    f"DbdPort={self.dbd_port}",
+                    f"SlurmUser={self.slurm_user}",
+                    f"PidFile={d / 'ctld' / 'slurmdbd.pid'}",
+                    f"LogFile={d / 'logs' / 'slurmdbd.log'}",
+                    "DebugLevel=info",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={self.mysql_port}",
+                    "StorageUser=root",
+                    "StorageLoc=slurm_acct_db",
+                ]
+            )
+            + "\n"
+        )
+
+    def _launch_accounting(self) -> None:
+        """MariaDB, then slurmdbd, then the cluster registered, as HyperPod's controller has them before slurmctld."""
+        data = self.dir / "mysql"
+        subprocess.run(
+            ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root", "--skip-test-db",
+             "--auth-root-authentication-method=normal"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        self._spawn(
+            "mariadbd",
+            ["mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={data / 'mysqld.sock'}",
+             f"--port={self.mysql_port}", "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables",
+             f"--pid-file={data / 'mariadbd.pid'}"],
+        )  # fmt: skip
+        self._wait(lambda: _accepts(self.mysql_port), "MariaDB to accept connections", "mariadbd")
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        self._wait(
+            lambda: self.run("sacctmgr", "-n", "show", "cluster", timeout=10).returncode == 0,
+            "slurmdbd to answer sacctmgr",
+            "slurmdbd",
+        )
+        added = self.run("sacctmgr", "-i", "add", "cluster", "moeci", timeout=30)
+        if added.returncode != 0 and "already exists" not in added.stdout + added.stderr:
+            raise SlurmUnavailable(f"sacctmgr add cluster failed: {added.stdout}{added.stderr}")
 
     def _spawn_slurmd(self, node: str) -> None:
         argv = ["slurmd", "-D", "-N", node]
@@ -524,6 +606,12 @@ class SlurmCluster:
         done = self.run("sinfo", "-h", "-N", "-o", "%N %t")
         states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
         return all(states.get(node) == "idle" for node in NODES)
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _die_with_parent() -> None:

@@ -19,6 +19,7 @@ from conftest import ROOT
 from kubeflow.training import ApiClient
 from trainer_runs import ENV, MEGATRON_REJECTS, TINY, data_prefix  # noqa: F401 (fixture)
 
+from moe_cdk.cli.moe_cdk import main
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.eks_job import (
@@ -253,7 +254,6 @@ def test_more_nodes_than_the_group_has_is_refused(config):
 
 
 def test_cli_refuses_a_second_config_that_the_profile_would_not_size(capsys):
-    from moe_cdk.cli.moe_cdk import main
 
     args = ["eks", "render", "--config", str(CONFIG), "--image", IMAGE]
     assert main([*args, "--train-arg=--config", "--train-arg=/fsx/my.yaml"]) == 2
@@ -261,7 +261,6 @@ def test_cli_refuses_a_second_config_that_the_profile_would_not_size(capsys):
 
 
 def test_cli_runs_the_profile_given_with_train_config(tmp_path):
-    from moe_cdk.cli.moe_cdk import main
 
     out = tmp_path / "job.yaml"
     profile = ROOT / "training/configs/moe-8x1b.yaml"
@@ -362,3 +361,36 @@ def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_re
     assert master["restartPolicy"] == "ExitCode" and result.returncode not in KUBEFLOW_RETRYABLE
     reasons = [line for line in result.stderr.splitlines() if "TransformerConfig rejects" in line]
     assert len(reasons) == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]
+
+
+TEAMS_CONFIG = ROOT / "config/eks-teams.yaml"
+
+
+def test_a_team_job_runs_in_the_teams_namespace_with_its_queue_and_priority_labels():
+    spec = job_spec_from_config(load_config(TEAMS_CONFIG), image=IMAGE, team="production")
+    job = render_pytorchjob(spec)
+    expected = {
+        "kueue.x-k8s.io/queue-name": "hyperpod-ns-production-localqueue",
+        "kueue.x-k8s.io/priority-class": "normal-priority",  # the team's default tier
+    }
+    assert job["metadata"]["namespace"] == "hyperpod-ns-production"
+    assert job["metadata"]["labels"].items() >= expected.items()
+    assert all(p["metadata"]["labels"].items() >= expected.items() for p in pods(job))
+
+
+def test_a_job_without_a_team_keeps_the_configured_namespace_and_no_queue():
+    job = render_pytorchjob(job_spec_from_config(load_config(TEAMS_CONFIG), image=IMAGE))
+    assert job["metadata"]["namespace"] == "moe" and "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+
+
+def test_eks_render_checks_the_team(capsys):
+    args = ["eks", "render", "--config", str(TEAMS_CONFIG), "--image", IMAGE, "--team", "marketing"]
+    assert main(args) == 2
+    assert "--team: no such team in the configuration (got 'marketing'; allowed research, production)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_helm_values_for_a_team_job_are_refused(capsys):
+    args = ["eks", "render", "--config", str(TEAMS_CONFIG), "--image", IMAGE, "--team", "research", "--helm-values"]
+    assert main(args) == 2 and "--helm-values: the chart does not render the team's" in capsys.readouterr().err

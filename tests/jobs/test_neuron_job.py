@@ -265,3 +265,8 @@ def test_preflight_runs_nccom_test_all_reduce_and_all_to_all_over_every_core(tmp
     assert '--nworkers "$(( 64 * SLURM_JOB_NUM_NODES ))"' in text and 'NEURON_RT_ROOT_COMM_ID="${MASTER_ADDR}' in text
     assert "moe-preflight node --instance-type ml.trn2.48xlarge" in text
     assert "moe-preflight collectives" not in text
+
+
+def test_sbatch_writes_the_ecr_credentials_but_not_the_gpu_nodes_nccl_settings(sbatch):
+    assert "write_enroot_credentials 123456789012.dkr.ecr.us-east-2.amazonaws.com us-east-2" in sbatch
+    assert "moe-cdk-efa.sh" not in sbatch

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_cdk.cli.moe_cdk import main
 from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, job_spec_from_config, render_sbatch
 from moe_cdk.schema.config import load_config
 
@@ -476,3 +477,26 @@ def test_enroot_credentials_keep_other_registries_and_replace_their_own(tmp_path
 def test_images_outside_ecr_get_no_credentials_step():
     script = render_sbatch(dataclasses.replace(DEFAULT_SPEC, container_image="nvcr.io/nvidia/pytorch:25.01-py3"))
     assert "write_enroot_credentials" not in script
+
+
+def test_a_team_job_is_charged_to_the_teams_account_at_its_default_tier(tmp_path):
+    out = tmp_path / "job.sh"
+    args = [
+        "slurm",
+        "render",
+        "--config",
+        str(ROOT / "config/slurm-teams.yaml"),
+        "--image",
+        "img:1",
+        "--team",
+        "production",
+    ]
+    assert main([*args, "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "#SBATCH --account=production\n" in text and "#SBATCH --qos=normal\n" in text
+
+
+def test_slurm_render_refuses_a_tier_the_team_may_not_use(capsys):
+    args = ["slurm", "render", "--config", str(ROOT / "config/slurm-teams.yaml"), "--image", "img:1"]
+    assert main([*args, "--team", "research", "--qos", "gold"]) == 2
+    assert "--qos: not one of team research's tiers (got 'gold'" in capsys.readouterr().err

@@ -699,6 +699,7 @@ def test_successful_run_records_every_step_once(compute_run):
         "setup_enroot",
         "setup_pyxis",
         "slurm_features",
+        "teams",
         "observability",
     ]
     assert {r["outcome"] for r in records} == {"ok"} and {r["node"] for r in records} == {"i-0456"}

@@ -46,7 +46,7 @@ COMPUTE, CONTROLLER = "10.0.64.11", "10.0.64.10"  # gpu-1 and controller-1 in re
 LATE_START_S = 60.0
 FEATURES = "efa,p5en,gpu"
 IMAGE = "123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1"
-ALL_STEPS = ["validate", "node_info", "efa_env", "mount_fsx", "setup_pyxis", "slurm_features", "observability"]
+ALL_STEPS = ["validate", "node_info", "efa_env", "mount_fsx", "setup_pyxis", "slurm_features", "teams", "observability"]
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ FAMILIES = {
     "moe_slurm_jobs",
     "moe_slurm_node_gpus_total",
     "moe_slurm_node_gpus_allocated",
+    "moe_slurm_account_gpus",
 }
 
 # The stand-in docker: state under $MOE_STUB_STATE/docker (images: "REF DIGEST" lines; one file per
@@ -758,7 +759,7 @@ def test_exporter_counts_two_idle_nodes(exporter):
     ]
 
 
-def test_exporter_exports_exactly_five_gauges_in_text_format_0_0_4(exporter):
+def test_exporter_exports_exactly_six_gauges_in_text_format_0_0_4(exporter):
     content_type, text = get(exporter.url)
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     types = {key[0]: value for key, value in exporter.scrape().items() if key[1] == "TYPE"}
@@ -787,13 +788,15 @@ def test_exporter_counts_running_and_pending_jobs(slurm, exporter, tmp_path):
 def test_exporter_reports_gpus_from_gres_and_their_allocation(slurm, exporter, tmp_path):
     script = tmp_path / "gpu.sh"
     script.write_text("#!/bin/bash\nsleep 300\n")
-    job = slurm.submit(script, ["-N1", "-n1", "--gres=gpu:h100:3", f"--output={tmp_path}/%j.out"])
+    job = slurm.submit(script, ["-N1", "-n1", "--gres=gpu:h100:3", "--account=research", f"--output={tmp_path}/%j.out"])
     slurm.wait_for(job, {"RUNNING"}, timeout=60)
     node = slurm.job_state(job).fields["NodeList"]
     scrape = exporter.scrape()
     for name in ("node1", "node2"):
         assert scrape[("moe_slurm_node_gpus_total", (("node", name),))] == 4
         assert scrape[("moe_slurm_node_gpus_allocated", (("node", name),))] == (3 if name == node else 0)
+    # A team's GPUs: its account's running jobs, nodes x GPUs per node.
+    assert scrape[("moe_slurm_account_gpus", (("account", "research"), ("state", "running")))] == 3
 
 
 def test_exporter_reports_down_when_slurm_cannot_be_reached(slurm, tmp_path):
@@ -1023,3 +1026,13 @@ def test_agent_remote_writes_slurm_metrics_to_a_receiver(slurm, exporter, tmp_pa
         for proc in (agent, receiver):
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_account_gpus_count_nodes_times_gpus_per_node_for_running_and_pending_jobs():
+    count_account_gpus = load_script("slurm_exporter").count_account_gpus
+    lines = "gpu|RUNNING|research|2|gres:gpu:8\ngpu|PENDING|prod|1|gres/gpu:h100:4\ngpu|RUNNING|prod|1|N/A\n"
+    assert count_account_gpus(lines + "gpu|COMPLETING|research|2|gres:gpu:8\n") == {
+        ("research", "running"): 16,
+        ("prod", "pending"): 4,
+        ("prod", "running"): 0,
+    }

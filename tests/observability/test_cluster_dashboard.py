@@ -29,7 +29,13 @@ from grafana_dashboards import expressions, panels
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "observability/dashboards/hyperpod-cluster.json"
 
-SLURM = {"moe_slurm_nodes", "moe_slurm_jobs", "moe_slurm_node_gpus_total", "moe_slurm_node_gpus_allocated"}
+SLURM = {
+    "moe_slurm_nodes",
+    "moe_slurm_jobs",
+    "moe_slurm_node_gpus_total",
+    "moe_slurm_node_gpus_allocated",
+    "moe_slurm_account_gpus",
+}
 DCGM = {
     "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_DEV_FB_USED",

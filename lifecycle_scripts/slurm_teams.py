@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""slurm_teams.py: the `teams` of provisioning_parameters.json as Slurm accounting, run by slurm_teams.sh.
+
+    slurm_teams.py names PARAMS         print the teams' names (none: the step has nothing to do)
+    slurm_teams.py members PARAMS       print "name uid" for each team member (every node creates the users)
+    slurm_teams.py apply PARAMS         (controller) QoS tiers, team accounts and their users with sacctmgr
+    slurm_teams.py conf PARAMS          print the scheduler settings that priority and preemption need
+
+`apply` is idempotent: what exists is modified to the parameters' values, what is missing is added, nothing is
+removed (a user taken out of a team keeps the association until `sacctmgr delete user`). It follows AWS's
+"Fair-share, QoS, Priority & Preemption" guide (awslabs/ai-on-sagemaker-hyperpod at a1d1d75,
+website/docs/01-slurm-orchestration/add-ons/slurm-chargeback/): accounts with FairShare=, QoS tiers with
+Priority=, Preempt=, MaxTRES=gres/gpu=N and MaxWall=, users with DefaultAccount=; sacctmgr(1) of Slurm 22.05 for
+the syntax (-i commits without a prompt; -n -P print bare, |-separated rows).
+
+Python 3 standard library only, like node_info.py: it runs on the node's own interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# The scheduler settings of AWS's guide: the multifactor priority (fair share and QoS weigh most) and preemption
+# by QoS with requeue; AccountingStorageEnforce makes a job's account and QoS count (associations, limits, qos).
+SCHEDULER_SETTINGS = (
+    "PriorityType=priority/multifactor",
+    "PriorityDecayHalfLife=7-0",
+    "PriorityCalcPeriod=5",
+    "PriorityWeightAge=1000",
+    "PriorityWeightFairshare=5000",
+    "PriorityWeightJobSize=500",
+    "PriorityWeightPartition=1000",
+    "PriorityWeightQOS=10000",
+    "PreemptType=preempt/qos",
+    "PreemptMode=REQUEUE",
+    "AccountingStorageEnforce=associations,limits,qos",
+)
+# At preemption, send the job its own --signal (the batch scripts' B:USR1: save a checkpoint, stop, requeue), and
+# requeue it only after its QoS's GraceTime. Without this the job's steps are ended at once and a rank dies in the
+# middle of a collective: measured on Slurm 22.05, the preempted run lost the step it was in
+# (tests/lifecycle_scripts/test_teams_slurm.py). Slurm 23.02 moved the flag from SchedulerParameters
+# (preempt_send_user_signal, slurm.conf(5) of 22.05) to PreemptParameters (send_user_signal); HyperPod's Slurm
+# version is not published, so the running one decides.
+SEND_USER_SIGNAL = {"old": ("SchedulerParameters", "preempt_send_user_signal"), "new": ("PreemptParameters", "send_user_signal")}
+
+
+def signal_setting(version: tuple[int, int], current: dict[str, str]) -> str:
+    """The slurm.conf line that turns the user signal at preemption on, keeping the key's current flags."""
+    key, flag = SEND_USER_SIGNAL["new" if version >= (23, 2) else "old"]
+    flags = [f for f in current.get(key, "").split(",") if f and f != "(null)"]
+    return f"{key}={','.join(flags if flag in flags else [*flags, flag])}"
+
+
+def running_slurm() -> tuple[tuple[int, int], dict[str, str]]:
+    """The running Slurm's version (``scontrol --version``: "slurm 22.05.8") and configuration (``scontrol show
+    config``: "Key = value" lines)."""
+    version = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, check=True).stdout.split()[-1]
+    major, minor = (int(part) for part in version.split(".")[:2])
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    current = {k.strip(): v.strip() for k, sep, v in (line.partition("=") for line in shown.splitlines()) if sep}
+    return (major, minor), current
+
+
+def teams_of(params_path: str) -> dict:
+    with open(params_path, encoding="utf-8") as handle:
+        return json.load(handle).get("teams") or {"qos": [], "teams": []}
+
+
+def sacctmgr(*args: str) -> str:
+    done = subprocess.run(["sacctmgr", "-i", "-n", "-P", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"sacctmgr {' '.join(args)} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+def names(entity: str, *where: str) -> set[str]:
+    field = {"qos": "name", "account": "account", "assoc": "user"}[entity]
+    return {line.strip() for line in sacctmgr("show", entity, *where, f"format={field}").splitlines() if line.strip()}
+
+
+def apply(teams: dict) -> None:
+    # HyperPod's accounting tracks GPUs (AccountingStorageTRES=gres/gpu, base-config setup_mariadb_accounting.sh);
+    # a GPU limit can be set, or cleared, only where that TRES exists (sacctmgr: "no TRES known by type gres/gpu").
+    gpus_tracked = "gres/gpu" in sacctmgr("show", "tres", "format=type,name").replace("|", "/")
+    qos = names("qos")
+    for tier in teams["qos"]:
+        if tier["name"] not in qos:
+            sacctmgr("add", "qos", tier["name"])
+            print(f"added QoS {tier['name']}")
+    # Every tier first, then preempt lists and limits, which may name other tiers. A preempt list is set only when
+    # it differs: Slurm 22.05 answers "QOS Preemption loop detected" to setting a tier's list to the one it has.
+    preempts = {
+        name: set(filter(None, current.split(",")))
+        for name, current in (line.split("|", 1) for line in sacctmgr("show", "qos", "format=name,preempt").splitlines())
+    }
+    for tier in teams["qos"]:
+        wanted = tier.get("preempts") or []
+        settings = [
+            f"Priority={tier['priority']}",
+            *(["Preempt=" + ",".join(wanted)] if set(wanted) != preempts.get(tier["name"], set()) else []),
+            f"MaxWall={tier['max_wall']}" if tier.get("max_wall") else "MaxWall=-1",
+            f"GraceTime={tier.get('grace_time_s', 0)}",
+        ]
+        if tier.get("max_gpus") and not gpus_tracked:
+            raise SystemExit(
+                f"QoS {tier['name']}: max_gpus needs GPU accounting (AccountingStorageTRES=gres/gpu), which this "
+                "cluster's accounting does not track"
+            )
+        if gpus_tracked:
+            settings.append(f"MaxTRES=gres/gpu={tier['max_gpus'] or -1}")
+        modify("qos", tier["name"], settings)
+    accounts = names("account")
+    for team in teams["teams"]:
+        if team["name"] not in accounts:
+            sacctmgr("add", "account", f"name={team['name']}", f"Description=team {team['name']}", "Organization=moe-cdk")
+            print(f"added account {team['name']}")
+        modify(
+            "account",
+            team["name"],
+            [f"FairShare={team['share_percent']}", f"QOS={','.join(team['qos'])}", f"DefaultQOS={team['default_qos']}"],
+        )
+        users = names("assoc", f"account={team['name']}")
+        for member in team["members"]:
+            if member["name"] not in users:
+                sacctmgr("add", "user", f"name={member['name']}", f"account={team['name']}", f"DefaultAccount={team['name']}")
+                print(f"added user {member['name']} to account {team['name']}")
+
+
+def modify(entity: str, name: str, settings: list[str]) -> None:
+    # sacctmgr exits 1 with "Nothing modified" when every value is already set: that is the idempotent case.
+    done = subprocess.run(
+        ["sacctmgr", "-i", "modify", entity, "where", f"name={name}", "set", *settings],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 and "Nothing modified" not in done.stdout + done.stderr:
+        raise SystemExit(f"sacctmgr modify {entity} {name} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+    print(f"{entity} {name}: {' '.join(settings)}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in ("names", "members", "apply", "conf"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    teams = teams_of(argv[2])
+    if argv[1] == "names":
+        for team in teams["teams"]:
+            print(team["name"])
+    elif argv[1] == "members":
+        for team in teams["teams"]:
+            for member in team["members"]:
+                print(member["name"], member["uid"])
+    elif argv[1] == "conf":
+        print("\n".join([*SCHEDULER_SETTINGS, signal_setting(*running_slurm())]))
+    else:
+        apply(teams)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,186 @@
+"""Teams on a real Slurm with real accounting: the lifecycle step (slurm_teams.sh) run on the controller creates the
+accounts, users, QoS tiers and fair share with sacctmgr against slurmdbd over MariaDB (slurm_harness, accounting=True),
+turns on multifactor priority and QoS preemption, and a low-priority training job preempted by an urgent one is
+requeued and resumes from its last checkpoint.
+
+The node's users are created in the sandbox's own /etc/passwd (useradd --prefix), so nothing on this machine changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from slurm_harness import Rejected, SlurmCluster, SlurmUnavailable  # noqa: E402
+from test_lifecycle_scripts import PARAMS, Sandbox  # noqa: E402
+from test_slurm import TinyJob, _resumed_step, _runs, _wait_completed  # noqa: E402
+
+from moe_cdk.constructs.hyperpod_slurm_cluster import teams_parameters  # noqa: E402
+from moe_cdk.rules.teams import QosTier, Team, TeamMember, TeamsConfig  # noqa: E402
+
+CONTROLLER = "i-0123"
+# Long enough that the urgent job arrives (slurmctld schedules every 5 s here) while the low one still trains.
+STEPS = 200
+TEAMS = TeamsConfig(
+    qos=(
+        QosTier(name="urgent", priority=100, preempts=("normal", "low")),
+        QosTier(name="normal", priority=50, preempts=("low",)),
+        QosTier(name="low", priority=10),
+    ),
+    teams=(
+        Team(name="research", share_percent=60, members=(TeamMember(name="alice", uid=2101),)),
+        Team(name="prod", share_percent=40, members=(TeamMember(name="bob", uid=2102),), default_qos="normal"),
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory):
+    """The controller's sandbox and a Slurm with accounting whose slurm.conf is the sandbox's, after one run of the
+    teams step (and a second, which must change nothing)."""
+    base = tmp_path_factory.mktemp("controller")
+    params = copy.deepcopy(PARAMS) | {"teams": teams_parameters(TEAMS)}
+    box = Sandbox(base, instance_id=CONTROLLER, params=params)
+    for name in ("scontrol", "strigger", "sacctmgr"):
+        (box.bin / name).unlink(missing_ok=True)
+    for name in ("passwd", "group", "shadow", "gshadow"):
+        box.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
+    (box.root / "fsx").mkdir(exist_ok=True)
+    slurm = SlurmCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc")
+    try:
+        slurm.start()
+    except SlurmUnavailable as error:
+        slurm.stop()
+        pytest.skip(f"no Slurm with accounting here: {error}")
+    try:
+        runs = [box.run("bash", str(box.lc / "slurm_teams.sh"), SLURM_CONF=str(slurm.conf)) for _ in range(2)]
+        yield box, slurm, runs
+    finally:
+        slurm.stop()
+
+
+def sacctmgr(slurm: SlurmCluster, *args: str) -> list[str]:
+    done = slurm.run("sacctmgr", "-n", "-P", *args)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if line]
+
+
+def test_the_step_succeeds_and_a_second_run_changes_nothing(controller):
+    _, _, (first, second) = controller
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "added QoS urgent" in first.stdout and "added account research" in first.stdout
+    assert "added" not in second.stdout and "scheduler settings unchanged" in second.stdout
+
+
+def test_three_qos_tiers_with_their_priorities_and_preemption(controller):
+    _, slurm, _ = controller
+    rows = {r.split("|")[0]: r.split("|")[1:] for r in sacctmgr(slurm, "show", "qos", "format=name,priority,preempt")}
+    assert rows["urgent"] == ["100", "low,normal"]
+    assert rows["normal"] == ["50", "low"]
+    assert rows["low"] == ["10", ""]
+
+
+def test_two_team_accounts_with_fair_share_users_and_default_qos(controller):
+    _, slurm, _ = controller
+    rows = sacctmgr(
+        slurm, "show", "assoc", "where", "account=research,prod", "format=account,user,fairshare,defaultqos"
+    )
+    assert {"research||60|low", "prod||40|normal", "research|alice|1|low", "prod|bob|1|normal"} <= set(rows)
+
+
+def test_fair_share_shows_in_sshare(controller):
+    _, slurm, _ = controller
+    done = slurm.run("sshare", "-a", "-P", "-o", "Account,User,RawShares,NormShares")
+    assert done.returncode == 0, done.stderr
+    shares = {tuple(line.split("|")[:3]): line for line in done.stdout.splitlines()}
+    assert ("research", "", "60") in {(k[0].strip(), k[1], k[2]) for k in shares}
+    assert ("prod", "", "40") in {(k[0].strip(), k[1], k[2]) for k in shares}
+
+
+def test_priority_and_preemption_are_on(controller):
+    box, slurm, _ = controller
+    config = slurm.run("scontrol", "show", "config").stdout
+    for line in ("PreemptType             = preempt/qos", "PreemptMode             = REQUEUE",
+                 "PriorityType            = priority/multifactor"):  # fmt: skip
+        assert line in config
+    include = "Include moe-cdk-teams.conf"
+    assert (box.root / "opt/slurm/etc/slurm.conf").read_text().count(include) == 1
+
+
+def test_members_get_users_and_a_shared_home_with_their_ssh_key(controller):
+    box, _, _ = controller
+    passwd = (box.root / "etc/passwd").read_text()
+    assert "alice:x:2101:2101::/fsx/alice:/bin/bash" in passwd and "bob:x:2102:" in passwd
+    ssh = box.root / "fsx/alice/.ssh"
+    public = (ssh / "id_ed25519.pub").read_text().strip()
+    assert (ssh / "authorized_keys").read_text().splitlines() == [public]  # once, after two runs
+    assert ssh.stat().st_uid == 2101 and (ssh / "id_ed25519").stat().st_mode & 0o777 == 0o600
+
+
+def test_preempted_training_job_is_requeued_and_resumes_from_its_checkpoint(controller, tmp_path):
+    _, slurm, _ = controller
+    for team in ("research", "prod"):  # the test submits as root
+        slurm.run("sacctmgr", "-i", "add", "user", "root", f"account={team}")
+    job = TinyJob(tmp_path, max_steps=STEPS, qos="low", account="research")
+    job_id = slurm.submit(job.script)
+    assert not isinstance(job_id, Rejected), job_id
+    job.wait_for_steps(slurm, job_id, 8, timeout=120)
+    urgent = slurm.run(
+        "sbatch", "--parsable", "--qos=urgent", "--account=prod", "--nodes=2", "--exclusive",
+        f"--output={tmp_path / 'urgent-%j.out'}", "--wrap", "sleep 5",
+    ).stdout.strip()  # fmt: skip
+    assert urgent.isdigit(), urgent
+    slurm.wait_for(urgent, {"COMPLETED"}, timeout=120)
+    state = _wait_completed(slurm, job, job_id, timeout=180)
+    assert state.state == "COMPLETED" and state.restart_count >= 1
+    log = job.log(job_id)
+    first_run, second_run = log.split("SLURM_RESTART_COUNT=1", 1)
+    assert "DUE TO PREEMPTION" in first_run or "CANCELLED AT" in first_run
+    last_save = max(int(n) for n in re.findall(r"saved step-(\d+)", first_run))
+    # The requeued run resumes from the last checkpoint the preempted one wrote, and goes on from the step after it:
+    # nothing before that save is trained again, nothing after it is skipped.
+    assert _resumed_step(second_run) == last_save >= 5
+    first, second = _runs(job.steps())
+    assert first == list(range(1, len(first) + 1)) and second == list(range(last_save + 1, STEPS + 1))
+    history = sacct_runs(slurm, job_id)
+    assert "PREEMPTED" in history or "REQUEUED" in history, history
+
+
+def sacct_runs(slurm: SlurmCluster, job_id: str) -> str:
+    """The job's runs as accounting recorded them (sacct --duplicates lists each run of a requeued job)."""
+    deadline = time.monotonic() + 30
+    while True:
+        done = slurm.run("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", "JobID,State")
+        if done.stdout.count("\n") >= 2 or time.monotonic() > deadline:
+            return done.stdout
+        time.sleep(1)
+
+
+def test_the_step_does_nothing_without_teams(tmp_path):
+    box = Sandbox(tmp_path, instance_id=CONTROLLER)
+    done = box.run("bash", str(box.lc / "slurm_teams.sh"))
+    assert done.returncode == 0 and "no teams in the parameters: nothing to set up" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("teams", "key"),
+    [
+        ({"qos": [], "teams": [{"name": "../etc", "share_percent": 50}]}, "teams.teams[0]"),
+        ({"qos": [], "teams": [{"name": "a", "share_percent": 5, "members": [{"name": "x y", "uid": 2001}]}]},
+         "teams.teams[0].members[0]"),
+        ({"qos": [{"name": "low", "priority": "high"}], "teams": []}, "teams.qos[0]"),
+        ({"qos": "low"}, "teams"),
+    ],
+)  # fmt: skip
+def test_the_node_refuses_teams_it_cannot_use_safely(tmp_path, teams, key):
+    box = Sandbox(tmp_path, instance_id=CONTROLLER, params=copy.deepcopy(PARAMS) | {"teams": teams})
+    done = box.run("python3", str(box.lc / "node_info.py"), "--check", str(box.lc / "provisioning_parameters.json"))
+    assert done.returncode != 0 and f"{key}: invalid" in done.stdout + done.stderr, done.stdout + done.stderr
