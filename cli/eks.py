@@ -62,6 +62,11 @@ def _neuron(args: argparse.Namespace, config) -> tuple[str, str]:
     return to_yaml(render_profile_config_map(spec), job), summary
 
 
+def _refused(args: argparse.Namespace, key: str, what: str, got: object, allowed: str) -> int:
+    """Report the one problem with ``key`` (an option or a configuration key) against the configuration; 2."""
+    return report(args.config, ConfigError([problem(what, got=got, allowed=allowed).at(key)]))
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -90,53 +95,18 @@ def _run(args: argparse.Namespace) -> int:
         return report(args.config, ConfigError(problems))
     group = config.cluster.compute_group(args.group)
     if group.autoscale and (reasons := unplaceable_reasons(pod_template(spec, [], [])["spec"], node_pool(group))):
-        return report(
-            args.config,
-            ConfigError(
-                [
-                    problem("Karpenter could not add a node for these pods", got=reasons, allowed="a placeable pod").at(
-                        "--group"
-                    )
-                ]
-            ),
-        )
+        return _refused(args, "--group", "Karpenter could not add a node for these pods", reasons, "a placeable pod")
     if args.helm_values and args.preflight:
-        return report(
-            args.config,
-            ConfigError(
-                [
-                    problem(
-                        "the chart has no preflight init container", got="--helm-values", allowed="a rendered job"
-                    ).at("--preflight")
-                ]
-            ),
+        return _refused(
+            args, "--preflight", "the chart has no preflight init container", "--helm-values", "a rendered job"
         )
+    without_chart = "a rendered job (without --helm-values)"
     if args.helm_values and spec.team:
-        return report(
-            args.config,
-            ConfigError(
-                [
-                    problem(
-                        "the chart does not render the team's queue and priority-class labels",
-                        got=f"--team {spec.team}",
-                        allowed="a rendered job (without --helm-values)",
-                    ).at("--helm-values")
-                ]
-            ),
-        )
+        what = "the chart does not render the team's queue and priority-class labels"
+        return _refused(args, "--helm-values", what, f"--team {spec.team}", without_chart)
     if args.helm_values and spec.fallback_instance_types:
-        return report(
-            args.config,
-            ConfigError(
-                [
-                    problem(
-                        "the chart selects one instance type, and this group's nodes may be any of several",
-                        got=[spec.instance_type, *spec.fallback_instance_types],
-                        allowed="a rendered job (without --helm-values)",
-                    ).at("--helm-values")
-                ]
-            ),
-        )
+        what = "the chart selects one instance type, and this group's nodes may be any of several"
+        return _refused(args, "--helm-values", what, [spec.instance_type, *spec.fallback_instance_types], without_chart)
     if args.helm_values:
         documents, kind = [helm_values(spec, hyperpod=args.hyperpod)], "Helm values"
     else:
@@ -160,17 +130,12 @@ def _node_pools(args: argparse.Namespace) -> int:
         return report(args.config, error)
     objects = node_pool_objects(config)
     if not objects:
-        return report(
-            args.config,
-            ConfigError(
-                [
-                    problem(
-                        "no group is autoscaled",
-                        got="autoscale false everywhere",
-                        allowed="a compute group with autoscale: true",
-                    ).at("cluster.instance_groups")
-                ]
-            ),
+        return _refused(
+            args,
+            "cluster.instance_groups",
+            "no group is autoscaled",
+            "autoscale false everywhere",
+            "a compute group with autoscale: true",
         )
     groups = ", ".join(o["metadata"]["name"] for o in objects if o["kind"] == "NodePool")
     return emit(to_yaml(*objects), args.output, f"HyperpodNodeClass and NodePool for {groups}")

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 from moe_cdk.cli.report import report
-from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.nxdt import nxdt_problems
 from moe_cdk.rules.neuron import TrainingStack
-from moe_cdk.schema.config import NodeRole, load_config
+from moe_cdk.schema.config import load_config
 from moe_cdk.tools.plan import DEFAULT_MFU, plan, render_table, to_json
 from moe_cdk.training.config import load_train_config
 
@@ -26,12 +25,7 @@ def _check_nxdt(config, args: argparse.Namespace) -> None:
         train = load_train_config(train_config, tuple(args.set or ()))
     except ConfigError:
         return  # plan() reports the profile's own problems
-    ranks = sum(
-        g.instance_count * spec.ranks_per_node
-        for g in config.cluster.instance_groups
-        if g.role is NodeRole.COMPUTE and (spec := catalog.lookup(g.instance_type)).is_accelerated
-    )
-    if found := nxdt_problems(train, world_size=ranks):
+    if found := nxdt_problems(train, world_size=config.world_size):
         raise ConfigError([dataclasses.replace(p, key=f"{label}: {p.key}") for p in found])
 
 

@@ -29,13 +29,19 @@ def _render(args: argparse.Namespace) -> int:
 
 def _neuron_job(args: argparse.Namespace, config):
     """The Slurm spec of the NxD Training job whose nodes and image a Trainium preflight checks."""
-    from moe_cdk.jobs.neuron_job import neuron_run, slurm_spec
+    from moe_cdk.jobs.neuron_job import slurm_spec
 
     require_image(args, "a Trainium preflight runs in the Neuron image on the Trainium nodes")
-    run = neuron_run(
+    return slurm_spec(config, _neuron_run(args, config), image=args.image)
+
+
+def _neuron_run(args: argparse.Namespace, config):
+    """The NxD Training run whose nodes a Trainium preflight checks."""
+    from moe_cdk.jobs.neuron_job import neuron_run
+
+    return neuron_run(
         config, load_job_profile(config, args.train_config), group=args.group, nodes=args.nodes, name=args.job_name
     )
-    return slurm_spec(config, run, image=args.image)
 
 
 def _slurm(args: argparse.Namespace, config) -> tuple[str, str]:
@@ -71,12 +77,9 @@ def _eks(args: argparse.Namespace, config) -> tuple[str, str]:
     if config.training_stack is TrainingStack.NXDT:
         # Each pod checks its node's Neuron and EFA devices; nccom-test across pods is not rendered on EKS
         # (docs/trainium.md): its multi-node launch needs SSH between the pods.
-        from moe_cdk.jobs.neuron_job import eks_spec, neuron_run
+        from moe_cdk.jobs.neuron_job import eks_spec
 
-        run = neuron_run(
-            config, load_job_profile(config, args.train_config), group=args.group, nodes=args.nodes, name=args.job_name
-        )
-        spec = eks_spec(config, run, image=args.image)
+        spec = eks_spec(config, _neuron_run(args, config), image=args.image)
         if problems := spec.problems():
             raise ConfigError(problems)
         job = render_preflight_pytorchjob(spec)

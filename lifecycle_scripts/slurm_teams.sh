@@ -87,7 +87,7 @@ restart_slurmctld() {
     log "slurmctld restarted for the scheduler settings"
   else
     scontrol reconfigure
-    warn "no systemd slurmctld to restart: ran scontrol reconfigure; PriorityType, PreemptType and AccountingStorageEnforce take effect at slurmctld's next start"
+    warn "no systemd slurmctld to restart: ran scontrol reconfigure; slurm.conf(5) says AccountingStorageEnforce (and a plugin change) may take effect only at slurmctld's next start"
   fi
   wait_for_slurmctld
 }

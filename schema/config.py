@@ -688,6 +688,15 @@ class Config:
         }
 
     @property
+    def world_size(self) -> int:
+        """Training processes across the compute groups with accelerators: one per GPU, or per logical NeuronCore."""
+        return sum(
+            g.instance_count * spec.ranks_per_node
+            for g in self.cluster.instance_groups
+            if g.role is NodeRole.COMPUTE and (spec := catalog.lookup(g.instance_type)) and spec.is_accelerated
+        )
+
+    @property
     def training_stack(self) -> TrainingStack:
         """The stack ``training.stack`` resolves to on the compute groups: NxD Training on Trainium, else megatron."""
         kinds = self.accelerator_kinds

@@ -512,7 +512,7 @@ def plan(
     nodes = sum(g.instance_count for g, _ in groups)
     accelerators = sum(g.instance_count * s.accelerator_count for g, s in groups)
     # One rank per GPU, or per logical NeuronCore (4 per Trainium2 chip at LNC 2), which holds that share of the chip.
-    world_size = sum(g.instance_count * s.ranks_per_node for g, s in groups)
+    world_size = config.world_size
     stack = config.training_stack
     # Every type a node may be: a flexible group's fallbacks have as many accelerators as its first
     # choice (rules/hyperpod_capacity.py), but maybe less memory or speed.

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,6 +66,63 @@ def controller(tmp_path_factory):
         yield box, slurm, runs
     finally:
         slurm.stop()
+
+
+# systemd cannot run here. Where it runs slurmctld (HyperPod's controller), the step restarts slurmctld through it;
+# this stand-in says slurmctld is active and gives "restart" the effect a restart has on the settings: slurmctld
+# reads slurm.conf again.
+SYSTEMCTL_WITH_SLURMCTLD = """#!/usr/bin/env bash
+echo "systemctl $*" >>"${MOE_STUB_CALLS}"
+case "$*" in
+  "is-active --quiet slurmctld") exit 0 ;;
+  "restart slurmctld") exec scontrol reconfigure ;;
+esac
+exit 3
+"""
+
+
+@pytest.fixture(scope="module")
+def controller_as_slurm_with_systemd():
+    """The other answers to what AWS's sources leave open: slurmctld runs as SlurmUser=slurm (AWS's accounting
+    scripts chown Slurm's files to slurm) and under systemd. The folders are readable by the slurm user."""
+    base = Path(tempfile.mkdtemp(prefix="moeci-teams-"))
+    base.chmod(0o755)
+    params = copy.deepcopy(PARAMS) | {"teams": teams_parameters(TEAMS)}
+    box = Sandbox(base, instance_id=CONTROLLER, params=params)
+    for name in ("scontrol", "strigger", "sacctmgr"):
+        (box.bin / name).unlink(missing_ok=True)
+    (box.bin / "systemctl").write_text(SYSTEMCTL_WITH_SLURMCTLD)
+    for name in ("passwd", "group", "shadow", "gshadow"):
+        box.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
+    (box.root / "fsx").mkdir(exist_ok=True)
+    slurm = SlurmCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc", slurm_user="slurm")
+    try:
+        slurm.start()
+    except SlurmUnavailable as error:
+        slurm.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"no Slurm with accounting here: {error}")
+    try:
+        yield box, slurm, box.run("bash", str(box.lc / "slurm_teams.sh"), SLURM_CONF=str(slurm.conf))
+    finally:
+        slurm.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_under_systemd_and_slurm_user_slurm_the_step_restarts_slurmctld(controller_as_slurm_with_systemd):
+    box, slurm, run = controller_as_slurm_with_systemd
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "SlurmUser               = slurm(" in slurm.run("scontrol", "show", "config").stdout
+    assert box.calls("systemctl restart") == ["systemctl restart slurmctld"]
+    assert "slurmctld restarted for the scheduler settings" in run.stdout
+    assert "PreemptType             = preempt/qos" in slurm.run("scontrol", "show", "config").stdout
+    rows = sacctmgr(slurm, "show", "assoc", "where", "account=research,prod", "format=account,user,fairshare")
+    assert {"research||60", "prod||40", "research|alice|1", "prod|bob|1"} <= set(rows)
+
+
+def test_without_systemd_the_step_reconfigures_and_says_what_waits_for_a_restart(controller):
+    _, _, (first, _) = controller
+    assert "no systemd slurmctld to restart: ran scontrol reconfigure" in first.stdout
 
 
 def sacctmgr(slurm: SlurmCluster, *args: str) -> list[str]:
