@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 from slurm_harness import Rejected, SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import PARAMS, Sandbox  # noqa: E402
+from test_observability import load_script  # noqa: E402
 from test_slurm import TinyJob, _resumed_step, _runs, _wait_completed  # noqa: E402
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import teams_parameters  # noqa: E402
@@ -243,3 +244,19 @@ def test_the_node_refuses_teams_it_cannot_use_safely(tmp_path, teams, key):
     box = Sandbox(tmp_path, instance_id=CONTROLLER, params=copy.deepcopy(PARAMS) | {"teams": teams})
     done = box.run("python3", str(box.lc / "node_info.py"), "--check", str(box.lc / "provisioning_parameters.json"))
     assert done.returncode != 0 and f"{key}: invalid" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("version", "current", "expected"),
+    [
+        # Slurm 22.05 (Debian 12, run above): the flag is a SchedulerParameters option, the key's flags kept.
+        ((22, 5), {"SchedulerParameters": "sched_interval=5"},
+         "SchedulerParameters=sched_interval=5,preempt_send_user_signal"),
+        # 23.02 and later (HyperPod's version is not published): PreemptParameters, "(null)" when unset.
+        ((23, 11), {"PreemptParameters": "(null)"}, "PreemptParameters=send_user_signal"),
+        ((24, 5), {"PreemptParameters": "send_user_signal"}, "PreemptParameters=send_user_signal"),
+    ],
+)  # fmt: skip
+def test_the_preemption_signal_flag_follows_the_running_slurms_version(version, current, expected):
+    signal_setting = load_script("slurm_teams").signal_setting
+    assert signal_setting(version, current) == expected
