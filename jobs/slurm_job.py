@@ -365,10 +365,13 @@ _USR1_NOTE = """\
 # step, so `kill -USR1 "$srun_pid"` reaches every rank on every node. `scancel
 # --signal=USR1 "$SLURM_JOB_ID.0"` does the same through slurmctld, but that is an RPC
 # that can fail or lag, so the local kill is used. Either way slurmstepd signals every
-# process of the step, the ranks' helper processes included (a helper that dies of USR1
-# breaks the rank that uses it). A TERM from Slurm also reaches srun itself, which then
-# ends the step ("forcing job termination"): saving on TERM is best effort, saving on
-# USR1 is the path to rely on.
+# process of the step, the ranks' helper processes included (the trainer's helpers ignore
+# the stop signals). A TERM from Slurm (scancel, scontrol requeue, preemption) reaches the
+# ranks and srun at once; srun then stops waiting for the step ("forcing job termination":
+# its launch plugin turns the TERM into slurm_step_launch_abort, not a SIGKILL) and slurmd
+# kills what is left KillWait seconds after the TERM (GraceTime for a preemption), so a
+# save on TERM has that long. Measured on Slurm 22.05 (tests/jobs/test_slurm.py): the
+# ranks save at the step they stopped at and exit 143.
 """
 
 _SIGNALS = """\
@@ -405,7 +408,24 @@ if (( rc == 0 )); then
 elif (( __PERMANENT__ )); then
     log "permanent failure (exit ${rc}; 2 = bad configuration): not requeueing"
     exit "$rc"
-elif (( restart_count < max_requeues )); then
+fi
+# Is Slurm ending this job already? A scancel, a preemption, `scontrol requeue` or the time
+# limit leave it COMPLETING while this script still runs (Slurm 22.05). Slurm counts its own
+# requeue at once (Restarts above SLURM_RESTART_COUNT); a scancel does not, and must not be
+# undone by a requeue from here: the checkpoint the ranks saved resumes the next submission.
+# (The time limit is met earlier by --signal=B:USR1, which leaves the job RUNNING.)
+job_fields="$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null || true)"
+job_state="$(tr ' ' '\n' <<<"$job_fields" | awk -F= '$1 == "JobState" {print $2}')"
+slurm_restarts="$(tr ' ' '\n' <<<"$job_fields" | awk -F= '$1 == "Restarts" {print $2}')"
+if [[ -n "$job_state" && "$job_state" != RUNNING ]]; then
+    if (( ${slurm_restarts:-0} > restart_count )); then
+        log "Slurm is requeueing the job itself (restart ${slurm_restarts}); the next run resumes from the last checkpoint"
+        exit 0
+    fi
+    log "Slurm is ending the job (JobState ${job_state}: scancel, or its time limit): not requeueing; submit it again to resume from the last checkpoint"
+    exit "$rc"
+fi
+if (( restart_count < max_requeues )); then
     log "retryable failure (exit ${rc}): requeueing, restart $(( restart_count + 1 )) of ${max_requeues}"
     # The requeue also ends this run (Slurm sends TERM); a job that Slurm is already
     # requeueing (scontrol requeue from outside) refuses a second request, which is fine.

@@ -62,3 +62,13 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def helper_process_init(parent_pid: int) -> None:
+    """The initializer of a rank's helper process (the checkpoint writer's manager): it ignores
+    the signals the rank acts on, which Slurm, a terminal's Ctrl-C and ``kill -- -PGID`` send to
+    every process of the group, so that it lives to serve the save they ask for; and it dies
+    with the rank (standard library only: a spawned process imports this module alone)."""
+    for sig in (*STOP_SIGNALS, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent(parent_pid)

@@ -23,6 +23,7 @@ import pytest
 from moe_cdk.cli.moe_cdk import main
 from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, job_spec_from_config, render_sbatch
 from moe_cdk.schema.config import load_config
+from moe_cdk.training.checkpoints.manager import CheckpointManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ports import free_port  # noqa: E402
@@ -187,15 +188,18 @@ def slurm():
 
 
 class TinyJob:
-    """The rendered --local script for the tiny MoE on 2 nodes x 1 task, with its files in ``root``."""
+    """The rendered --local script for the tiny MoE on ``nodes`` nodes x 1 task (the experts
+    split over the ranks), with its files in ``root``."""
 
-    def __init__(self, root: Path, *, max_steps: int, extra_args: tuple[str, ...] = (), **spec_fields):
+    def __init__(
+        self, root: Path, *, max_steps: int, extra_args: tuple[str, ...] = (), nodes: int = 2, **spec_fields
+    ):
         self.root = root
         self.metrics = root / "metrics.jsonl"
         self.checkpoints = root / "checkpoints"
         spec = SlurmJobSpec(
             job_name="moe-tiny",
-            nodes=2,
+            nodes=nodes,
             tasks_per_node=1,
             time_limit="00:10:00",
             local=True,
@@ -206,7 +210,7 @@ class TinyJob:
             master_port=free_port(),
             train_args=(
                 "--set",
-                "parallel.expert=2",
+                f"parallel.expert={nodes}",
                 "--set",
                 f"data.prefixes=[{root / 'data' / 'tiny_text_document'}]",
                 "--set",
@@ -350,7 +354,14 @@ def test_slurm_layout_megatron_rejects_fails_once_with_exit_2(slurm, tmp_path):
     assert "Traceback" not in log and job.steps() == []
 
 
-def test_slurm_scontrol_requeue_mid_run_resumes_from_a_checkpoint(slurm, tmp_path):
+def _stopped_at(log: str) -> int:
+    """The step at which every rank saved and stopped, from the ranks' own lines."""
+    found = set(re.findall(r"stopped by signal \d+ at step (\d+) after saving a checkpoint", log))
+    assert len(found) == 1, f"expected the ranks to stop at one step:\n{log[-6000:]}"
+    return int(found.pop())
+
+
+def test_slurm_scontrol_requeue_mid_run_resumes_at_the_step_after_its_stop(slurm, tmp_path):
     job = TinyJob(tmp_path, max_steps=24)
     job_id = slurm.submit(job.script)
     assert not isinstance(job_id, Rejected), job_id
@@ -359,13 +370,49 @@ def test_slurm_scontrol_requeue_mid_run_resumes_from_a_checkpoint(slurm, tmp_pat
     state = _wait_completed(slurm, job, job_id, timeout=120)
     assert (state.state, state.restart_count) == ("COMPLETED", 1)
     log = job.log(job_id)
-    assert "SLURM_RESTART_COUNT=0" in log and "SLURM_RESTART_COUNT=1" in log
-    second_run = log.split("SLURM_RESTART_COUNT=1", 1)[1]
-    resumed = _resumed_step(second_run)
-    assert resumed >= 5 and "starting at step 0" not in second_run
-    first, second = _runs(job.steps())
-    assert len(first) >= 12 and first == list(range(1, len(first) + 1))
-    assert second == list(range(resumed + 1, 25))
+    first_run, second_run = log.split("SLURM_RESTART_COUNT=1", 1)
+    # Slurm's TERM reached every process of the step: the ranks saved where they stopped.
+    assert "Slurm is requeueing the job itself (restart 1)" in first_run, first_run[-4000:]
+    assert _resumed_step(second_run) == _stopped_at(first_run) >= 12
+    assert job.steps() == list(range(1, 25))
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=["1-rank", "2-ranks"])
+def test_slurm_scancel_saves_the_stop_step_and_a_new_submission_resumes_after_it(slurm, tmp_path, nodes):
+    # scancel TERMs every process of every step, the batch shell and srun included.
+    job = TinyJob(tmp_path, max_steps=400, nodes=nodes)
+    job_id = slurm.submit(job.script)
+    assert not isinstance(job_id, Rejected), job_id
+    job.wait_for_steps(slurm, job_id, 6, timeout=90)
+    assert slurm.run("scancel", job_id).returncode == 0
+    state = slurm.wait_for(job_id, {"CANCELLED"}, timeout=60)
+    log = job.log(job_id)
+    assert state.restart_count == 0, log[-4000:]
+    stopped_at = _stopped_at(log)
+    assert log.count("Exited with exit code 143") == nodes and "Traceback" not in log, log[-4000:]
+    assert "Slurm is ending the job (JobState COMPLETING: scancel, or its time limit): not requeueing" in log
+    assert CheckpointManager.problem_with(job.checkpoints / f"step-{stopped_at}") is None
+
+    short = TinyJob(tmp_path, max_steps=stopped_at + 2, nodes=nodes)
+    again = slurm.submit(short.script)
+    _wait_completed(slurm, short, again, timeout=120)
+    assert _resumed_step(short.log(again)) == stopped_at
+    assert job.steps()[-2:] == [stopped_at + 1, stopped_at + 2]
+
+
+def test_slurm_scancel_signal_term_to_the_steps_saves_requeues_and_resumes_after_it(slurm, tmp_path):
+    job = TinyJob(tmp_path, max_steps=24)
+    job_id = slurm.submit(job.script)
+    assert not isinstance(job_id, Rejected), job_id
+    job.wait_for_steps(slurm, job_id, 12, timeout=90)
+    # --signal without --batch: every process of the job's steps, not the batch shell.
+    assert slurm.run("scancel", "--signal=TERM", job_id).returncode == 0
+    state = _wait_completed(slurm, job, job_id, timeout=120)
+    assert (state.state, state.restart_count) == ("COMPLETED", 1)
+    first_run, second_run = job.log(job_id).split("SLURM_RESTART_COUNT=1", 1)
+    assert "retryable failure (exit 143): requeueing, restart 1 of 10" in first_run, first_run[-4000:]
+    assert _resumed_step(second_run) == _stopped_at(first_run) >= 12
+    assert job.steps() == list(range(1, 25))
 
 
 def test_slurm_usr1_to_batch_shell_checkpoints_and_requeues(slurm, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -325,6 +326,53 @@ def test_sigterm_saves_a_checkpoint_and_exits_retryable(tmp_path, data_prefix, s
     assert process.returncode == 143, stderr[-3000:]
     last_step = records(tmp_path)[-1]["step"]
     assert CheckpointManager.problem_with(tmp_path / f"ckpt/step-{last_step}") is None
+
+
+def _stop_group_after(tmp_path, data_prefix, signum, *, records_before: int, save_interval: int = 1000):
+    """Start a run in a session of its own, send ``signum`` to its whole process group (what
+    ``kill -- -PGID``, Slurm and a terminal's Ctrl-C do) once ``records_before`` steps are
+    recorded; its exit code and stderr."""
+    command = train_command(tmp_path, data_prefix, "--max-steps", "1000", "--save-interval", str(save_interval))
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= records_before:
+            break
+        time.sleep(0.02)
+    os.killpg(process.pid, signum)
+    _, stderr = process.communicate(timeout=300)
+    return process.returncode, stderr
+
+
+def _assert_saved_at_last_step_and_resumes_after_it(tmp_path, data_prefix, stderr):
+    stopped_at = records(tmp_path)[-1]["step"]
+    assert f"at step {stopped_at} after saving a checkpoint" in stderr, stderr[-3000:]
+    assert CheckpointManager.problem_with(tmp_path / f"ckpt/step-{stopped_at}") is None
+    resumed = run_training(tmp_path, data_prefix, "--max-steps", str(stopped_at + 2), "--save-interval", "1000")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'ckpt'}/step-{stopped_at} " in resumed.stderr
+    assert [r["step"] for r in records(tmp_path)][-2:] == [stopped_at + 1, stopped_at + 2]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["TERM", "USR1"])
+def test_a_stop_signal_to_the_whole_process_group_saves_and_resumes_at_the_next_step(tmp_path, data_prefix, signum):
+    # Slurm's scancel, a preemption and kill -- -PGID reach the checkpoint writer's manager
+    # process too: it must live to serve the save.
+    returncode, stderr = _stop_group_after(tmp_path, data_prefix, signum, records_before=3)
+    assert returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    _assert_saved_at_last_step_and_resumes_after_it(tmp_path, data_prefix, stderr)
+
+
+def test_a_group_term_while_a_save_is_written_still_saves_the_stop_step(tmp_path, data_prefix):
+    # A save every step: the signal lands in a save, or right next to one.
+    returncode, stderr = _stop_group_after(tmp_path, data_prefix, signal.SIGTERM, records_before=4, save_interval=1)
+    assert returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    _assert_saved_at_last_step_and_resumes_after_it(tmp_path, data_prefix, stderr)
 
 
 def test_configuration_error_exits_2_with_keyed_lines(tmp_path, data_prefix):

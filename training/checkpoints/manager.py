@@ -239,27 +239,36 @@ def _start_writer_manager() -> None:
 
     - under Slurm a USR1 or TERM reaches every process of the job step, so a manager started
       with default handlers dies from the very signal that asks for a checkpoint, and that
-      save fails with BrokenPipeError. A spawned process inherits the signal mask, so the two
-      signals are blocked while it starts;
+      save fails with BrokenPipeError. So the manager ignores them (``_writer_manager_init``),
+      and the signals stay blocked while it starts, before its initializer runs (a spawned
+      process inherits the signal mask).
+    - Starting a spawned process first starts multiprocessing's resource tracker, and CPython's
+      ``resource_tracker.ensure_running`` unblocks SIGINT and SIGTERM on its way out
+      (Lib/multiprocessing/resource_tracker.py, 3.11 and 3.12), which undid the block above:
+      the manager was seen with TERM unblocked and died of a process-group TERM. The tracker
+      is started first, under the block (it ignores INT and TERM itself, and keeps USR1
+      blocked), and the block is made again after it.
     - a rank killed by SIGKILL (the OOM killer, a test) left the manager orphaned, about
-      300 MB resident, for good. Its initializer asks Linux to kill it with its parent
-      (``stop.die_with_parent``).
+      300 MB resident, for good. Its initializer also asks Linux to kill it with its parent.
     """
     global _writer_manager
     import multiprocessing
+    from multiprocessing import resource_tracker
     from multiprocessing.managers import SyncManager
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    from moe_cdk.training.stop import die_with_parent
+    from moe_cdk.training.stop import STOP_SIGNALS, helper_process_init
 
     if filesystem_async._results_queue is not None:
         return
-    handled = {signal.SIGTERM, signal.SIGUSR1}
+    handled = {*STOP_SIGNALS, signal.SIGINT}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, handled)
         manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-        manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+        manager.start(initializer=helper_process_init, initargs=(os.getpid(),))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     _writer_manager = manager
