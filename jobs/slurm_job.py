@@ -419,10 +419,11 @@ job_state="$(tr ' ' '\n' <<<"$job_fields" | awk -F= '$1 == "JobState" {print $2}
 slurm_restarts="$(tr ' ' '\n' <<<"$job_fields" | awk -F= '$1 == "Restarts" {print $2}')"
 if [[ -n "$job_state" && "$job_state" != RUNNING ]]; then
     if (( ${slurm_restarts:-0} > restart_count )); then
-        log "Slurm is requeueing the job itself (restart ${slurm_restarts}); the next run resumes from the last checkpoint"
+        log "Slurm is requeueing the job itself (restart ${slurm_restarts}); the next run resumes from its checkpoint"
         exit 0
     fi
-    log "Slurm is ending the job (JobState ${job_state}: scancel, or its time limit): not requeueing; submit it again to resume from the last checkpoint"
+    log "Slurm is ending the job (JobState ${job_state}: scancel, or its time limit): not requeueing;" \\
+        "submit it again to resume from the last checkpoint"
     exit "$rc"
 fi
 if (( restart_count < max_requeues )); then

@@ -9,7 +9,6 @@ The node's users are created in the sandbox's own /etc/passwd (useradd --prefix)
 from __future__ import annotations
 
 import copy
-import re
 import shutil
 import sys
 import tempfile
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 from slurm_harness import Rejected, SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import PARAMS, Sandbox  # noqa: E402
 from test_observability import load_script  # noqa: E402
-from test_slurm import TinyJob, _resumed_step, _runs, _wait_completed  # noqa: E402
+from test_slurm import TinyJob, _resumed_step, _stopped_at, _wait_completed  # noqa: E402
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import teams_parameters  # noqa: E402
 from moe_cdk.rules.teams import QosTier, Team, TeamMember, TeamsConfig  # noqa: E402
@@ -185,7 +184,7 @@ def test_members_get_users_and_a_shared_home_with_their_ssh_key(controller):
     assert ssh.stat().st_uid == 2101 and (ssh / "id_ed25519").stat().st_mode & 0o777 == 0o600
 
 
-def test_preempted_training_job_is_requeued_and_resumes_from_its_checkpoint(controller, tmp_path):
+def test_preempted_training_job_saves_where_it_stopped_and_resumes_at_the_next_step(controller, tmp_path):
     _, slurm, _ = controller
     for team in ("research", "prod"):  # the test submits as root
         slurm.run("sacctmgr", "-i", "add", "user", "root", f"account={team}")
@@ -204,12 +203,12 @@ def test_preempted_training_job_is_requeued_and_resumes_from_its_checkpoint(cont
     log = job.log(job_id)
     first_run, second_run = log.split("SLURM_RESTART_COUNT=1", 1)
     assert "DUE TO PREEMPTION" in first_run or "CANCELLED AT" in first_run
-    last_save = max(int(n) for n in re.findall(r"saved step-(\d+)", first_run))
-    # The requeued run resumes from the last checkpoint the preempted one wrote, and goes on from the step after it:
-    # nothing before that save is trained again, nothing after it is skipped.
-    assert _resumed_step(second_run) == last_save >= 5
-    first, second = _runs(job.steps())
-    assert first == list(range(1, len(first) + 1)) and second == list(range(last_save + 1, STEPS + 1))
+    # The preemption's TERM reached every process of the step: the ranks saved at the step where they stopped, and
+    # the requeued run goes on from the step after it: nothing is trained twice, nothing is skipped.
+    stopped_at = _stopped_at(first_run)
+    assert "Traceback" not in first_run and first_run.count("Exited with exit code 143") == 2, first_run[-4000:]
+    assert _resumed_step(second_run) == stopped_at >= 8
+    assert job.steps() == list(range(1, STEPS + 1))
     history = sacct_runs(slurm, job_id)
     assert "PREEMPTED" in history or "REQUEUED" in history, history
 
