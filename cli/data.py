@@ -22,6 +22,7 @@ from moe_cdk.cli.report import report
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.training.data.prepare import prepare
 from moe_cdk.training.data.tokenizers import load_tokenizer
+from moe_cdk.training.exit_codes import EXIT_INTERRUPTED
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,9 @@ def _prepare(args: argparse.Namespace) -> int:
         )
     except ConfigError as error:
         return report("moe-data prepare", error)
+    except KeyboardInterrupt:
+        print(f"interrupted: {args.output_prefix}.bin and .idx were not written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"prepared {result['documents']} documents, {result['tokens']} tokens: {result['bin']} {result['idx']}")
     return 0
 

@@ -4,6 +4,7 @@ HyperPodPyTorchJob, or values for charts/moe-training) for a compute group of an
 from __future__ import annotations
 
 import argparse
+import sys
 
 from moe_cdk.cli.report import emit, report
 from moe_cdk.core.problems import ConfigError, problem
@@ -18,8 +19,10 @@ from moe_cdk.jobs.eks_job import (
 )
 from moe_cdk.jobs.node_pools import node_pool, node_pool_objects, unplaceable_reasons
 from moe_cdk.jobs.profile import load_job_profile
+from moe_cdk.rules.eks import TERMINATION_GRACE_S
 from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import Orchestrator, load_config, require_orchestrator
+from moe_cdk.tools.plan import grace_period_note, plan, termination_grace_s
 
 
 def _neuron(args: argparse.Namespace, config) -> tuple[str, str]:
@@ -67,6 +70,21 @@ def _refused(args: argparse.Namespace, key: str, what: str, got: object, allowed
     return report(args.config, ConfigError([problem(what, got=got, allowed=allowed).at(key)]))
 
 
+def _termination_grace(config, args: argparse.Namespace) -> int:
+    """The pods' grace period: ``--termination-grace``, else what ``plan`` sizes for a stop of this profile on
+    this cluster (the rest of a step and a checkpoint save). One line on stderr when a given period is
+    shorter than that stop."""
+    try:
+        stop_s = plan(config, train_config_path=args.train_config).stop_s
+    except ConfigError:
+        return args.termination_grace or TERMINATION_GRACE_S  # the profile's own problems are plan's to report
+    if args.termination_grace is None:
+        return termination_grace_s(stop_s)
+    if note := grace_period_note(args.termination_grace, stop_s, "--termination-grace"):
+        print(f"warning: {note}", file=sys.stderr)
+    return args.termination_grace
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -88,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
             preflight=args.preflight,
             team=args.team,
             qos=args.qos,
+            termination_grace_s=_termination_grace(config, args),
         )
     except ConfigError as error:
         return report(args.config, error)
@@ -187,6 +206,13 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         "--preflight",
         action="store_true",
         help="start each pod with an init container that checks its node's GPUs and EFA (moe-preflight node)",
+    )
+    parser.add_argument(
+        "--termination-grace",
+        type=int,
+        help="seconds between a pod's SIGTERM and its SIGKILL, for the stop checkpoint "
+        "(terminationGracePeriodSeconds; default: plan's stop time and a quarter, in minutes, "
+        f"at least {TERMINATION_GRACE_S}; a shorter one is warned about)",
     )
     parser.add_argument("--train-arg", action="append", default=[], help="argument passed to moe-train (repeatable)")
     parser.add_argument("--output", help="write the YAML here instead of stdout")

@@ -67,36 +67,73 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plot"]:
         return _plot(argv[1:])
+    from moe_cdk.training.exit_codes import EXIT_INTERRUPTED
+
+    try:
+        return _train(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before the rank's own handler was installed (training/stop.py): nothing was written yet.
+        print("interrupted while starting: nothing was trained or saved", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _local_ranks(env, nproc_per_node: int):
+    """``env`` for ``--nproc-per-node N``: N ranks of one machine, started by the node launcher, which
+    exits with their own code (torchrun exits 1 whatever a rank's code)."""
+    import dataclasses
+
+    from moe_cdk.core.problems import problem
+
+    if nproc_per_node == 1:
+        return env
+    if nproc_per_node < 1:
+        raise ConfigError([problem("too small", got=nproc_per_node, allowed="1 or more").at("--nproc-per-node")])
+    if env.launcher != "single":
+        raise ConfigError(
+            [
+                problem(
+                    f"the ranks were started by {env.launcher} already",
+                    got=nproc_per_node,
+                    allowed="1 under a launcher (torchrun, Slurm, Kubeflow, SageMaker)",
+                ).at("--nproc-per-node")
+            ]
+        )
+    return dataclasses.replace(env, launcher="local", world_size=nproc_per_node, local_world_size=nproc_per_node)
+
+
+def _train(argv: list[str]) -> int:
     from moe_cdk.training.config import load_train_config, trainer_overrides, trainer_parser
 
     args = trainer_parser().parse_args(argv)
-    from moe_cdk.training.exit_codes import EXIT_CONFIG, EXIT_FAILED_RETRYABLE
+    from moe_cdk.training.exit_codes import EXIT_CONFIG, EXIT_FAILED_RETRYABLE, SaveFailed
     from moe_cdk.training.launch_env import detect
 
     try:
         config = load_train_config(args.config, trainer_overrides(args))
         env = detect()
+        env = _local_ranks(env, args.nproc_per_node)
     except ConfigError as error:
         return report(args.config, error, EXIT_CONFIG)
-    if env.launcher == "sagemaker" or (env.launcher == "kubeflow" and env.local_world_size > 1):
+    if env.launcher in ("sagemaker", "local") or (env.launcher == "kubeflow" and env.local_world_size > 1):
         # One process per node was started: this one launches the node's ranks.
+        from moe_cdk.training.config import without_nproc_per_node
         from moe_cdk.training.node_launcher import run_node, trainer_command
 
         _configure_logging(env.rank)
-        return run_node(env, trainer_command(argv))
-    # Before torch is imported: a TERM from now on is a request to stop (see training/stop.py).
+        return run_node(env, trainer_command(without_nproc_per_node(argv)))
+    # Before torch is imported: a TERM, USR1 or Ctrl-C from now on is a request to stop (see training/stop.py).
     from moe_cdk.training.stop import StopRequested
 
     stop = StopRequested()
+    stop.announce = env.rank == 0
     _configure_logging(env.rank)
-
-    from moe_cdk.training.step import _megatron
-
-    _megatron.import_core()
-    _megatron.report_kernel_libraries()
-    from moe_cdk.training.step.trainer import train
-
     try:
+        from moe_cdk.training.step import _megatron
+
+        _megatron.import_core()
+        _megatron.report_kernel_libraries()
+        from moe_cdk.training.step.trainer import train
+
         return train(config, env, stop)
     except ConfigError as error:
         # Every rank checks the same configuration and layout the same way, so rank 0 alone
@@ -104,7 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         if env.rank != 0:
             return EXIT_CONFIG
         return report(args.config, error, EXIT_CONFIG)
-    except Exception:
+    except SaveFailed as error:
+        # A file-system error while saving: one line; the exit code says whether a retry can help.
+        if error.cause is not None:
+            logging.getLogger(__name__).error("%s", error)
+        return error.exit_code
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # torch's CheckpointException is a BaseException
         logging.getLogger(__name__).exception(
             "training failed; the run is retryable and resumes from its last checkpoint"
         )

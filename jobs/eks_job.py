@@ -99,7 +99,7 @@ class EksJobSpec:
     """Time allowed until the first metrics record (model build, checkpoint load, first steps), in seconds."""
     stall_timeout_s: int = 900
     """A pod whose trainer wrote no metrics record for this long is restarted (liveness), in seconds."""
-    termination_grace_s: int = 300
+    termination_grace_s: int = eks_rules.TERMINATION_GRACE_S
     """Time between SIGTERM and SIGKILL: the trainer saves a checkpoint in it, in seconds."""
     team: str | None = None
     """The team the job runs as: its pods carry the team's task-governance queue (``kueue.x-k8s.io/queue-name``),
@@ -450,6 +450,7 @@ def job_spec_from_config(
     preflight: bool = False,
     team: str | None = None,
     qos: str | None = None,
+    termination_grace_s: int = eks_rules.TERMINATION_GRACE_S,
 ) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
@@ -500,4 +501,5 @@ def job_spec_from_config(
         preflight=preflight,
         team=team,
         qos=qos,
+        termination_grace_s=termination_grace_s,
     )

@@ -72,6 +72,10 @@ HEALTH_TAINT_TOLERATION = {
 GPU_RESOURCE = "nvidia.com/gpu"
 NEURON_RESOURCE = "aws.amazon.com/neuron"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
+TERMINATION_GRACE_S = 300
+"""A training pod's default ``terminationGracePeriodSeconds``: the kubelet TERMs the container's first
+process (the node launcher, which passes it to every rank) and KILLs it this long after; the ranks
+save a checkpoint in between (Kubernetes' default is 30 s)."""
 
 
 def device_resource(spec: catalog.InstanceSpec) -> str | None:

@@ -126,7 +126,7 @@ def records_match(folder: Path) -> dict[str, bool]:
     CRC32C of its bytes, computed here from the file as read back."""
     import crc32c
 
-    from moe_cdk.training.checkpoints.manager import read_checksums
+    from moe_cdk.training.checkpoints.checksums import read_checksums
 
     out = {}
     for data_file in sorted(folder.glob("*.distcp")):
@@ -279,7 +279,8 @@ def main(root: Path) -> dict:
     result["records_match"] = records_match(ours)
     result["planner_lock"] = planner_lock_use()
 
-    from moe_cdk.training.checkpoints.manager import _checksum_mismatch_in, verify_file
+    from moe_cdk.training.checkpoints.checksums import verify_file
+    from moe_cdk.training.checkpoints.manager import _checksum_mismatch_in
 
     flipped = root / "flipped"
     shutil.copytree(ours, flipped)

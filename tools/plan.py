@@ -12,6 +12,7 @@ tensors on CPU (tests/test_activation_memory.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,6 +23,7 @@ import yaml
 from moe_cdk.core import catalog
 from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
+from moe_cdk.rules.eks import TERMINATION_GRACE_S
 from moe_cdk.rules.hyperpod_capacity import CapacityType
 from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import Config, NodeRole, Orchestrator
@@ -127,12 +129,33 @@ class Plan:
     """The FSx file system's throughput: capacity in TiB x its per-TiB tier, in MB/s."""
     checkpoint_save_s: float
     """One checkpoint (``memory.checkpoint_gb``) written at ``storage_throughput_mb_s``."""
+    stop_s: float
+    """What a stop signal costs before the process may end: the rest of a step (a whole one, at
+    ``tokens_per_second``) and then one checkpoint save. A grace period must cover it."""
     recommendation: str
     """training-job, slurm or eks."""
     reasons: tuple[str, ...]
     notes: tuple[str, ...]
     problems: tuple[Problem, ...] = ()
     """Why the run cannot go ahead as sized: empty when it fits in device memory."""
+
+
+def termination_grace_s(stop_s: float) -> int:
+    """A pod's grace period for a stop that takes ``stop_s``: a quarter more, in whole minutes, and
+    at least ``TERMINATION_GRACE_S``."""
+    return max(TERMINATION_GRACE_S, math.ceil(stop_s * 1.25 / 60) * 60)
+
+
+def grace_period_note(grace_s: float, stop_s: float, what: str) -> str | None:
+    """A warning when ``grace_s`` seconds between a stop signal and the kill cannot hold the rest of a
+    step and a checkpoint save (``stop_s``); None when they can."""
+    if stop_s <= grace_s:
+        return None
+    return (
+        f"{what} is {grace_s:,.0f} s, and a stop needs about {stop_s:,.0f} s (the rest of a step, then a "
+        "checkpoint save): the save on SIGTERM will not finish and the run resumes from its last periodic "
+        "checkpoint; raise it above the stop time"
+    )
 
 
 def _in_profile(problems: list[Problem]) -> list[Problem]:
@@ -585,6 +608,13 @@ def plan(
             f"{SPOT_NOTICE_S} s notice of an interruption, so the save on SIGTERM will not finish and the run "
             "resumes from its last periodic checkpoint (checkpoint.save_interval)"
         )
+    step_s = train.optim.global_batch_size * train.model.seq_length / tokens_per_second if tokens_per_second else 0.0
+    stop_s = step_s + save_s
+    if config.cluster.orchestrator is Orchestrator.EKS:
+        notes.append(
+            f"a stop takes about {stop_s:,.0f} s (the rest of a step, then a checkpoint save): eks render gives the "
+            f"pods terminationGracePeriodSeconds {termination_grace_s(stop_s)}"
+        )
     result = Plan(
         config_name=config.name,
         region=config.region,
@@ -607,6 +637,7 @@ def plan(
         estimated_run_hours=run_hours,
         storage_throughput_mb_s=storage_mb_s,
         checkpoint_save_s=save_s,
+        stop_s=stop_s,
         recommendation=recommendation,
         reasons=tuple(reasons),
         notes=tuple(notes),
@@ -805,6 +836,7 @@ def to_json(plan: Plan) -> dict:
         "checkpoint": {
             "size_gb": m.checkpoint_gb,
             "save_s": plan.checkpoint_save_s,
+            "stop_s": plan.stop_s,
             "storage_throughput_mb_s": plan.storage_throughput_mb_s,
         },
         "cost_per_hour_usd": plan.cost_per_hour_usd,

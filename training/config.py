@@ -673,7 +673,27 @@ def trainer_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", help="same as --set checkpoint.dir=DIR")
     parser.add_argument("--save-interval", type=int, help="same as --set checkpoint.save_interval=N")
     parser.add_argument("--metrics-file", help="same as --set metrics.file=FILE")
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start N ranks on this machine and exit with their code (without a launcher; default 1)",
+    )
     return parser
+
+
+def without_nproc_per_node(argv: list[str]) -> list[str]:
+    """``argv`` less ``--nproc-per-node N`` (or ``=N``): what each rank that option starts is given."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            kept.append(arg)
+    return kept
 
 
 def trainer_overrides(args: argparse.Namespace) -> list[str]:

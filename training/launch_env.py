@@ -65,7 +65,8 @@ class LaunchEnv:
     """This process's place in a distributed training job."""
 
     launcher: str
-    """What started this process: ``torchrun``, ``slurm``, ``kubeflow``, ``sagemaker`` or ``single``."""
+    """What started this process: ``torchrun``, ``slurm``, ``kubeflow``, ``sagemaker`` or ``single``; ``local``
+    for ``moe-train --nproc-per-node N``, whose process launches this machine's ranks."""
 
     rank: int
     """Global rank of this process, 0 to ``world_size - 1``."""

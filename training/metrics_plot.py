@@ -15,11 +15,14 @@ record, so the lines follow the run that continued.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
 
 from moe_cdk.core.problems import ConfigError, problem
+
+log = logging.getLogger(__name__)
 
 PNG_DPI = 120
 
@@ -28,16 +31,18 @@ def read_records(path: str | Path) -> list[dict]:
     """The records of ``path`` by step (the last of a step written twice). Raises ``ConfigError`` at the file,
     or at its line, for a file that cannot be read, a line that is not a record, or no record at all."""
     path = Path(path)
+    allowed = "a metrics.jsonl the trainer wrote"
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_bytes().decode("utf-8")
     except OSError as error:
-        raise ConfigError(
-            [
-                problem("cannot read the file", got=error.strerror, allowed="a metrics.jsonl the trainer wrote").at(
-                    str(path)
-                )
-            ]
-        ) from None
+        found = problem("cannot read the file", got=error.strerror, allowed=allowed)
+        raise ConfigError([found.at(str(path))]) from None
+    except UnicodeDecodeError as error:
+        got = f"byte 0x{error.object[error.start]:02x} at offset {error.start}"
+        raise ConfigError([problem("not UTF-8 text", got=got, allowed=allowed).at(str(path))]) from None
+    lines = text.splitlines()
+    # A running or crashed trainer leaves a last line without its newline: that one record is left out.
+    unfinished = len(lines) if lines and not text.endswith("\n") else None
     by_step: dict[int, dict] = {}
     problems = []
     for number, line in enumerate(lines, 1):
@@ -48,6 +53,9 @@ def read_records(path: str | Path) -> list[dict]:
             by_step[int(record["step"])] = record
             float(record["loss"])
         except (ValueError, KeyError, TypeError) as error:
+            if number == unfinished:
+                log.warning("%s:%d: left out an unfinished last line (the run was still writing it)", path, number)
+                continue
             problems.append(
                 problem(
                     "not a metrics record",

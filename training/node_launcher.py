@@ -71,6 +71,9 @@ def run_node(env: LaunchEnv, command: Sequence[str], *, grace_s: float = 60.0, p
 
     for signum in FORWARDED_SIGNALS:
         previous[signum] = signal.signal(signum, forward)
+    # A terminal's Ctrl-C reaches the ranks themselves (one foreground process group): they save
+    # and exit 130, which this launcher then reports.
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     first_failure: int | None = None
     failed_at = None
     terminated = False

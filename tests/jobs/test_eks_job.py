@@ -32,6 +32,7 @@ from moe_cdk.jobs.eks_job import (
 )
 from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.schema.config import load_config, parse_config
+from moe_cdk.tools.plan import plan
 from moe_cdk.training.exit_codes import KUBEFLOW_RETRYABLE
 from moe_cdk.training.metrics import MetricsSink
 
@@ -268,6 +269,27 @@ def test_cli_runs_the_profile_given_with_train_config(tmp_path):
     assert main([*args, "--output", str(out)]) == 0
     config_map, job = yaml.safe_load_all(out.read_text())
     assert config_map["data"]["train.yaml"] == profile.read_text() and job["metadata"]["name"] == "moe-8x1b"
+
+
+def _grace_periods(out: Path) -> set[int]:
+    _, job = yaml.safe_load_all(out.read_text())
+    specs = job["spec"]["pytorchReplicaSpecs"].values()
+    return {r["template"]["spec"]["terminationGracePeriodSeconds"] for r in specs}
+
+
+def test_cli_gives_the_pods_a_grace_period_that_holds_plans_stop_time(tmp_path, capsys):
+    stop_s = plan(load_config(CONFIG)).stop_s
+    assert main(["eks", "render", "--config", str(CONFIG), "--image", IMAGE, "--output", str(tmp_path / "j.yaml")]) == 0
+    (grace,) = _grace_periods(tmp_path / "j.yaml")
+    assert grace >= stop_s * 1.25 and grace % 60 == 0 and "warning" not in capsys.readouterr().err
+
+
+def test_cli_warns_of_a_grace_period_shorter_than_plans_stop_time(tmp_path, capsys):
+    args = ["eks", "render", "--config", str(CONFIG), "--image", IMAGE, "--termination-grace", "60"]
+    assert main([*args, "--output", str(tmp_path / "j.yaml")]) == 0
+    assert _grace_periods(tmp_path / "j.yaml") == {60}
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warning) == 1 and "--termination-grace is 60 s, and a stop needs about" in warning[0]
 
 
 def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):

@@ -191,9 +191,7 @@ class TinyJob:
     """The rendered --local script for the tiny MoE on ``nodes`` nodes x 1 task (the experts
     split over the ranks), with its files in ``root``."""
 
-    def __init__(
-        self, root: Path, *, max_steps: int, extra_args: tuple[str, ...] = (), nodes: int = 2, **spec_fields
-    ):
+    def __init__(self, root: Path, *, max_steps: int, extra_args: tuple[str, ...] = (), nodes: int = 2, **spec_fields):
         self.root = root
         self.metrics = root / "metrics.jsonl"
         self.checkpoints = root / "checkpoints"

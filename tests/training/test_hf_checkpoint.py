@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 import torch
 import yaml
 from hf_models import CORPUS, VOCAB_SIZE, configs, save
-from trainer_runs import ENV, ROOT, python, records
+from trainer_runs import ENV, ROOT, TINY, python, records
 
 from moe_cdk.cli import checkpoint as checkpoint_cli
 from moe_cdk.training.config import load_train_config
@@ -361,3 +362,22 @@ def test_an_export_is_readable_by_other_users(imported, tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    # Every file too: safetensors writes its own 0600 whatever the umask.
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
+@pytest.mark.parametrize("imported", ["mixtral"], indirect=True)
+def test_export_with_another_models_profile_names_the_tensor_and_both_shapes(imported, tmp_path):
+    result = subprocess.run(
+        [*python(), "-m", "moe_cdk.cli.checkpoint", "export-hf", str(imported.ckpt), "--config", str(TINY),
+         "--output", str(tmp_path / "out")],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    problems = [line for line in result.stderr.splitlines() if line.startswith("  --config: ")]
+    assert len(problems) == 1 and re.search(
+        r"holds \S+ of shape \[[\d, ]+\], and this model's \S+ has shape", problems[0]
+    )
+    assert not (tmp_path / "out").exists()

@@ -44,6 +44,24 @@ def test_a_line_that_is_not_a_record_is_named_by_its_number(tmp_path):
     assert [line.split(":", 2)[1] for line in error.value.errors] == ["2", "3"]
 
 
+def test_an_unfinished_last_line_is_left_out_and_the_rest_read(tmp_path):
+    # What a running or crashed trainer leaves: the last record cut short, without its newline.
+    path = tmp_path / "metrics.jsonl"
+    whole = json.dumps(_record(1, 5.0, [])) + "\n" + json.dumps(_record(2, 4.0, [])) + "\n"
+    path.write_text(whole + json.dumps(_record(3, 3.0, []))[:25])
+    assert [r["step"] for r in read_records(path)] == [1, 2]
+
+
+def test_a_file_that_is_not_utf8_is_one_problem_naming_the_byte(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 5.0}\n\xff\xfe\n')
+    with pytest.raises(ConfigError) as error:
+        read_records(path)
+    assert error.value.errors == [
+        f"{path}: not UTF-8 text (got 'byte 0xff at offset 25'; allowed a metrics.jsonl the trainer wrote)"
+    ]
+
+
 def test_an_empty_file_has_no_records(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ConfigError, match="no records"):

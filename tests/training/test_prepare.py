@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from data_files import PLAIN_DOCUMENTS, PLAIN_TEXT, documents_of, indexed_dataset
@@ -127,3 +131,26 @@ def test_prepare_reports_a_tokenizing_process_that_died_and_writes_nothing(tmp_p
         "workers: a tokenizing process died (killed for memory?) (got 2; allowed fewer workers, or more memory)"
     ]
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_says_one_line_exits_130_and_leaves_no_file(tmp_path, workers):
+    source = tmp_path / "corpus.txt"
+    source.write_text(
+        "moe expert router token " * 20 + "\n\n" * 1 + ("alpha beta gamma delta " * 20 + "\n\n") * 400_000
+    )
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moe_cdk.cli.data", "prepare", "--input", str(source), "--output-prefix",
+         str(out / "corpus"), "--workers", str(workers)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (out.is_dir() and any(out.iterdir())) and time.monotonic() < deadline:  # writing has begun
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert f"interrupted: {out / 'corpus'}.bin and .idx were not written" in stderr
+    assert list(out.iterdir()) == []

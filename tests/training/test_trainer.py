@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -373,6 +375,90 @@ def test_a_group_term_while_a_save_is_written_still_saves_the_stop_step(tmp_path
     assert returncode == 143, stderr[-3000:]
     assert "Traceback" not in stderr
     _assert_saved_at_last_step_and_resumes_after_it(tmp_path, data_prefix, stderr)
+
+
+def test_ctrl_c_to_the_terminals_process_group_saves_says_one_line_and_exits_130(tmp_path, data_prefix):
+    returncode, stderr = _stop_group_after(tmp_path, data_prefix, signal.SIGINT, records_before=3)
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert stderr.count("interrupted: saving a checkpoint at the end of this step, then stopping") == 1
+    _assert_saved_at_last_step_and_resumes_after_it(tmp_path, data_prefix, stderr)
+
+
+def test_two_local_ranks_stopped_by_a_group_term_save_and_exit_143(tmp_path, data_prefix):
+    # moe-train --nproc-per-node 2: the node launcher starts the ranks and exits with their code.
+    command = train_command(tmp_path, data_prefix, "--max-steps", "1000", "--save-interval", "1000",
+                            "--set", "parallel.expert=2", "--nproc-per-node", "2")  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 143, stderr[-3000:]
+    stopped_at = records(tmp_path)[-1]["step"]
+    assert stderr.count(f"at step {stopped_at} after saving a checkpoint") == 2, stderr[-3000:]
+    assert CheckpointManager.problem_with(tmp_path / f"ckpt/step-{stopped_at}") is None
+
+
+def test_a_term_while_starting_stops_before_the_first_step_and_exits_143(tmp_path, data_prefix):
+    command = train_command(tmp_path, data_prefix, "--max-steps", "1000")
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    # The handler is in place once the rank logs; megatron's import and the model build follow.
+    for line in process.stderr:
+        if "Transformer Engine and Apex absent" in line or "layout:" in line:
+            break
+    os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 143, stderr[-3000:]
+    assert "stopped by signal 15 before the first step; the next run starts at step 0" in stderr
+    assert not (tmp_path / "metrics.jsonl").exists() or records(tmp_path) == []
+
+
+def test_a_checkpoint_dir_that_is_a_file_exits_2_with_one_line(tmp_path, data_prefix):
+    result = run_training(tmp_path, data_prefix, "--checkpoint-dir", str(ROOT / "README.md"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"  checkpoint.dir: is a file, not a folder (got '{ROOT / 'README.md'}';" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1-rank", "2-ranks"])
+def test_resuming_with_another_model_shape_names_the_tensor_and_exits_2_once(tmp_path, data_prefix, single_run, nproc):
+    shutil.copytree(single_run / "ckpt", tmp_path / "ckpt")
+    extra = ("--set", "model.hidden_size=128", "--max-steps", "24")
+    result = run_training(tmp_path, data_prefix, *extra, *(("--nproc-per-node", "2") if nproc == 2 else ()))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "skipping checkpoint" not in result.stderr
+    problems = [line for line in result.stderr.splitlines() if line.startswith("  checkpoint.dir: ")]
+    assert len(problems) == 1, result.stderr[-3000:]
+    assert re.search(r"step-20 holds (\S+) of shape \[64\], and this model's \1 has shape \[128\]", problems[0])
+    # The checkpoints are those of another model, not damaged ones: every one is still there.
+    assert CheckpointManager.problem_with(tmp_path / "ckpt/step-20") is None
+
+
+def test_a_save_that_fails_on_a_file_size_limit_keeps_the_last_complete_step_and_exits_2(tmp_path, data_prefix):
+    first = run_training(tmp_path, data_prefix, "--max-steps", "4", "--save-interval", "4")
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    def limited():  # each tensor shard of the next save is over 1 MiB; everything else is under 512 KiB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512 << 10, 512 << 10))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    command = train_command(tmp_path, data_prefix, "--max-steps", "8", "--save-interval", "4")
+    failed = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600, preexec_fn=limited)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
+    assert (
+        f"checkpoint.dir: saving step-8 failed: File too large ({tmp_path / 'ckpt/step-8'}); step-4, the last "
+        "complete checkpoint, is kept; no retry can help until that is fixed" in failed.stderr
+    )
+    assert CheckpointManager.problem_with(tmp_path / "ckpt/step-8") is not None
+    resumed = run_training(tmp_path, data_prefix, "--max-steps", "8", "--save-interval", "4")
+    assert resumed.returncode == 0 and f"resumed from {tmp_path / 'ckpt'}/step-4 " in resumed.stderr
 
 
 def test_configuration_error_exits_2_with_keyed_lines(tmp_path, data_prefix):

@@ -78,7 +78,7 @@ from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
 from moe_cdk.training import compat
-from moe_cdk.training.checkpoints.manager import CHECKSUM_SUFFIX, ItemCheck, read_checksums, read_into
+from moe_cdk.training.checkpoints.checksums import CHECKSUM_SUFFIX, ItemCheck, read_checksums, read_into
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,21 @@ def write_buckets(rank: int, buckets: list, results_queue) -> None:
             written = list(pool.map(_write_file, buckets))
         results_queue.put(dict(enumerate(written)))
     except Exception as error:  # megatron's finalization raises it on this rank
+        global _write_error
+        _write_error = error if isinstance(error, OSError) else None
         results_queue.put(error)
+
+
+_write_error: OSError | None = None
+
+
+def take_write_error() -> OSError | None:
+    """The file-system error that stopped this rank's last write, once. megatron's finalization
+    gathers the ranks' results by pickling, which loses an exception's cause, and raises it on
+    the coordinating rank alone, as a RuntimeError naming only the text."""
+    global _write_error
+    found, _write_error = _write_error, None
+    return found
 
 
 @contextmanager
@@ -259,10 +273,17 @@ class _ChecksummedFile:
         self.items: list[list[int]] = []
         self._item_start = 0
         self._item_crc = 0
+        self.error: OSError | None = None
+        """The first write that failed: torch's zip writer, which calls ``write``, reports only a
+        RuntimeError ("unexpected pos") and loses the errno (no space, a quota, a size limit)."""
 
     def write(self, data) -> int:
         self._item_crc = crc32c.crc32c(data, self._item_crc)
-        return self._raw.write(data)
+        try:
+            return self._raw.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
 
     def tell(self) -> int:
         return self._raw.tell()
@@ -286,7 +307,12 @@ def _write_file(bucket) -> list:
         out = _ChecksummedFile(raw)
         for item, data in [*bytes_data, *tensor_data]:
             out.begin_item()
-            results.append(dcp_filesystem._write_item(transforms, out, data, item, storage_key, **write_item_args))
+            try:
+                results.append(dcp_filesystem._write_item(transforms, out, data, item, storage_key, **write_item_args))
+            except RuntimeError:
+                if out.error is not None:
+                    raise out.error from None
+                raise
             out.end_item()
         raw.flush()
         os.fsync(raw.fileno())

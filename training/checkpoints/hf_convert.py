@@ -27,7 +27,7 @@ import yaml
 
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.checkpoints import hf_checkpoint as hf
-from moe_cdk.training.checkpoints.manager import MARKER, CheckpointManager, step_dirs
+from moe_cdk.training.checkpoints.manager import MARKER, CheckpointManager, shape_problems, step_dirs
 from moe_cdk.training.config import ParallelConfig, Precision, Spec, TrainConfig, train_config_from
 
 log = logging.getLogger(__name__)
@@ -336,12 +336,13 @@ def export_hf(
     runtime = _start_one_rank(one)
     try:
         (model,) = build_model(one, vocab_size, on_gpu=runtime.device.type == "cuda")
+        # The trainer's structure (checkpoint._sharded_state): tensors are found by their global
+        # names, so one chunk here loads what any chunking of the layers saved.
+        template = {"model": {"chunk0": model.sharded_state_dict()}}
+        if mismatched := shape_problems(template["model"], folder, key="--config"):
+            raise ConfigError(mismatched)
         with cpu_compat.cuda_factories_on_cpu():
-            # The trainer's structure (checkpoint._sharded_state): tensors are found by their global
-            # names, so one chunk here loads what any chunking of the layers saved.
-            state = dist_checkpointing.load(
-                {"model": {"chunk0": model.sharded_state_dict()}}, str(folder), sharded_strategy=load_strategy()
-            )
+            state = dist_checkpointing.load(template, str(folder), sharded_strategy=load_strategy())
         model.load_state_dict(state["model"]["chunk0"])
         params = _tensors_of(model)
         problems = hf.megatron_problems(table, params)
@@ -364,6 +365,8 @@ def export_hf(
         for name in SIDE_FILES[1:]:
             if (folder.parent / HF_SUBDIR / name).is_file():
                 shutil.copyfile(folder.parent / HF_SUBDIR / name, staging / name)
+        for written in staging.iterdir():  # safetensors writes its files 0600, whatever the umask
+            written.chmod(0o666 & ~_umask())
         if output.exists():
             output.rmdir()
         os.replace(staging, output)

@@ -30,117 +30,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from moe_cdk.core.problems import ConfigError, Problem
+from moe_cdk.training.checkpoints.checksums import CHECKSUM_SUFFIX, ChecksumMismatch, crc32c_of_file, verify_file
+from moe_cdk.training.exit_codes import PERMANENT_ERRNOS, SaveFailed
 from moe_cdk.training.step import cpu_compat
 
 log = logging.getLogger(__name__)
 
 MARKER = "moe-cdk-complete.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-CHECKSUM_SUFFIX = ".crc32c"
-"""``F`` + this names the checksum record of data file ``F`` (training/checkpoints/format.py writes it)."""
-
-
-_CRC_CHUNK_BYTES = 4 << 20  # each chunk is checksummed while it is still in the CPU's cache
-
-
-def read_into(fd: int, into: memoryview, offset: int, crc: int = 0) -> int:
-    """Fill ``into`` from the file at ``offset``; returns ``crc`` extended over the bytes read."""
-    done = 0
-    while done < len(into):
-        count = os.preadv(fd, [into[done : done + _CRC_CHUNK_BYTES]], offset + done)
-        if not count:
-            raise EOFError(f"checkpoint file ends at byte {offset + done}, inside a stored item")
-        crc = crc32c.crc32c(into[done : done + count], crc)
-        done += count
-    return crc
-
-
-class ChecksumMismatch(Exception):
-    """Bytes of a checkpoint file that are not the bytes written."""
-
-
-def read_checksums(data_file: Path) -> dict | None:
-    """The CRC32C record written with ``data_file``; None when there is none (a checkpoint from
-    before moe-cdk wrote them). A record that cannot be read is a mismatch."""
-    record_file = Path(str(data_file) + CHECKSUM_SUFFIX)
-    try:
-        record = json.loads(record_file.read_bytes())
-        return {"bytes": int(record["bytes"]), "items": [[int(v) for v in item] for item in record["items"]]}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as error:  # TypeError: an item that is not a list
-        raise ChecksumMismatch(f"{record_file.name}: unreadable checksum record ({error})") from error
-
-
-def crc32c_of_range(fd: int, offset: int, length: int, *, chunk_bytes: int = 64 << 20) -> int:
-    """The CRC32C of ``length`` bytes of an open file from ``offset``, read ``chunk_bytes`` at a time."""
-    buffer = memoryview(bytearray(max(min(chunk_bytes, length), 1)))
-    crc, done = 0, 0
-    while done < length:
-        part = buffer[: min(len(buffer), length - done)]
-        crc = read_into(fd, part, offset + done, crc)
-        done += len(part)
-    return crc
-
-
-def crc32c_of_file(path: Path, size: int) -> int:
-    """The CRC32C of the first ``size`` bytes of ``path``."""
-    with open(path, "rb", buffering=0) as handle:
-        return crc32c_of_range(handle.fileno(), 0, size)
-
-
-class ItemCheck:
-    """Checks each item read from one file against the file's checksum record."""
-
-    def __init__(self, relative_path: str, record: dict | None) -> None:
-        self.name = relative_path
-        self._expected = None if record is None else {offset: (length, crc) for offset, length, crc in record["items"]}
-
-    @property
-    def recorded(self) -> bool:
-        return self._expected is not None
-
-    def __call__(self, offset: int, length: int, crc: int) -> None:
-        if self._expected is None:
-            return
-        want = self._expected.get(offset)
-        if want is None or want[0] != length:
-            raise ChecksumMismatch(f"{self.name}: no checksum was recorded for the {length}-byte item at byte {offset}")
-        if want[1] != crc:
-            raise ChecksumMismatch(
-                f"{self.name}: the {length}-byte item at byte {offset} has CRC32C {crc:08x}, {want[1]:08x} was written"
-            )
-
-
-def verify_file(data_file: Path) -> str | None:
-    """Why ``data_file`` is not the file that was written, or None when its size and each stored
-    item's CRC32C match its record. The items cover the file end to end, so every byte is
-    checked; a file without a record cannot be checked, and says so."""
-    try:
-        record = read_checksums(data_file)
-        if record is None:
-            return f"{data_file.name} has no checksum record ({data_file.name}{CHECKSUM_SUFFIX})"
-        size = data_file.stat().st_size
-        if size != record["bytes"]:
-            return f"{data_file.name} has {size} bytes, {record['bytes']} were written"
-        check, at = ItemCheck(data_file.name, record), 0
-        with open(data_file, "rb", buffering=0) as file:
-            for offset, length, _ in sorted(record["items"]):
-                if offset != at:
-                    return f"{data_file.name}: its checksum record does not cover bytes {at}-{offset}"
-                check(offset, length, crc32c_of_range(file.fileno(), offset, length))
-                at = offset + length
-        if at != size:
-            return f"{data_file.name}: its checksum record does not cover bytes {at}-{size}"
-    except ChecksumMismatch as error:
-        return str(error)
-    return None
 
 
 def _rng_state() -> dict:
@@ -258,15 +161,14 @@ def _start_writer_manager() -> None:
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    from moe_cdk.training.stop import STOP_SIGNALS, helper_process_init
+    from moe_cdk.training.stop import HANDLED_SIGNALS, helper_process_init
 
     if filesystem_async._results_queue is not None:
         return
-    handled = {*STOP_SIGNALS, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
     try:
         resource_tracker.ensure_running()
-        signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
         manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
         manager.start(initializer=helper_process_init, initargs=(os.getpid(),))
     finally:
@@ -391,9 +293,32 @@ class CheckpointManager:
             self._pending = (step, path)
             log.info("scheduled step-%d in %.2fs", step, time.perf_counter() - started)
             return
-        dist_checkpointing.save(state, str(path), sharded_strategy=self._save_strategy)
-        self._complete(step, path)
+        try:
+            dist_checkpointing.save(state, str(path), sharded_strategy=self._save_strategy)
+            self._complete(step, path)
+        except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
+            self._raise_save_failed(error, step, path)
+            raise
         log.info("saved step-%d in %.2fs", step, time.perf_counter() - started)
+
+    def _raise_save_failed(self, error: BaseException, step: int, path: Path) -> None:
+        """SaveFailed when a file-system error stopped the save of ``step``, with the same exit code on
+        every rank; returns when none did. megatron raises a failed write as a CheckpointException on
+        every rank together, so the ranks then agree on the code (a collective); an error raised on one
+        rank alone is that rank's."""
+        from moe_cdk.training.checkpoints.format import take_write_error
+
+        cause = _cause_in(error, OSError) or take_write_error()
+        permanent, failed = (cause is not None and cause.errno in PERMANENT_ERRNOS), cause is not None
+        if isinstance(error, CheckpointException) and dist.get_world_size() > 1:
+            device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+            flags = torch.tensor([float(permanent), float(failed)], device=device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            permanent, failed = bool(flags[0]), bool(flags[1])
+        if not failed:
+            return
+        kept = next((p for _, p in step_dirs(self.root) if p != path and self.problem_with(p) is None), None)
+        raise SaveFailed(step, path, cause, kept, permanent=permanent) from error
 
     def poll(self) -> None:
         """Mark a finished async save complete without waiting (call on every rank, every step)."""
@@ -454,7 +379,6 @@ class CheckpointManager:
         fail their checksums is skipped for the one before it; when no completed checkpoint is
         left, ConfigError (a permanent stop: training from step 0 would discard the run)."""
         from megatron.core import dist_checkpointing
-        from torch.distributed.checkpoint.api import CheckpointException
 
         from moe_cdk.training.checkpoints.format import load_strategy
 
@@ -467,8 +391,12 @@ class CheckpointManager:
                 template = self._sharded_state(
                     trainable, step=int(common["step"]), consumed_samples=0, rng=same_layout, is_loading=True
                 )
+                if mismatched := shape_problems(template["model"], path, key="checkpoint.dir"):
+                    raise ConfigError(mismatched)
                 with cpu_compat.cuda_factories_on_cpu():
                     state = dist_checkpointing.load(template, str(path), sharded_strategy=load_strategy())
+            except ConfigError:
+                raise
             except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
                 # torch's reader gathers every rank's failure and raises them on all ranks, so a
                 # checksum mismatch is seen, and skipped, by every rank alike.
@@ -520,8 +448,38 @@ class CheckpointManager:
         return None
 
 
-def _checksum_mismatch_in(error: BaseException) -> ChecksumMismatch | None:
-    """The checksum mismatch behind ``error``: itself, a cause, or one of the per-rank failures a
+def shape_problems(model_state: dict, path: Path, *, key: str) -> list[Problem]:
+    """Where the model a run builds and the checkpoint at ``path`` differ in a tensor's global shape
+    or name: a checkpoint of another model, which no retry and no older step can load. The first
+    differing tensor names both shapes; the rest are counted. Empty when every tensor matches."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from torch.distributed.checkpoint import FileSystemReader
+
+    stored = {
+        name: tuple(meta.size)
+        for name, meta in FileSystemReader(str(path)).read_metadata().state_dict_metadata.items()
+        if hasattr(meta, "size")
+    }
+    wanted = {t.key: tuple(t.global_shape) for t in nested_values(model_state) if isinstance(t, ShardedTensor)}
+    differing = [(name, stored.get(name), shape) for name, shape in sorted(wanted.items()) if stored.get(name) != shape]
+    if not differing:
+        return []
+    name, had, want = differing[0]
+    more = f" ({len(differing) - 1} more tensors differ)" if len(differing) > 1 else ""
+    found = f"{name} of shape {list(had)}" if had is not None else f"no {name}"
+    return [
+        Problem(
+            key,
+            f"{path.name} holds {found}, and this model's {name} has shape {list(want)}{more}: "
+            "the checkpoint is of another model",
+            allowed="the model.* and moe.* settings the checkpoint was saved with, or another checkpoint folder",
+        )
+    ]
+
+
+def _cause_in(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The ``kind`` exception behind ``error``: itself, a cause, or one of the per-rank failures a
     torch CheckpointException carries (``failures``: rank -> (exception, traceback))."""
     seen, pending = set(), [error]
     while pending:
@@ -529,9 +487,14 @@ def _checksum_mismatch_in(error: BaseException) -> ChecksumMismatch | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, ChecksumMismatch):
+        if isinstance(current, kind):
             return current
         pending += [current.__cause__, current.__context__]
         for failure in (getattr(current, "failures", None) or {}).values():
             pending.append(failure[0] if isinstance(failure, tuple) else failure)
     return None
+
+
+def _checksum_mismatch_in(error: BaseException) -> ChecksumMismatch | None:
+    """The checksum mismatch behind ``error`` (see ``_cause_in``)."""
+    return _cause_in(error, ChecksumMismatch)

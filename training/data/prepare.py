@@ -17,6 +17,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -202,6 +203,8 @@ _worker_tokenizer: Tokenizer | None = None
 
 def _start_worker(tokenizer: Tokenizer) -> None:
     global _worker_tokenizer
+    # A Ctrl-C reaches the whole foreground process group: the parent stops the pool and says so once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = tokenizer
 
 

@@ -21,13 +21,13 @@ import torch.distributed as dist
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.checkpoints.manager import CheckpointManager
 from moe_cdk.training.config import TrainConfig
-from moe_cdk.training.exit_codes import EXIT_OK, EXIT_PREEMPTED
+from moe_cdk.training.exit_codes import EXIT_OK
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
 from moe_cdk.training.step import cpu_compat, parallel
 from moe_cdk.training.step.model import build_model, flops_per_token, model_vocab_size, use_bf16
 from moe_cdk.training.step.parallel import Layout
-from moe_cdk.training.stop import StopRequested
+from moe_cdk.training.stop import StopRequested, exit_code_for
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +323,11 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     for chunk in trainable.chunks:
         chunk.train()
     try:
+        if step < config.max_steps and (signum := stop.agreed(runtime.device)):
+            # Signalled while starting up: the checkpoint it resumed from is where the next run
+            # starts (on a first run, step 0 from the seed), so no step is spent and nothing saved.
+            log.warning("stopped by signal %s before the first step; the next run starts at step %d", signum, step)
+            return exit_code_for(signum)
         while step < config.max_steps:
             started = time.perf_counter()
             losses, grad_norm = train_step(
@@ -347,11 +352,11 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
                     )
                 )
                 recorded_step = step
-            if stop.agreed(runtime.device):
+            if signum := stop.agreed(runtime.device):
                 checkpoints.save(trainable, step=step, consumed_samples=consumed)
                 checkpoints.wait()
-                log.warning("stopped by signal %s at step %d after saving a checkpoint", stop.signal, step)
-                exit_code = EXIT_PREEMPTED
+                log.warning("stopped by signal %s at step %d after saving a checkpoint", signum, step)
+                exit_code = exit_code_for(signum)
                 break
             if step % config.checkpoint.save_interval == 0 or step == config.max_steps:
                 checkpoints.save(trainable, step=step, consumed_samples=consumed)
@@ -445,6 +450,10 @@ def check_inputs(config: TrainConfig) -> None:
             errors.append(
                 problem("no such file", got=source, allowed="a text or JSONL file").at(f"data.prepare_from[{i}]")
             )
+    if (found := folder_problem(Path(config.checkpoint.dir))) is not None:
+        errors.append(found.at("checkpoint.dir"))
+    if config.metrics.file and (found := folder_problem(Path(config.metrics.file).parent)) is not None:
+        errors.append(found.at("metrics.file"))
     if config.metrics.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
         errors.append(
             problem(
@@ -455,6 +464,22 @@ def check_inputs(config: TrainConfig) -> None:
         )
     if errors:
         raise ConfigError(errors)
+
+
+def folder_problem(path: Path):
+    """Why ``path`` cannot be a folder this run creates or writes into, or None: it, or the nearest
+    part of it that exists, must be a folder that this user may write."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file, not a folder" if existing == path else f"{existing} is a file, not a folder"
+        return problem(what, got=str(path), allowed="a folder, or a path that can be created as one")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return problem(
+            f"{existing} is not writable by this user", got=str(path), allowed="a folder this user can write"
+        )
+    return None
 
 
 def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: int, consumed_samples: int):
