@@ -44,10 +44,12 @@ TEAMS = TeamsConfig(
 
 
 @pytest.fixture(scope="module")
-def controller(tmp_path_factory):
+def controller():
     """The controller's sandbox and a Slurm with accounting whose slurm.conf is the sandbox's, after one run of the
-    teams step (and a second, which must change nothing)."""
-    base = tmp_path_factory.mktemp("controller")
+    teams step (and a second, which must change nothing). The members write their homes' files themselves, so the
+    sandbox is in a folder they may walk through (pytest's tmp folders are root's alone)."""
+    base = Path(tempfile.mkdtemp(prefix="moeci-teams-"))
+    base.chmod(0o755)
     params = copy.deepcopy(PARAMS) | {"teams": teams_parameters(TEAMS)}
     box = Sandbox(base, instance_id=CONTROLLER, params=params)
     for name in ("scontrol", "strigger", "sacctmgr"):
@@ -60,12 +62,14 @@ def controller(tmp_path_factory):
         slurm.start()
     except SlurmUnavailable as error:
         slurm.stop()
+        shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"no Slurm with accounting here: {error}")
     try:
         runs = [box.run("bash", str(box.lc / "slurm_teams.sh"), SLURM_CONF=str(slurm.conf)) for _ in range(2)]
         yield box, slurm, runs
     finally:
         slurm.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # systemd cannot run here. Where it runs slurmctld (HyperPod's controller), the step restarts slurmctld through it;
@@ -178,7 +182,9 @@ def test_members_get_users_and_a_shared_home_with_their_ssh_key(controller):
     box, _, _ = controller
     passwd = (box.root / "etc/passwd").read_text()
     assert "alice:x:2101:2101::/fsx/alice:/bin/bash" in passwd and "bob:x:2102:" in passwd
-    ssh = box.root / "fsx/alice/.ssh"
+    home = box.root / "fsx/alice"
+    assert (home.stat().st_mode & 0o7777, home.stat().st_uid, home.stat().st_gid) == (0o700, 2101, 2101)
+    ssh = home / ".ssh"
     public = (ssh / "id_ed25519.pub").read_text().strip()
     assert (ssh / "authorized_keys").read_text().splitlines() == [public]  # once, after two runs
     assert ssh.stat().st_uid == 2101 and (ssh / "id_ed25519").stat().st_mode & 0o777 == 0o600
