@@ -14,6 +14,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import yaml
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 # A deprecated aws-cdk-lib API raises instead of printing a warning at every synth (jsii's
@@ -88,6 +89,26 @@ def synth(config: Config, outdir: Path) -> dict[str, dict]:
     an EKS configuration gets the stand-in HyperPod chart."""
     assembly = build_app(with_staged_chart(config), outdir=str(outdir), cloudformation_validation=False).synth()
     return {stack.stack_name: stack.template for stack in assembly.stacks}
+
+
+CDK_CLI = ROOT / ".venv/cdk-cli/node_modules/.bin/cdk"
+"""The CDK CLI that ``make setup`` installs, which ``make synth`` runs."""
+
+
+def cdk_cli_synth(config_path: Path, outdir: Path) -> subprocess.CompletedProcess:
+    """``make synth CONFIG=config_path`` into ``outdir``: the CDK CLI with cdk.json's context, so with
+    aws-cdk-lib's built-in CloudFormation validation and cdk-nag; an EKS configuration gets the stand-in
+    HyperPod chart (a copy of the file that names it, beside ``outdir``)."""
+    config = load_config(config_path)
+    if config.cluster.orchestrator is Orchestrator.EKS:
+        document = yaml.safe_load(config_path.read_text())
+        document.setdefault("eks", {})["hyperpod_chart_directory"] = str(STANDIN_CHART.relative_to(ROOT))
+        config_path = outdir.parent / f"{config_path.stem}-standin-chart.yaml"
+        config_path.write_text(yaml.safe_dump(document))
+    return subprocess.run(
+        [str(CDK_CLI), "synth", "--quiet", "-c", f"config={config_path}", "-o", str(outdir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
