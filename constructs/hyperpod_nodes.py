@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
-from aws_cdk import aws_ec2 as ec2, aws_iam as iam, aws_s3_assets as s3_assets, aws_sagemaker as sagemaker
+from aws_cdk import (
+    aws_ec2 as ec2,
+    aws_iam as iam,
+    aws_s3 as s3,
+    aws_s3_assets as s3_assets,
+    aws_sagemaker as sagemaker,
+)
 from constructs import Construct
 
 from moe_cdk.constructs.nag import managed_policy_finding, nag_text
@@ -36,6 +42,10 @@ from moe_cdk.rules.sagemaker import HyperPodInstanceGroup
 LIFECYCLE_BUCKET_PREFIX = "sagemaker-"
 MANAGED_INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 ENTRY_SCRIPT = "on_create.sh"
+# The lifecycle bucket's folder for published bundles: lifecycle/<bundle id>/.
+LIFECYCLE_PREFIX = "lifecycle/"
+# Where a CDK app names a non-default bootstrap qualifier (DefaultStackSynthesizer reads it too).
+BOOTSTRAP_QUALIFIER_CONTEXT = "@aws-cdk/core:bootstrapQualifier"
 
 
 def _struct(api: object) -> object:
@@ -100,6 +110,25 @@ def instance_group_property(
 DETACH_NETWORK_INTERFACE = "ec2:DetachNetworkInterface"
 
 
+def network_interface_arn(scope: Construct) -> str:
+    """Every network interface of the scope's account and region: the ones a SageMaker role creates have no
+    ARN before they exist."""
+    return cdk.Stack.of(scope).format_arn(service="ec2", resource="network-interface", resource_name="*")
+
+
+def network_interface_resources(scope: Construct, *, subnet_id: str, security_group_id: str) -> list[str]:
+    """The resources that scope a SageMaker role's network-interface actions to one subnet and one security
+    group. Service Authorization Reference, Amazon EC2: CreateNetworkInterface is authorized against the
+    interface, the subnet and the security group, so creating one elsewhere is refused; the
+    NetworkInterfacePermission actions and DeleteNetworkInterface against the interface only."""
+    stack = cdk.Stack.of(scope)
+    return [
+        stack.format_arn(service="ec2", resource="subnet", resource_name=subnet_id),
+        stack.format_arn(service="ec2", resource="security-group", resource_name=security_group_id),
+        network_interface_arn(stack),
+    ]
+
+
 def execution_role(
     scope: Construct,
     *,
@@ -129,7 +158,7 @@ def execution_role(
     # interface ARNs it was never allowed. AWS's HyperPod role template grants it on "*"
     # (aws-samples/awsome-distributed-training, 1.architectures/7.sagemaker-hyperpod-eks/
     # cfn-templates/nested-stacks/sagemaker-iam-role-stack.yaml at 98c1057), and so does this.
-    eni_arn = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
+    eni_arn = network_interface_arn(stack)
     role.add_to_policy(
         iam.PolicyStatement(
             actions=[
@@ -140,13 +169,9 @@ def execution_role(
                 "ec2:ModifyNetworkInterfaceAttribute",
                 "ec2:CreateTags",
             ],
-            resources=[
-                stack.format_arn(service="ec2", resource="subnet", resource_name=subnet.subnet_id),
-                stack.format_arn(
-                    service="ec2", resource="security-group", resource_name=security_group.security_group_id
-                ),
-                eni_arn,
-            ],
+            resources=network_interface_resources(
+                stack, subnet_id=subnet.subnet_id, security_group_id=security_group.security_group_id
+            ),
         )
     )
     unscoped = [
@@ -211,12 +236,80 @@ def execution_role(
 
 def lifecycle_synthesizer(lifecycle_bucket_name: str, bundle_id: str) -> cdk.IStackSynthesizer:
     """The synthesizer for the stack that holds a HyperPod cluster: its file assets (the
-    lifecycle bundle) go to ``s3://<lifecycle bucket>/lifecycle/<bundle_id>/`` with the
-    deploying credentials, so that folder holds exactly one bundle."""
-    return cdk.CliCredentialsStackSynthesizer(
+    lifecycle bundle, and the template) go to ``s3://<lifecycle bucket>/lifecycle/<bundle_id>/``,
+    so that folder holds exactly one bundle. The CDK CLI uploads them as the bootstrap's
+    file-publishing role and deploys as its deploy role, as for every other stack: the two
+    principals ``lifecycle_bucket_statements`` names, so the bucket can refuse writes from anyone else."""
+    return cdk.DefaultStackSynthesizer(
         file_assets_bucket_name=lifecycle_bucket_name,
-        bucket_prefix=f"lifecycle/{bundle_id}/",
+        bucket_prefix=f"{LIFECYCLE_PREFIX}{bundle_id}/",
     )
+
+
+def bootstrap_role_arn(scope: Construct, purpose: str) -> str:
+    """The CDK bootstrap role ``cdk-<qualifier>-<purpose>-role-<account>-<region>`` of the scope's
+    environment, as DefaultStackSynthesizer names it (``file-publishing``, ``deploy``), with the
+    qualifier the synthesizer reads from the same context."""
+    stack = cdk.Stack.of(scope)
+    qualifier = scope.node.try_get_context(BOOTSTRAP_QUALIFIER_CONTEXT) or cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
+    return stack.format_arn(
+        service="iam",
+        region="",
+        resource="role",
+        resource_name=f"cdk-{qualifier}-{purpose}-role-{stack.account}-{stack.region}",
+    )
+
+
+# Every object write that replaces, hides or re-labels a script a node runs as root: PutObject (also
+# copies and multipart uploads), its ACL, tagging, retention and legal-hold variants, and
+# DeleteObject* (delete markers, version deletes, tag deletes).
+LIFECYCLE_OBJECT_WRITES = ("s3:PutObject*", "s3:DeleteObject*")
+
+
+def lifecycle_bucket_statements(scope: Construct, bucket: s3.IBucket) -> list[iam.PolicyStatement]:
+    """The lifecycle bucket's policy beyond TLS: only the CDK file-publishing role may write objects.
+
+    AmazonSageMakerFullAccess and AmazonSageMakerFeatureStoreAccess allow s3:PutObject on any
+    ``*sagemaker*`` bucket, so without the deny any notebook or Studio role in the account could
+    replace the scripts the next HyperPod node runs as root. aws:PrincipalArn holds the role's ARN
+    for its sessions too (IAM User Guide, "AWS global condition context keys"). The nodes keep
+    reading through their managed instance policy; nothing else needs to write.
+
+    The publishing role's own policy only covers the bootstrap bucket (bootstrap template,
+    FilePublishingRoleDefaultPolicy), so this allows it what the CLI does here: find the bucket,
+    read its encryption, list the key, upload. The deploy role reads the template CloudFormation is
+    given by URL (bootstrap template, the deploy role's CliStagingBucket statement)."""
+    publisher = bootstrap_role_arn(scope, "file-publishing")
+    deployer = bootstrap_role_arn(scope, "deploy")
+    published = bucket.arn_for_objects(f"{LIFECYCLE_PREFIX}*")
+    return [
+        iam.PolicyStatement(
+            sid="OnlyTheCdkPublisherWritesObjects",
+            effect=iam.Effect.DENY,
+            principals=[iam.AnyPrincipal()],
+            actions=list(LIFECYCLE_OBJECT_WRITES),
+            resources=[bucket.arn_for_objects("*")],
+            conditions={"ArnNotLike": {"aws:PrincipalArn": publisher}},
+        ),
+        iam.PolicyStatement(
+            sid="CdkPublisherUploadsBundles",
+            principals=[iam.ArnPrincipal(publisher)],
+            actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+            resources=[published],
+        ),
+        iam.PolicyStatement(
+            sid="CdkDeployerReadsTemplates",
+            principals=[iam.ArnPrincipal(deployer)],
+            actions=["s3:GetObject"],
+            resources=[published],
+        ),
+        iam.PolicyStatement(
+            sid="CdkRolesFindTheBucket",
+            principals=[iam.ArnPrincipal(publisher), iam.ArnPrincipal(deployer)],
+            actions=["s3:GetBucketLocation", "s3:GetEncryptionConfiguration", "s3:ListBucket"],
+            resources=[bucket.bucket_arn],
+        ),
+    ]
 
 
 def lifecycle_bundle_id(lifecycle_scripts_directory: str, parameters: dict) -> str:

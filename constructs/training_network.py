@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
+from aws_cdk import RemovalPolicy, Stack, aws_ec2 as ec2, aws_iam as iam, aws_logs as logs
 from constructs import Construct
 
 from moe_cdk.constructs.validation import Problem, is_unresolved, problem, raise_if_any
@@ -26,6 +26,9 @@ INTERFACE_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
 }
 
+
+# The VPC's one flow log (all traffic), a child of the VPC under this id.
+FLOW_LOG_ID = "All"
 
 _R = logs.RetentionDays
 # rules.logs.RETENTION_DAYS as the CDK's enum (a test checks that the two hold the same days).
@@ -115,13 +118,14 @@ class TrainingNetwork(Construct):
                 ],
                 gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
                 flow_logs={
-                    "All": ec2.FlowLogOptions(
+                    FLOW_LOG_ID: ec2.FlowLogOptions(
                         destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
                         traffic_type=ec2.FlowLogTrafficType.ALL,
                     )
                 },
                 restrict_default_security_group=True,
             )
+            self._guard_flow_log_role(self.vpc.node.find_child(FLOW_LOG_ID))
 
         missing = [zone for zone in self.availability_zones if self._private_subnets_in(zone) == []]
         if missing:
@@ -159,6 +163,29 @@ class TrainingNetwork(Construct):
                     open=False,
                     security_groups=[self.endpoint_security_group],
                 )
+
+    def _guard_flow_log_role(self, flow_log: ec2.FlowLog) -> None:
+        """Trust the flow-log role to this account's flow logs only (VPC User Guide, "IAM role for publishing
+        flow logs to CloudWatch Logs": aws:SourceAccount and aws:SourceArn prevent the confused deputy).
+        The role stays the one CDK made for the flow log: a new role would replace the flow log itself
+        (DeliverLogsPermissionArn is create-only), so only its trust policy is written here."""
+        stack = Stack.of(self)
+        trust = iam.PolicyDocument(
+            statements=[
+                iam.PolicyStatement(
+                    actions=["sts:AssumeRole"],
+                    principals=[iam.ServicePrincipal("vpc-flow-logs.amazonaws.com")],
+                    conditions={
+                        "StringEquals": {"aws:SourceAccount": stack.account},
+                        "ArnLike": {
+                            "aws:SourceArn": stack.format_arn(service="ec2", resource="vpc-flow-log", resource_name="*")
+                        },
+                    },
+                )
+            ]
+        )
+        role = flow_log.iam_role.node.default_child
+        role.assume_role_policy_document = trust
 
     @property
     def private_subnets(self) -> list[ec2.ISubnet]:

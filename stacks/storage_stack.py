@@ -3,11 +3,12 @@ HyperPod lifecycle bucket and the training image."""
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_s3 as s3, aws_ssm as ssm
+from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_iam as iam, aws_s3 as s3, aws_ssm as ssm
 from constructs import Construct
 
 from moe_cdk.constructs.data_repository import DataRepository, DataRepositoryProps
 from moe_cdk.constructs.efa_security_group import EfaSecurityGroup
+from moe_cdk.constructs.hyperpod_nodes import lifecycle_bucket_statements
 from moe_cdk.constructs.lustre_storage import LustreStorage, LustreStorageProps
 from moe_cdk.constructs.training_image import TrainingImage, TrainingImageProps
 from moe_cdk.constructs.training_network import TrainingNetwork
@@ -71,10 +72,17 @@ class StorageStack(Stack):
             ),
         )
         lifecycle_bucket = lifecycle_bucket_name(config).replace("${AWS::AccountId}", self.account)
-        self.lifecycle_bucket = (
-            s3.Bucket.from_bucket_name(self, "AdoptedLifecycleBucket", lifecycle_bucket)
-            if adopt
-            else s3.Bucket(
+        if adopt:
+            self.lifecycle_bucket = s3.Bucket.from_bucket_name(self, "AdoptedLifecycleBucket", lifecycle_bucket)
+            # The old stack's bucket policy went with it (only the bucket is retained), and a bucket adopted
+            # by name gets none from CDK, so this puts back what a new bucket has: TLS only, and writes
+            # from the CDK publisher only (without which the publisher could not upload at all).
+            policy = s3.BucketPolicy(self, "AdoptedLifecycleBucketPolicy", bucket=self.lifecycle_bucket)
+            policy.document.add_statements(
+                _tls_only(self.lifecycle_bucket), *lifecycle_bucket_statements(self, self.lifecycle_bucket)
+            )
+        else:
+            self.lifecycle_bucket = s3.Bucket(
                 self,
                 "LifecycleBucket",
                 bucket_name=lifecycle_bucket,
@@ -87,7 +95,8 @@ class StorageStack(Stack):
                 server_access_logs_prefix="lifecycle-bucket/",
                 removal_policy=RemovalPolicy.RETAIN,
             )
-        )
+            for statement in lifecycle_bucket_statements(self, self.lifecycle_bucket):
+                self.lifecycle_bucket.add_to_resource_policy(statement)
         # One image per configuration: the one its compute trains with (rules/neuron.py, training.stack).
         dockerfile = (
             "training/Dockerfile.neuron" if config.training_stack is TrainingStack.NXDT else "training/Dockerfile"
@@ -105,3 +114,14 @@ class StorageStack(Stack):
         CfnOutput(self, "DataBucketName", value=self.data_repository.bucket.bucket_name)
         CfnOutput(self, "LifecycleBucketName", value=self.lifecycle_bucket.bucket_name)
         CfnOutput(self, "TrainingImageUri", value=self.training_image.image_uri)
+
+
+def _tls_only(bucket: s3.IBucket) -> iam.PolicyStatement:
+    """What ``enforce_ssl`` adds to a bucket CDK creates: any request without TLS is denied."""
+    return iam.PolicyStatement(
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=["s3:*"],
+        resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+        conditions={"Bool": {"aws:SecureTransport": "false"}},
+    )

@@ -9,6 +9,7 @@ import aws_cdk as cdk
 from aws_cdk import CfnOutput, ReferenceStrength, Stack, aws_iam as iam
 from constructs import Construct
 
+from moe_cdk.constructs.hyperpod_nodes import network_interface_arn, network_interface_resources
 from moe_cdk.constructs.nag import nag_text
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import data_bucket_name
@@ -75,14 +76,33 @@ class TrainingJobStack(Stack):
                 conditions={"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}},
             )
         )
+        # Outputs only repeat the network stack's values, so they read them weakly: an output of an
+        # import would be an export chain (cfn-lint W6001) and blocks nothing. The role's network-interface
+        # scope reads the same values, so it names the subnet and group that jobs are submitted with.
+        subnet = network.network.subnet_in(config.cluster.availability_zone)
+        subnet_id = Stack.consume_reference(subnet.subnet_id, ReferenceStrength.WEAK)
+        security_group_id = Stack.consume_reference(
+            network.node_security_group.security_group_id, ReferenceStrength.WEAK
+        )
+        # Creating the job's interfaces is scoped as the HyperPod role's is: to the one subnet and security
+        # group jobs run in (SageMaker Developer Guide, "CreateTrainingJob API: Execution Role Permissions",
+        # lists these, with the Describe calls below, for a job in a VPC).
         self.role.add_to_policy(
             iam.PolicyStatement(
                 actions=[
-                    "ecr:GetAuthorizationToken",
                     "ec2:CreateNetworkInterface",
                     "ec2:CreateNetworkInterfacePermission",
                     "ec2:DeleteNetworkInterface",
                     "ec2:DeleteNetworkInterfacePermission",
+                ],
+                resources=network_interface_resources(self, subnet_id=subnet_id, security_group_id=security_group_id),
+            )
+        )
+        # These take no resource ARN (Service Authorization Reference), so they stay on "*".
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "ecr:GetAuthorizationToken",
                     "ec2:DescribeNetworkInterfaces",
                     "ec2:DescribeVpcs",
                     "ec2:DescribeDhcpOptions",
@@ -95,16 +115,9 @@ class TrainingJobStack(Stack):
         )
         self._acknowledge_findings(object_arns, log_group_arn)
 
-        subnet = network.network.subnet_in(config.cluster.availability_zone)
         CfnOutput(self, "RoleArn", value=self.role.role_arn)
-        # Outputs only repeat the network stack's values, so they read them weakly: an output of an
-        # import would be an export chain (cfn-lint W6001) and blocks nothing.
-        CfnOutput(self, "SubnetIds", value=Stack.consume_reference(subnet.subnet_id, ReferenceStrength.WEAK))
-        CfnOutput(
-            self,
-            "SecurityGroupIds",
-            value=Stack.consume_reference(network.node_security_group.security_group_id, ReferenceStrength.WEAK),
-        )
+        CfnOutput(self, "SubnetIds", value=subnet_id)
+        CfnOutput(self, "SecurityGroupIds", value=security_group_id)
         CfnOutput(self, "DataBucketName", value=bucket)
         CfnOutput(self, "FileSystemId", value=storage.lustre.file_system_id)
         CfnOutput(self, "FileSystemMountName", value=storage.lustre.mount_name)
@@ -117,12 +130,14 @@ class TrainingJobStack(Stack):
             cdk.Acknowledgment(
                 id="AwsSolutions-IAM5[Resource::*]",
                 reason=(
-                    "ecr:GetAuthorizationToken, EC2 Describe* and fsx:DescribeFileSystems take no resource ARN; the "
-                    "ENI "
-                    "actions a VPC training job needs act on interfaces that do not exist yet; "
-                    "cloudwatch:PutMetricData "
-                    "is limited to SageMaker's training namespace by a condition."
+                    "ecr:GetAuthorizationToken, EC2 Describe* and fsx:DescribeFileSystems take no resource ARN; "
+                    "cloudwatch:PutMetricData is limited to SageMaker's training namespace by a condition."
                 ),
+            ),
+            cdk.Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::{nag_text(self, network_interface_arn(self))}]",
+                reason="A training job's network interfaces have no ARN before SageMaker creates them; creation is "
+                "also scoped to the job's one subnet and security group in the same statement.",
             ),
             cdk.Acknowledgment(
                 id=f"AwsSolutions-IAM5[Resource::{nag_text(self, log_group_arn)}]",

@@ -133,3 +133,32 @@ def test_invalid_props_are_rejected_by_name(props, message):
 
 def test_endpoint_list_matches_what_private_nodes_need():
     assert set(INTERFACE_ENDPOINT_SERVICES) == {"EcrApi", "EcrDkr", "Sts", "Logs", "SageMakerApi", "Ssm", "SsmMessages"}
+
+
+def test_only_this_account_s_flow_logs_may_assume_the_flow_log_role(template):
+    # VPC User Guide, "IAM role for publishing flow logs to CloudWatch Logs": aws:SourceAccount and
+    # aws:SourceArn keep another account's flow logs from delivering through this role (confused deputy).
+    trusts = [
+        statement
+        for role in template.find_resources("AWS::IAM::Role").values()
+        for statement in role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        if statement["Principal"].get("Service") == "vpc-flow-logs.amazonaws.com"
+    ]
+    (trust,) = trusts
+    assert trust["Condition"] == {
+        "StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}},
+        "ArnLike": {
+            "aws:SourceArn": {
+                "Fn::Join": [
+                    "",
+                    [
+                        "arn:",
+                        {"Ref": "AWS::Partition"},
+                        ":ec2:us-east-2:",
+                        {"Ref": "AWS::AccountId"},
+                        ":vpc-flow-log/*",
+                    ],
+                ]
+            }
+        },
+    }
