@@ -197,6 +197,7 @@ def teams_parameters(teams: TeamsConfig) -> dict:
             }
             for team in teams.teams
         ],
+        "operators": list(teams.operators),
     }
 
 

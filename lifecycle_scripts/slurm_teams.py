@@ -126,6 +126,27 @@ def apply(teams: dict) -> None:
             if member["name"] not in users:
                 sacctmgr("add", "user", f"name={member['name']}", f"account={team['name']}", f"DefaultAccount={team['name']}")
                 print(f"added user {member['name']} to account {team['name']}")
+    operators(teams, accounts)
+
+
+OPERATORS = "operators"  # rules/teams.py OPERATORS_ACCOUNT
+
+
+def operators(teams: dict, accounts: set[str]) -> None:
+    """The operators' account, for the users outside the teams who run the cluster: with accounting enforced, AWS's
+    chargeback guide says "jobs without a valid account will be rejected", and an operator's plain sbatch (or a
+    preflight job moe-cdk renders) names none. The configured operators (ubuntu by default) get it as their default
+    account: the lowest share, every tier, the lowest-priority tier by default. root keeps Slurm's own root account."""
+    tiers = sorted(teams["qos"], key=lambda tier: tier["priority"])
+    if OPERATORS not in accounts:
+        sacctmgr("add", "account", f"name={OPERATORS}", "Description=cluster operators", "Organization=moe-cdk")
+        print(f"added account {OPERATORS}")
+    modify("account", OPERATORS, ["FairShare=1", f"QOS={','.join(t['name'] for t in tiers)}", f"DefaultQOS={tiers[0]['name']}"])
+    users = names("assoc", f"account={OPERATORS}")
+    for name in teams.get("operators", ["ubuntu"]):
+        if name not in users:
+            sacctmgr("add", "user", f"name={name}", f"account={OPERATORS}", f"DefaultAccount={OPERATORS}")
+            print(f"added user {name} to account {OPERATORS}")
 
 
 def modify(entity: str, name: str, settings: list[str]) -> None:

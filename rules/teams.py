@@ -39,6 +39,8 @@ TEAM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 QOS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,52}[a-z0-9])?$")
 # A POSIX login name as useradd (shadow-utils' default NAME_REGEX) takes it, at most 32 characters.
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+OPERATORS_ACCOUNT = "operators"
+"""The Slurm account of the operators (``TeamsConfig.operators``) and root."""
 MAX_PRIORITY_CLASSES = 10  # [TG]
 MAX_BORROW_PERCENT = 500  # [TG], the SageMaker guide's range
 FIRST_USER_UID = 2000  # above the AMI's own users (ubuntu is 1000); AWS's sample starts at 2001 [USERS]
@@ -135,6 +137,10 @@ class TeamsConfig:
     """The QoS tiers, at most 10."""
     teams: tuple[Team, ...] = ()
     """The teams."""
+    operators: tuple[str, ...] = ("ubuntu",)
+    """Users outside the teams who keep submitting jobs without `--account` once accounting is enforced: the
+    cluster's default user (`ubuntu` on HyperPod's AMI), and the admins. On Slurm they get the `operators` account
+    (the lowest share, every tier, the lowest tier by default); root always does. Default: ubuntu."""
 
     def problems(self) -> Problems:
         tiers = {t.name: t for t in self.qos}
@@ -179,6 +185,19 @@ class TeamsConfig:
             ).at("teams")
         if self.teams and not self.qos:
             yield problem("teams need at least one QoS tier", got=[], allowed="one or more tiers").at("qos")
+        for i, name in enumerate(self.operators):
+            if not USER_NAME.match(name):
+                yield problem("not a login name", got=name, allowed=USER_NAME.pattern).at(f"operators[{i}]")
+            elif name in members:
+                yield problem(
+                    f"a member of team {members[name]}: a user has one default account",
+                    got=name,
+                    allowed="a user outside the teams",
+                ).at(f"operators[{i}]")
+        if any(t.name == OPERATORS_ACCOUNT for t in self.teams):
+            yield problem("the name of the operators' account", got=OPERATORS_ACCOUNT, allowed="another team name").at(
+                "teams"
+            )
 
 
 def job_team(teams: TeamsConfig | None, team: str | None, qos: str | None) -> tuple[str | None, str | None]:

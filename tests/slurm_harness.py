@@ -320,6 +320,16 @@ class SlurmCluster:
             self._spawn_slurmd(node)
         self._wait(self._nodes_idle, "node1 and node2 to become idle", "slurmd-node1")
 
+    def restart_controller(self) -> None:
+        """Stop slurmctld and start it again, as `systemctl restart slurmctld` does on a node: the settings that
+        take effect only at its start (AccountingStorageEnforce) then hold."""
+        controller = self._procs["slurmctld"]
+        controller.terminate()
+        controller.wait(timeout=60)
+        self._spawn("slurmctld", ["slurmctld", "-D"])
+        self._wait(lambda: "UP" in self.run("scontrol", "ping").stdout, "slurmctld to answer", "slurmctld")
+        self._wait(self._nodes_idle, "node1 and node2 to become idle", "slurmctld")
+
     def stop(self) -> None:
         """Cancel every job, end every process this cluster started (by PID), remove its folder."""
         if self._stopped:

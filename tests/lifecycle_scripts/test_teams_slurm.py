@@ -9,7 +9,9 @@ The node's users are created in the sandbox's own /etc/passwd (useradd --prefix)
 from __future__ import annotations
 
 import copy
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -217,6 +219,39 @@ def test_preempted_training_job_saves_where_it_stopped_and_resumes_at_the_next_s
     assert job.steps() == list(range(1, STEPS + 1))
     history = sacct_runs(slurm, job_id)
     assert "PREEMPTED" in history or "REQUEUED" in history, history
+
+
+@pytest.fixture
+def ubuntu():
+    """The cluster's default user, which HyperPod's AMI has: made here for the test when this machine lacks it."""
+    made = subprocess.run(["id", "ubuntu"], capture_output=True).returncode != 0
+    if made:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", "ubuntu"], check=True)
+    try:
+        yield "ubuntu"
+    finally:
+        if made:
+            subprocess.run(["userdel", "ubuntu"], check=False)
+
+
+def test_an_operators_plain_sbatch_runs_after_the_teams_step(controller, ubuntu):
+    # AccountingStorageEnforce, which holds from slurmctld's next start, rejects a job without a valid account
+    # ("Invalid account or account/partition combination specified"); ubuntu is in no team.
+    _, slurm, _ = controller
+    slurm.restart_controller()
+    out = Path(tempfile.mkdtemp(prefix="moeci-operator-"))
+    out.chmod(0o777)
+    try:
+        done = subprocess.run(
+            ["runuser", "-u", ubuntu, "--", "sbatch", "--parsable", f"--output={out}/%j.out", "--wrap", "id -un"],
+            capture_output=True, text=True, timeout=30, env={**os.environ, "SLURM_CONF": str(slurm.conf)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.strip()
+        state = slurm.wait_for(job_id, {"COMPLETED"}, timeout=60)
+        assert state.fields["Account"] == "operators" and (out / f"{job_id}.out").read_text() == "ubuntu\n"
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def sacct_runs(slurm: SlurmCluster, job_id: str) -> str:
