@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from moe_cdk.core.problems import EXIT_INVALID, ConfigError, problem
@@ -30,22 +31,44 @@ def require_image(args, what: str) -> None:
 def emit(text: str, output: str | None, what: str = "") -> int:
     """Write a rendered file to ``output`` and say so (``wrote FILE: what``), or print it on stdout; 0.
     The file appears whole or not at all (written beside it, then renamed); a folder that is missing
-    or not writable is reported as a problem with ``--output`` (2), an existing file left as it was."""
+    or not writable is reported as a problem with ``--output`` (2), an existing file left as it was.
+    The file beside it is created afresh under a name nobody can guess (O_EXCL, so a link planted in
+    the folder is never followed) and gets the modes a plain write would: 0666 less the umask, since
+    others (sbatch, kubectl users) read what was rendered."""
     if output is None:
         sys.stdout.write(text)
         return 0
     path = Path(output)
-    partial = path.with_name(f".{path.name}.partial")  # same folder, so the rename is atomic
-    try:
-        partial.write_text(text)
-        os.replace(partial, path)
+    try:  # same folder, so the rename is atomic
+        descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     except OSError as error:
+        return _unwritable(output, path, error)
+    partial = Path(name)
+    try:
+        with os.fdopen(descriptor, "w") as stream:
+            stream.write(text)
+            os.fchmod(stream.fileno(), 0o666 & ~_umask())
+        os.replace(partial, path)
+    except BaseException as error:
         partial.unlink(missing_ok=True)
-        found = problem(
-            f"cannot be written in {path.parent} ({error.strerror or error})",
-            got=output,
-            allowed="a file in an existing, writable folder",
-        )
-        return report(output, ConfigError([found.at("--output")]))
+        if not isinstance(error, OSError):
+            raise
+        return _unwritable(output, path, error)
     print(f"wrote {output}: {what}" if what else f"wrote {output}")
     return 0
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it straight back)."""
+    current = os.umask(0o077)
+    os.umask(current)
+    return current
+
+
+def _unwritable(output: str, path: Path, error: OSError) -> int:
+    found = problem(
+        f"cannot be written in {path.parent} ({error.strerror or error})",
+        got=output,
+        allowed="a file in an existing, writable folder",
+    )
+    return report(output, ConfigError([found.at("--output")]))

@@ -11,7 +11,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from moe_cdk.cli.report import report
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.schema.config import HYPERPOD, load_config, require_orchestrator
-from moe_cdk.tools.cluster_status import cluster_status, render_status, to_json
+from moe_cdk.tools.cluster_status import cluster_status, printable, render_status, to_json
 
 EXIT_UNHEALTHY = 1
 
@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         else:
-            print(f"{args.config}: AWS refused the request: {error}", file=sys.stderr)
+            print(f"{args.config}: AWS refused the request: {printable(str(error))}", file=sys.stderr)
         return EXIT_UNHEALTHY
     except BotoCoreError as error:
-        print(f"{args.config}: AWS could not be reached: {error}", file=sys.stderr)
+        print(f"{args.config}: AWS could not be reached: {printable(str(error))}", file=sys.stderr)
         return EXIT_UNHEALTHY
     if args.json:
         print(json.dumps(to_json(status), indent=2))

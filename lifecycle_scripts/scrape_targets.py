@@ -6,11 +6,14 @@ moe-cdk-scrape-targets.timer, and once by setup_observability.sh before the agen
 
     scrape_targets.py --params PARAMS --resource-config RESOURCE_CONFIG --out DIR
                       [--slurm-exporter-address HOST:PORT]
+                      [--controller-node-exporter-address HOST:PORT]
 
 writes into DIR, each file only when its content changes and then in one rename (the agent
 watches the files and must never read half of one):
 
-    node.json          node_exporter, port 9100: every Slurm node, the controller, the login nodes
+    node.json          node_exporter, port 9100: every Slurm node, the login nodes, and the
+                       controller, at --controller-node-exporter-address (default 127.0.0.1:9100:
+                       this script and the agent run there, and its node_exporter takes loopback only)
     dcgm.json          DCGM exporter, port 9400: the Slurm nodes with GPUs
     efa.json           EFA exporter, port 9109: the Slurm nodes with the efa feature
     slurm.json         slurm_exporter.py on this controller (default 127.0.0.1:9341)
@@ -57,6 +60,7 @@ NODE_EXPORTER_PORT = 9100
 DCGM_EXPORTER_PORT = 9400
 EFA_EXPORTER_PORT = 9109
 DEFAULT_SLURM_EXPORTER_ADDRESS = "127.0.0.1:9341"
+DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS = "127.0.0.1:9100"
 SCONTROL_TIMEOUT_S = 30.0
 # SageMaker instance types whose family letter marks NVIDIA GPUs: ml.p4d, ml.p5, ml.p5en, ml.g5, ml.g6e, ...
 GPU_FAMILY_LETTERS = ("p", "g")
@@ -117,9 +121,15 @@ def entry(address: str, port: int, node: str, instance_type: str) -> dict:
 
 
 def build_targets(
-    slurm_nodes: list, params: dict, resource_config: object, slurm_exporter_address: str
+    slurm_nodes: list,
+    params: dict,
+    resource_config: object,
+    slurm_exporter_address: str,
+    controller_node_exporter_address: str = DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS,
 ) -> dict:
-    """File name -> the file_sd list to write there (None: remove the file)."""
+    """File name -> the file_sd list to write there (None: remove the file). The controller's node
+    exporter is scraped at ``controller_node_exporter_address`` (where it listens), labelled with the
+    controller's own node name."""
     instances = group_instances(resource_config)
     by_address = {i.get("CustomerIpAddress"): itype for _, itype, i in instances if i.get("CustomerIpAddress")}
     by_partition = partition_instance_types(params)
@@ -130,7 +140,12 @@ def build_targets(
     for name in (params.get("controller_group"), params.get("login_group")):
         for group, itype, instance in instances:
             address = instance.get("CustomerIpAddress")
-            if name and group == name and address:
+            if not (name and group == name and address):
+                continue
+            if name == params.get("controller_group"):
+                labels = {"instance_type": itype, "node": ip_hostname(address)}
+                node_targets.append({"targets": [controller_node_exporter_address], "labels": labels})
+            else:
                 node_targets.append(entry(address, NODE_EXPORTER_PORT, ip_hostname(address), itype))
     for node in sorted(slurm_nodes, key=lambda n: n.name):
         if not node.address or "FUTURE" in node.state.upper():
@@ -190,6 +205,9 @@ def main(argv: list) -> int:
     parser.add_argument("--out", required=True, help="folder of the target files")
     parser.add_argument("--slurm-exporter-address", default=DEFAULT_SLURM_EXPORTER_ADDRESS,
                         help=f"HOST:PORT of slurm_exporter.py (default {DEFAULT_SLURM_EXPORTER_ADDRESS})")
+    parser.add_argument("--controller-node-exporter-address", default=DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS,
+                        help="HOST:PORT of this controller's node_exporter "
+                        f"(default {DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -201,7 +219,10 @@ def main(argv: list) -> int:
         if output is None:
             log.error("scontrol failed; the target files in %s are left as they are", args.out)
             return EXIT_SLURM_FAILED
-        targets = build_targets(parse_nodes(output), params, resource_config, args.slurm_exporter_address)
+        targets = build_targets(
+            parse_nodes(output), params, resource_config, args.slurm_exporter_address,
+            args.controller_node_exporter_address,
+        )
     except Invalid as error:
         log.error("%s", error)
         return EXIT_INVALID

@@ -5,12 +5,18 @@
 #   compute node     node_exporter (9100); the DCGM exporter (9400) where `nvidia-smi -L` lists a
 #                    GPU; the EFA exporter (9109) where an EFA device shows
 #   login node       node_exporter
-#   controller       node_exporter; slurm_exporter.py (127.0.0.1:9341) as the systemd service
+#   controller       node_exporter (127.0.0.1:9100); slurm_exporter.py (127.0.0.1:9341) as the systemd service
 #                    moe-cdk-slurm-exporter; scrape_targets.py every minute
 #                    (moe-cdk-scrape-targets.timer) writing the agent's target files; and
 #                    Prometheus in agent mode, remote-writing to the URL in the SSM parameter
 #                    observability.remote_write_url_parameter, signed with SigV4 for the cluster's
 #                    region with the instance's credentials
+#
+# Who listens where: the agent runs on the controller only and scrapes every node over the network,
+# so the exporters of compute and login nodes (and the trainer's port) listen on every interface,
+# where the controller reaches them. On the controller every listener has the agent beside it on the
+# host network as its only client: node_exporter, slurm_exporter.py and the agent's web server take
+# 127.0.0.1, and scrape_targets.py names the controller's node_exporter at that same address.
 #
 # observability: null in provisioning_parameters.json: skipped, nothing changes.
 #
@@ -58,6 +64,7 @@ readonly SPEC_LABEL="moe-cdk.spec"
 # Where the agent's own web server listens (not 9090, the trainer's usual port).
 readonly AGENT_LISTEN_ADDRESS="127.0.0.1:9095"
 readonly SLURM_EXPORTER_ADDRESS="127.0.0.1:9341"
+readonly CONTROLLER_NODE_EXPORTER_ADDRESS="127.0.0.1:9100"
 # Prometheus's image runs as nobody (its Dockerfile's USER), which must own the agent's WAL folder.
 readonly PROMETHEUS_UID=65534
 # HyperPod's Slurm commands, for the services (systemd's PATH does not have them).
@@ -166,11 +173,13 @@ run_container() {
   log "started container ${name}: ${PINNED_REF} $*"
 }
 
+# node_exporter [ARGS...]: node_exporter with --path.rootfs=/host and ARGS (default: port 9100 on
+# every interface).
 node_exporter() {
   ensure_image node_exporter
   # The host's file systems (FSx for Lustre included) seen through /host, as node_exporter's
   # README runs it in Docker.
-  run_container node-exporter --net host --pid host -v "${MOE_LC_ROOT}/:/host:ro,rslave" -- --path.rootfs=/host
+  run_container node-exporter --net host --pid host -v "${MOE_LC_ROOT}/:/host:ro,rslave" -- --path.rootfs=/host "$@"
 }
 
 # The folder where Slurm's prolog writes one file per GPU holding the job that has it; the DCGM
@@ -305,6 +314,7 @@ scrape_targets_args() {
     "${INSTALL_DIR}/scrape_targets.py" --params "${INSTALL_DIR}/provisioning_parameters.json"
     --resource-config "${MOE_LC_RESOURCE_CONFIG}" --out "${TARGETS_DIR}"
     --slurm-exporter-address "${SLURM_EXPORTER_ADDRESS}"
+    --controller-node-exporter-address "${CONTROLLER_NODE_EXPORTER_ADDRESS}"
   )
 }
 
@@ -365,7 +375,7 @@ PYTHON=""
 controller_node() {
   local changed_units=0 restart_exporter=0
   PYTHON="$(command -v python3)"
-  node_exporter
+  node_exporter --web.listen-address="${CONTROLLER_NODE_EXPORTER_ADDRESS}"
 
   # Our scripts and the parameters, where the services find them after the lifecycle folder goes.
   if install_file "${MOE_LC_DIR}/slurm_exporter.py" "${INSTALL_DIR}/slurm_exporter.py" 644; then restart_exporter=1; fi

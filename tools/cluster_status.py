@@ -12,6 +12,7 @@ for a node whose status is ``Failure`` this finds its first failed step and the 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 from botocore.exceptions import ClientError
@@ -22,6 +23,16 @@ RECORD_MARK = "moe-cdk-step"
 LIFECYCLE_STREAM_PREFIX = "LifecycleConfig/"
 # CloudWatch Logs filter pattern syntax: quoted terms, all of which must appear in the event.
 FAILED_RECORDS = f'"{RECORD_MARK}" "\\"outcome\\":\\"failed\\""'
+# C0 and C1 control characters (DEL included): the ones that break a line, as one space; every other one
+# (ESC, CSI U+009B, BEL, ...) dropped, so no escape sequence in a string AWS returns reaches a terminal.
+_LINE_BREAKS = re.compile(r"[\t\n\v\f\r\x1c-\x1e\x85]+")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` (read from an AWS API: a lifecycle hint, a HyperPod message, ...) fit for one line of a
+    terminal: line breaks become a space, every other control character is removed."""
+    return _CONTROLS.sub("", _LINE_BREAKS.sub(" ", text))
 
 
 @dataclass(frozen=True)
@@ -73,12 +84,12 @@ def parse_record(message: str) -> StepRecord | None:
     try:
         data = json.loads(payload)
         return StepRecord(
-            node=str(data["node"]),
-            group=str(data["group"]),
-            step=str(data["step"]),
-            outcome=str(data["outcome"]),
+            node=printable(str(data["node"])),
+            group=printable(str(data["group"])),
+            step=printable(str(data["step"])),
+            outcome=printable(str(data["outcome"])),
             seconds=int(data["seconds"]),
-            hint=str(data.get("hint", "")),
+            hint=printable(str(data.get("hint", ""))),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -103,42 +114,43 @@ def first_failures(logs, log_group: str) -> dict[str, StepRecord]:
 
 
 def cluster_status(config: Config, sagemaker, logs) -> ClusterStatus:
-    """The cluster of ``config`` (a HyperPod configuration: its name is the cluster's) as the APIs see it."""
+    """The cluster of ``config`` (a HyperPod configuration: its name is the cluster's) as the APIs see it.
+    Every string read from AWS is kept ``printable``."""
     described = sagemaker.describe_cluster(ClusterName=config.name)
-    arn = described["ClusterArn"]
+    arn = printable(described["ClusterArn"])
     log_group = f"/aws/sagemaker/Clusters/{config.name}/{arn.rsplit('/', 1)[-1]}"
     summaries = [
         summary
         for page in sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=config.name)
         for summary in page.get("ClusterNodeSummaries", [])
     ]
-    failures: dict[str, StepRecord] = {}
+    stream_failures: dict[str, StepRecord] = {}
     note = ""
     if any(s["InstanceStatus"]["Status"] == "Failure" for s in summaries):
         try:
-            failures = first_failures(logs, log_group)
+            stream_failures = first_failures(logs, log_group)
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
                 raise
             note = f"log group {log_group} does not exist yet: no node has run its lifecycle scripts so far"
     nodes = [
         NodeStatus(
-            group=s["InstanceGroupName"],
-            instance_id=s["InstanceId"],
-            instance_type=s.get("InstanceType", ""),
-            status=s["InstanceStatus"]["Status"],
-            message=s["InstanceStatus"].get("Message", ""),
-            failed_step=failures.get(f"{LIFECYCLE_STREAM_PREFIX}{s['InstanceGroupName']}/{s['InstanceId']}")
+            group=printable(s["InstanceGroupName"]),
+            instance_id=printable(s["InstanceId"]),
+            instance_type=printable(s.get("InstanceType", "")),
+            status=printable(s["InstanceStatus"]["Status"]),
+            message=printable(s["InstanceStatus"].get("Message", "")),
+            failed_step=stream_failures.get(f"{LIFECYCLE_STREAM_PREFIX}{s['InstanceGroupName']}/{s['InstanceId']}")
             if s["InstanceStatus"]["Status"] == "Failure"
             else None,
         )
         for s in summaries
     ]
     return ClusterStatus(
-        name=described["ClusterName"],
+        name=printable(described["ClusterName"]),
         arn=arn,
-        status=described["ClusterStatus"],
-        failure_message=described.get("FailureMessage", ""),
+        status=printable(described["ClusterStatus"]),
+        failure_message=printable(described.get("FailureMessage", "")),
         log_group=log_group,
         nodes=sorted(nodes, key=lambda n: (n.group, n.instance_id)),
         log_note=note,

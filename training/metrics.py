@@ -274,7 +274,8 @@ class MetricsSink:
             Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
             self._file = open(jsonl, "a", buffering=1)
         if prometheus_port:
-            # Every path on all interfaces, from a daemon thread.
+            # Every path on all interfaces, from a daemon thread: the scraper is elsewhere (the controller's
+            # Prometheus agent on Slurm, another pod on EKS), so loopback would not do.
             self._server, _ = start_http_server(prometheus_port, addr="0.0.0.0", registry=self._registry)
             log.info("serving Prometheus metrics on port %d", prometheus_port)
         if tensorboard_dir:

@@ -191,3 +191,45 @@ def test_an_output_is_replaced_whole_with_nothing_left_beside_it(tmp_path):
     result = moe_cdk("slurm", "render", "--config", "config/default.yaml", "--local", "--output", target)
     assert result.returncode == 0, result.stderr
     assert target.read_text().startswith("#!") and [p.name for p in tmp_path.iterdir()] == ["x.sbatch"]
+
+
+def test_an_output_never_writes_through_a_planted_partial_link(tmp_path):
+    """A link planted at the old, predictable `.NAME.partial` is neither followed nor removed."""
+    from moe_cdk.cli.report import emit
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    planted = tmp_path / ".x.sbatch.partial"
+    planted.symlink_to(victim)
+    target = tmp_path / "x.sbatch"
+    assert emit("#!/bin/bash\n", str(target)) == 0
+    assert target.read_text() == "#!/bin/bash\n" and not target.is_symlink()
+    assert planted.is_symlink() and os.readlink(planted) == str(victim)
+    assert victim.read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".x.sbatch.partial", "victim.txt", "x.sbatch"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_an_output_has_the_modes_the_umask_allows(tmp_path, umask):
+    """Rendered job files are read by others (sbatch, kubectl users): 0666 less the umask, not mkstemp's 0600."""
+    from moe_cdk.cli.report import emit
+
+    target = tmp_path / "x.sbatch"
+    old = os.umask(umask)
+    try:
+        assert emit("#!/bin/bash\n", str(target)) == 0
+    finally:
+        os.umask(old)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_failed_output_leaves_no_partial_file(tmp_path, monkeypatch):
+    from moe_cdk.cli import report as report_module
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(report_module.os, "replace", refuse)
+    target = tmp_path / "x.sbatch"
+    assert report_module.emit("#!/bin/bash\n", str(target)) == 2
+    assert list(tmp_path.iterdir()) == []

@@ -466,6 +466,8 @@ def test_login_node_runs_node_exporter_only(tmp_path):
     succeeded(setup(box))
     assert list(docker_runs(box)) == ["node-exporter"]
     assert box.calls("systemctl") == [] and not box.calls("aws ssm")
+    # Scraped from the controller's agent, so on every interface (as on compute nodes).
+    assert docker_runs(box)["node-exporter"][2] == ["--path.rootfs=/host"]
 
 
 # ---- setup_observability.sh: the controller --------------------------------------------------
@@ -562,6 +564,20 @@ def test_controller_runs_node_exporter_but_no_gpu_or_efa_exporter(controller_box
     assert sorted(docker_runs(box)) == ["node-exporter", "prometheus-agent"]
 
 
+def test_controller_listeners_are_on_loopback_only(controller_box):
+    """Every listener on the controller has one scraper, the agent beside it on the host network: the
+    node exporter, the Slurm exporter and the agent's own web server take 127.0.0.1, and the targets the
+    agent scrapes name the same addresses."""
+    box, _ = controller_box
+    runs = docker_runs(box)
+    assert runs["node-exporter"][2] == ["--path.rootfs=/host", "--web.listen-address=127.0.0.1:9100"]
+    assert "--web.listen-address=127.0.0.1:9095" in runs["prometheus-agent"][2]
+    assert " --listen-address 127.0.0.1:9341\n" in box.read("etc/systemd/system/moe-cdk-slurm-exporter.service")
+    node_targets = json.loads(box.read("etc/moe-cdk/prometheus/targets/node.json"))
+    assert [t["targets"] for t in node_targets if t["labels"]["node"] == "ip-10-0-64-10"] == [["127.0.0.1:9100"]]
+    assert json.loads(box.read("etc/moe-cdk/prometheus/targets/slurm.json"))[0]["targets"] == ["127.0.0.1:9341"]
+
+
 def test_controller_installs_and_starts_the_exporter_and_the_timer(controller_box):
     box, _ = controller_box
     assert box.calls("systemctl") == [
@@ -578,7 +594,7 @@ def test_controller_installs_and_starts_the_exporter_and_the_timer(controller_bo
     assert (
         f" {install}/scrape_targets.py --params {install}/provisioning_parameters.json --resource-config "
         f"{box.root}/opt/ml/config/resource_config.json --out {box.root}/etc/moe-cdk/prometheus/targets "
-        "--slurm-exporter-address 127.0.0.1:9341\n"
+        "--slurm-exporter-address 127.0.0.1:9341 --controller-node-exporter-address 127.0.0.1:9100\n"
     ) in service
     assert "OnUnitActiveSec=60s" in box.read("etc/systemd/system/moe-cdk-scrape-targets.timer")
     assert (install / "slurm_exporter.py").read_bytes() == (SCRIPTS / "slurm_exporter.py").read_bytes()
@@ -588,7 +604,7 @@ def test_controller_targets_list_the_controller_and_login_nodes(controller_box):
     box, _ = controller_box
     targets = json.loads(box.read("etc/moe-cdk/prometheus/targets/node.json"))
     assert targets == [
-        {"labels": {"instance_type": "ml.m5.2xlarge", "node": "ip-10-0-64-10"}, "targets": ["10.0.64.10:9100"]},
+        {"labels": {"instance_type": "ml.m5.2xlarge", "node": "ip-10-0-64-10"}, "targets": ["127.0.0.1:9100"]},
         {"labels": {"instance_type": "ml.m5.2xlarge", "node": "ip-10-0-64-12"}, "targets": ["10.0.64.12:9100"]},
     ]
     assert json.loads(box.read("etc/moe-cdk/prometheus/targets/slurm.json")) == [
@@ -918,7 +934,7 @@ def test_scrape_targets_list_every_node_for_node_exporter(slurm, tmp_path):
     result, out = scrape_targets(slurm, tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((out / "node.json").read_text()) == [
-        labelled("10.0.64.10:9100", "ip-10-0-64-10", "ml.m5.2xlarge"),
+        labelled("127.0.0.1:9100", "ip-10-0-64-10", "ml.m5.2xlarge"),  # the controller's own, on loopback
         labelled("10.0.64.12:9100", "ip-10-0-64-12", "ml.m5.2xlarge"),
         labelled("127.0.0.1:9100", "node1"),
         labelled("127.0.0.1:9100", "node2"),

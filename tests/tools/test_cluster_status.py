@@ -231,3 +231,51 @@ def test_training_job_configuration_is_refused_before_aws_is_asked(capsys, monke
     assert status_command.run(args) == 2
     err = capsys.readouterr().err
     assert "cluster.orchestrator: status reads a HyperPod cluster" in err and "got 'training-job'" in err
+
+
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\x9b31m"
+
+
+def test_strings_from_aws_reach_the_terminal_without_control_characters(clients, config, monkeypatch, capsys):
+    """A hint in CloudWatch Logs (written by whoever runs on a node) and every SageMaker string are printed
+    without C0/C1 control characters: no escape sequence can clear or retitle the reader's terminal."""
+    sagemaker, sm, logs, cw = clients
+    describe(sm, f"Failed{HOSTILE}", FailureMessage=f"bad{HOSTILE}\nsecond line")
+    sm.add_response(
+        "list_cluster_nodes",
+        {"ClusterNodeSummaries": [node("gpu", "i-0456", "Failure", f"Lifecycle{HOSTILE} script failed")]},
+        {"ClusterName": "moe"},
+    )
+    hostile_record = record("gpu", "i-0456", f"setup{HOSTILE}", "failed", hint=f"do{HOSTILE} this\r\nthen that")
+    cw.add_response(
+        "filter_log_events",
+        {"events": [event("gpu", "i-0456", 1000, hostile_record)]},
+        {"logGroupName": LOG_GROUP, "logStreamNamePrefix": "LifecycleConfig/", "filterPattern": FAILED_RECORDS},
+    )
+    monkeypatch.setattr(sys.modules["boto3"], "client", lambda name, **_: {"sagemaker": sagemaker, "logs": logs}[name])
+    args = status_command.argparse.Namespace(config=str(ROOT / "config/default.yaml"), json=False)
+    assert status_command.run(args) == 1
+    text = capsys.readouterr().out
+    controls = [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F)]
+    assert controls == [], text
+    # Each string stays on its own line: a newline inside one is not a line of the output.
+    assert len(text.splitlines()) == 5, text
+    assert "cluster moe: Failed[2J]0;owned31m (bad[2J]0;owned31m second line)" in text
+    assert "      step setup[2J]0;owned31m failed after 12s: do[2J]0;owned31m this then that" in text
+    assert "      HyperPod: Lifecycle[2J]0;owned31m script failed" in text
+
+
+def test_an_aws_error_message_is_printed_without_control_characters(clients, monkeypatch, capsys):
+    sagemaker, sm, logs, _ = clients
+    sm.add_client_error(
+        "describe_cluster",
+        service_error_code="AccessDeniedException",
+        service_message=f"no{HOSTILE}",
+        http_status_code=400,
+    )
+    monkeypatch.setattr(sys.modules["boto3"], "client", lambda name, **_: {"sagemaker": sagemaker, "logs": logs}[name])
+    args = status_command.argparse.Namespace(config=str(ROOT / "config/default.yaml"), json=False)
+    assert status_command.run(args) == 1
+    err = capsys.readouterr().err
+    assert "AWS refused the request" in err and "no[2J]0;owned31m" in err
+    assert not [c for c in err if c != "\n" and (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F)], err
