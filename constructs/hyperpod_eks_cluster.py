@@ -13,6 +13,7 @@ by HyperPod on your behalf"), which is why the cluster's authentication mode mus
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -109,6 +110,8 @@ class HyperPodEksClusterProps:
     """Install the HyperPod training operator add-on (HyperPodPyTorchJob). Default: True."""
     training_operator_version: str | None = None
     """Its add-on version. Default: EKS's default."""
+    task_governance_version: str | None = None
+    """The task-governance add-on's version, with ``teams``. Default: EKS's default."""
     node_provisioning_mode: NodeProvisioningMode = NodeProvisioningMode.STANDARD
     """Standard or continuous node provisioning; continuous is needed by autoscaled, Spot and flexible
     groups. Default: standard."""
@@ -120,23 +123,42 @@ class HyperPodEksClusterProps:
     Default: none."""
 
 
+def resource_name(cluster_name: str, suffix: str) -> str:
+    """``<cluster>-<suffix>`` in the pattern and length of a SageMaker name (``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$``,
+    the registry schemas of ComputeQuota and ClusterSchedulerConfig). A name cut to fit ends in 8 characters of
+    the whole name's hash, so two long names differ and none ends in a hyphen."""
+    whole = f"{cluster_name}-{suffix}"
+    if len(whole) <= 63:
+        return whole
+    digest = hashlib.sha256(whole.encode()).hexdigest()[:8]
+    return f"{whole[:54].rstrip('-')}-{digest}"
+
+
 def compute_quota_properties(
     team: Team, *, cluster_name: str, cluster_arn: str, groups: Sequence[EksInstanceGroup]
 ) -> dict:
     """``AWS::SageMaker::ComputeQuota`` for ``team``: its share of each compute group's accelerators (whole nodes on
     a type without them), rounded down; its sharing strategy and borrow limit; its fair-share weight; and
     preemption of lower-priority tasks, as the schema's default."""
-    resources = []
+    # One entry per instance type: a node launched as a group's fallback type counts against the quota of that type,
+    # so each type a group may run gets the team's share of the group's nodes; groups of one type add up (the API
+    # takes one entry per InstanceType).
+    per_type: dict[str, dict] = {}
     for g in groups:
-        spec = catalog.lookup(g.instance_type)
-        if g.role is not EksNodeRole.COMPUTE or spec is None:
+        if g.role is not EksNodeRole.COMPUTE:
             continue
-        units = g.instance_count * (spec.accelerator_count or 1)
-        key = "Accelerators" if spec.accelerator_count else "Count"
-        resources.append({"InstanceType": spec.sagemaker_name, key: units * team.share_percent // 100})
+        for spec in filter(None, (catalog.lookup(t) for t in (g.instance_type, *g.fallback_instance_types))):
+            key = "Accelerators" if spec.accelerator_count else "Count"
+            units = g.instance_count * (spec.accelerator_count or 1)
+            entry = per_type.setdefault(spec.sagemaker_name, {"InstanceType": spec.sagemaker_name, key: 0})
+            entry[key] += units
+    resources = [
+        {k: (v * team.share_percent // 100 if k != "InstanceType" else v) for k, v in entry.items()}
+        for entry in per_type.values()
+    ]
     sharing = {"Strategy": team.sharing, **({"BorrowLimit": team.borrow_percent} if team.borrow_percent else {})}
     return {
-        "Name": f"{cluster_name}-{team.name}"[:63],
+        "Name": resource_name(cluster_name, team.name),
         "ClusterArn": cluster_arn,
         "ComputeQuotaConfig": {
             "ComputeQuotaResources": resources,
@@ -340,13 +362,14 @@ class HyperPodEksCluster(Construct):
             "TaskGovernance",
             cluster_name=self.props.eks_cluster.cluster_name,
             addon_name=eks_rules.TASK_GOVERNANCE.name,
+            addon_version=self.props.task_governance_version,
             resolve_conflicts="OVERWRITE",
         )
         addon.node.add_dependency(self._resource)
         scheduler = sagemaker.CfnClusterSchedulerConfig(
             self,
             "SchedulerConfig",
-            name=f"{self.props.cluster_name}-teams",
+            name=resource_name(self.props.cluster_name, "teams"),
             cluster_arn=self.cluster_arn,
             scheduler_config=sagemaker.CfnClusterSchedulerConfig.SchedulerConfigProperty(
                 priority_classes=[

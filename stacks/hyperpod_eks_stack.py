@@ -8,6 +8,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_eks_cluster import HyperPodEksCluster, HyperPodEksClusterProps, provisioning_parameters
+from moe_cdk.rules import eks as eks_rules
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import hyperpod_synthesizer, lifecycle_scripts
 
@@ -51,6 +52,7 @@ class HyperPodEksStack(Stack):
                 require_efa=config.cluster.require_efa,
                 training_operator=config.eks.training_operator,
                 training_operator_version=config.eks.addon_versions.get("amazon-sagemaker-hyperpod-training-operator"),
+                task_governance_version=config.eks.addon_versions.get(eks_rules.TASK_GOVERNANCE.name),
                 node_provisioning_mode=config.cluster.node_provisioning_mode,
                 tiered_storage=config.cluster.tiered_storage,
                 teams=config.teams,

@@ -4,15 +4,18 @@ job runs as, and the EKS objects task governance reads (AWS::SageMaker::ComputeQ
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import re
 import subprocess
 
 import pytest
 import yaml
 from conftest import ROOT, config_errors
 
-from moe_cdk.constructs.hyperpod_eks_cluster import compute_quota_properties
+from moe_cdk.constructs.hyperpod_eks_cluster import compute_quota_properties, resource_name
 from moe_cdk.core.problems import ConfigError
+from moe_cdk.rules.sagemaker import EksNodeRole
 from moe_cdk.rules.teams import job_team
 from moe_cdk.schema.config import load_config, parse_config
 
@@ -115,6 +118,24 @@ def test_quotas_are_each_teams_share_of_the_compute_groups_gpus():
     assert research["ComputeQuotaConfig"]["ResourceSharingConfig"] == {"Strategy": "LendAndBorrow", "BorrowLimit": 50}
     assert production["ComputeQuotaConfig"]["ResourceSharingConfig"] == {"Strategy": "Lend"}
     assert production["ComputeQuotaTarget"] == {"TeamName": "production", "FairShareWeight": 50}
+
+
+def test_a_quota_covers_each_fallback_type_and_adds_up_groups_of_one_type():
+    gpu = next(g for g in (g.to_eks_props() for g in EKS.cluster.instance_groups) if g.role is EksNodeRole.COMPUTE)
+    flexible = dataclasses.replace(gpu, name="flex", fallback_instance_types=("ml.p5.48xlarge",))
+    quota = compute_quota_properties(EKS.teams.teams[0], cluster_name="moe", cluster_arn="arn", groups=[gpu, flexible])
+    # 50 % of 2 + 2 nodes x 8 GPUs on p5en; the flexible group's 2 nodes may be p5 too.
+    assert quota["ComputeQuotaConfig"]["ComputeQuotaResources"] == [
+        {"InstanceType": "ml.p5en.48xlarge", "Accelerators": 16},
+        {"InstanceType": "ml.p5.48xlarge", "Accelerators": 8},
+    ]
+
+
+@pytest.mark.parametrize("team", ["a" * 60, "b" * 59 + "-x", "c" * 70])
+def test_long_names_are_cut_to_the_schemas_pattern_and_stay_apart(team):
+    name = resource_name("cluster", team)
+    assert re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", name), name
+    assert name != resource_name("cluster", team + "z")
 
 
 def test_cfn_lint_checks_the_quota_against_the_registry_schema(tmp_path):

@@ -3,12 +3,14 @@ network and storage stacks, with nothing copied between them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import pytest
 from conftest import ROOT, resources_of_type, with_staged_chart
 
+from moe_cdk.rules.eks import TASK_GOVERNANCE
 from moe_cdk.schema.config import load_config
 from moe_cdk.stacks.deployment import build_app, summary_lines
 
@@ -62,3 +64,18 @@ def test_docs_show_the_synth_summary(assembly):
     shown = re.findall(r"^moe-eks-\S+: \d+ resources -> \S+$", text, re.MULTILINE)
     outdir = f"{assembly.directory.rsplit('/', 1)[-1]}/"
     assert shown == [line.replace(outdir, "cdk.out/") for line in summary_lines(assembly)]
+
+
+def test_the_task_governance_add_on_takes_its_pinned_version(tmp_path):
+    config = with_staged_chart(load_config(ROOT / "config/eks-teams.yaml"))
+    pinned = dataclasses.replace(
+        config, eks=dataclasses.replace(config.eks, addon_versions={TASK_GOVERNANCE.name: "v1.2.3-eksbuild.1"})
+    )
+    stacks = build_app(pinned, outdir=str(tmp_path), cloudformation_validation=False).synth().stacks
+    addons = [
+        r["Properties"]
+        for s in stacks
+        for r in s.template["Resources"].values()
+        if r["Type"] == "AWS::EKS::Addon" and r["Properties"]["AddonName"] == TASK_GOVERNANCE.name
+    ]
+    assert [a.get("AddonVersion") for a in addons] == ["v1.2.3-eksbuild.1"]
