@@ -194,8 +194,9 @@ def teams_parameters(teams: TeamsConfig) -> dict:
                 "qos": list(team.tiers(teams.qos)),
                 "default_qos": team.default(teams.qos),
                 "members": [{"name": m.name, "uid": m.uid} for m in team.members],
+                "gid": team.group_id(position),
             }
-            for team in teams.teams
+            for position, team in enumerate(teams.teams)
         ],
         "operators": list(teams.operators),
     }

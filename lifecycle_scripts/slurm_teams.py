@@ -3,6 +3,7 @@
 
     slurm_teams.py names PARAMS         print the teams' names (none: the step has nothing to do)
     slurm_teams.py members PARAMS       print "name uid" for each team member (every node creates the users)
+    slurm_teams.py groups PARAMS        print "team gid member,member" for each team (its group and folder)
     slurm_teams.py apply PARAMS         (controller) QoS tiers, team accounts and their users with sacctmgr
     slurm_teams.py conf PARAMS          print the scheduler settings that priority and preemption need
 
@@ -163,13 +164,16 @@ def modify(entity: str, name: str, settings: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("names", "members", "apply", "conf"):
+    if len(argv) != 3 or argv[1] not in ("names", "members", "groups", "apply", "conf"):
         print(__doc__, file=sys.stderr)
         return 2
     teams = teams_of(argv[2])
     if argv[1] == "names":
         for team in teams["teams"]:
             print(team["name"])
+    elif argv[1] == "groups":
+        for team in teams["teams"]:
+            print(team["name"], team["gid"], ",".join(m["name"] for m in team["members"]) or "-")
     elif argv[1] == "members":
         for team in teams["teams"]:
             for member in team["members"]:

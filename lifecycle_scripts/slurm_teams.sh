@@ -2,8 +2,8 @@
 # slurm_teams.sh: the teams of provisioning_parameters.json ("teams"; moe-cdk's `teams` section) on a HyperPod
 # Slurm cluster. Skipped when there are none.
 #
-#   every node   each member as a POSIX user with the same uid everywhere and the home /fsx/<name>, and an SSH key
-#                pair in that shared home that the user's own authorized_keys accepts, so `ssh` between nodes and
+#   every node   each member as a POSIX user with the same uid everywhere and the home /fsx/<name> (0700), and an SSH
+#                key pair in that shared home that the user's own authorized_keys accepts, so `ssh` between nodes and
 #                MPI launchers work (AWS's base-config add_users.sh, fsx_ubuntu.sh and gen-keypair-ubuntu.sh do the
 #                same: aws-samples/awsome-distributed-training at 0edaf15, LifecycleScripts/base-config)
 #   controller   the QoS tiers, one account per team with its fair share, QoS and default QoS, and its users
@@ -154,6 +154,35 @@ ensure_home() {
   ) 9>"${lock}"
 }
 
+# ensure_team NAME GID MEMBERS: the team's group (named as the team, the same gid on every node) with its members
+# (comma-separated, or -), and its folder /fsx/teams/NAME: root's, the team's group, mode 2770 (setgid, so what a
+# member writes there is the team's), made once; an existing one is left as it is. The team's checkpoints and
+# profiles go there (slurm render --team), out of other teams' reach: FSx for Lustre checks the numeric ids.
+ensure_team() {
+  local team="$1" gid="$2" members="$3" prefix=() found member
+  [[ -n "${MOE_LC_ROOT}" ]] && prefix=(--prefix "${MOE_LC_ROOT}")
+  found="$(awk -F: -v name="${team}" '$1 == name { print $3 }' "${MOE_LC_ROOT}/etc/group")"
+  if [[ -z "${found}" ]]; then
+    if awk -F: -v gid="${gid}" '$3 == gid { found = 1 } END { exit !found }' "${MOE_LC_ROOT}/etc/group"; then
+      die "gid ${gid} of team ${team} is another group's on this node: set teams[].gid to a free gid"
+    fi
+    groupadd "${prefix[@]}" --gid "${gid}" "${team}"
+    log "group ${team} (gid ${gid}) added"
+  elif [[ "${found}" != "${gid}" ]]; then
+    die "group ${team} has gid ${found} on this node, the configuration says ${gid}: the team's files would change hands"
+  fi
+  if [[ "${members}" != - ]]; then
+    for member in ${members//,/ }; do
+      usermod "${prefix[@]}" --append --groups "${team}" "${member}"
+    done
+  fi
+  root_dir "${MOE_LC_ROOT}/fsx/teams"
+  if [[ ! -e "${MOE_LC_ROOT}/fsx/teams/${team}" && ! -L "${MOE_LC_ROOT}/fsx/teams/${team}" ]]; then
+    install -d -o 0 -g "${gid}" -m 2770 -- "${MOE_LC_ROOT}/fsx/teams/${team}"
+    log "folder /fsx/teams/${team} made (root:${team}, mode 2770)"
+  fi
+}
+
 # include_teams_conf: slurm.conf includes moe-cdk-teams.conf once; 0 when the line was added. The path is relative,
 # as HyperPod's own "Include accounting.conf" is: Slurm resolves it beside slurm.conf, and configless slurmd get the
 # files of slurm.conf's folder from slurmctld.
@@ -209,6 +238,10 @@ main() {
     ensure_user "${name}" "${uid}"
     ensure_home "${name}" "${uid}"
   done < <(teams_py members)
+  local team gid members
+  while read -r team gid members; do
+    ensure_team "${team}" "${gid}" "${members}"
+  done < <(teams_py groups)
   if [[ "${MOE_NODE_ROLE}" == controller ]]; then
     controller
   fi

@@ -39,6 +39,10 @@ TEAM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 QOS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,52}[a-z0-9])?$")
 # A POSIX login name as useradd (shadow-utils' default NAME_REGEX) takes it, at most 32 characters.
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+FIRST_TEAM_GID = 60001  # above every member's uid (and so the gid of the member's own group)
+LAST_TEAM_GID = 61183  # below the systemd dynamic range (61184-65519)
+TEAMS_FOLDER = "/fsx/teams"
+"""Where each team's private folder is on Slurm: /fsx/teams/<team>, the team's checkpoints and profiles."""
 OPERATORS_ACCOUNT = "operators"
 """The Slurm account of the operators (``TeamsConfig.operators``) and root."""
 MAX_PRIORITY_CLASSES = 10  # [TG]
@@ -112,6 +116,14 @@ class Team:
     """Lend the team's idle quota to other teams (EKS)."""
     borrow_percent: int = 0
     """How much above its quota the team may borrow from idle quotas, in percent of it (EKS), 0 to 500."""
+    gid: int | None = None
+    """The team's POSIX group on Slurm nodes (named as the team), which owns the team's folder /fsx/teams/<name>
+    (mode 2770: only the team's members read and write there). 60001 to 61183, above the members' uids. Default:
+    60001 + the team's place in `teams`; set it to keep a team's group when teams are reordered."""
+
+    def group_id(self, position: int) -> int:
+        """The team's gid: ``gid``, else the default for the team at ``position`` in ``teams``."""
+        return self.gid if self.gid is not None else FIRST_TEAM_GID + position
 
     def tiers(self, every: tuple[QosTier, ...]) -> tuple[str, ...]:
         return self.qos or tuple(t.name for t in every)
@@ -185,6 +197,23 @@ class TeamsConfig:
             ).at("teams")
         if self.teams and not self.qos:
             yield problem("teams need at least one QoS tier", got=[], allowed="one or more tiers").at("qos")
+        gids: dict[int, str] = {}
+        for i, team in enumerate(self.teams):
+            gid = team.group_id(i)
+            if not FIRST_TEAM_GID <= gid <= LAST_TEAM_GID:
+                yield problem("out of range", got=gid, allowed=f"{FIRST_TEAM_GID} to {LAST_TEAM_GID}").at(
+                    f"teams[{i}].gid"
+                )
+            elif gids.setdefault(gid, team.name) != team.name:
+                yield problem(f"already team {gids[gid]}'s", got=gid, allowed="a gid per team").at(f"teams[{i}].gid")
+            if len(team.name) > 32:
+                yield problem(
+                    "longer than a POSIX group name, which Slurm nodes make of it", got=team.name, allowed="32 at most"
+                ).at(f"teams[{i}].name")
+            if team.name in members:
+                yield problem(
+                    "also a member's name: the member's own group has it", got=team.name, allowed="another name"
+                ).at(f"teams[{i}].name")
         for i, name in enumerate(self.operators):
             if not USER_NAME.match(name):
                 yield problem("not a login name", got=name, allowed=USER_NAME.pattern).at(f"operators[{i}]")

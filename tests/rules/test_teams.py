@@ -58,6 +58,11 @@ def _teams(d):
         (lambda d: _teams(d)[0].update(borrow_percent=600), "teams.teams[0].borrow_percent: out of range"),
         (lambda d: _teams(d)[0].update(borrow_percent=10, lend=False), "teams.teams[0].lend: a team that borrows"),
         (lambda d: d["teams"].update(qos=[]), "teams.qos: teams need at least one QoS tier"),
+        (lambda d: _teams(d)[1].update(gid=60001), "teams.teams[1].gid: already team research's (got 60001"),
+        (lambda d: _teams(d)[0].update(gid=3000), "teams.teams[0].gid: out of range (got 3000; allowed 60001 to"),
+        (lambda d: _teams(d)[0].update(name="r" * 33), "teams.teams[0].name: longer than a POSIX group name"),
+        (lambda d: _teams(d)[0].update(name="alice"), "teams.teams[0].name: also a member's name"),
+        (lambda d: d["teams"].update(operators=["alice"]), "teams.operators[0]: a member of team research"),
         (lambda d: d["cluster"].pop("slurm_config_strategy"), "cluster.slurm_config_strategy: teams include their"),
     ],
 )
