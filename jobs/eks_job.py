@@ -4,8 +4,11 @@
 the HyperPod training operator's ``HyperPodPyTorchJob`` with log-based hang detection. Both
 run one pod per node:
 
-* ``hostNetwork`` with ``dnsPolicy: ClusterFirstWithHostNet``, so NCCL and EFA use the
-  node's interfaces and the pod still resolves cluster names;
+* the pod's own network, or ``hostNetwork`` with ``dnsPolicy: ClusterFirstWithHostNet`` (the
+  node's interfaces; the pod still resolves cluster names): ``EksJobSpec.host_network``, by default
+  the node's for a job without a team and the pod's own for a team's (see ``POD_NETWORK`` below);
+* as unprivileged as training allows: every capability dropped, no privilege escalation, the
+  runtime's default seccomp profile (see ``POD_SECURITY_CONTEXT`` below);
 * accelerators and ``vpc.amazonaws.com/efa`` requested from the instance catalog: every
   device the node has, never more (a pod asking for more than the node advertises would
   stay Pending forever);
@@ -29,6 +32,7 @@ gives those values, and the tests check that both agree.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import yaml
@@ -53,6 +57,40 @@ PROFILE_PATH = f"{PROFILE_MOUNT}/{PROFILE_FILE}"
 """Where the pods read the training profile."""
 # Kubernetes docs, "ConfigMaps": the data stored in a ConfigMap cannot exceed 1 MiB.
 CONFIG_MAP_MAX_BYTES = 1024 * 1024
+
+# POD_NETWORK. EFA does not need the host network: the EFA device plugin advertises the node's EFA devices as
+# vpc.amazonaws.com/efa and mounts the ones a pod requests into its container, without privileged mode (EKS User
+# Guide, "Run machine learning training on Amazon EKS with Elastic Fabric Adapter",
+# awsdocs/amazon-eks-user-guide@4d52b4d:latest/ug/ml/node-efa.adoc; the device plugin's chart,
+# aws/eks-charts@5239609:stable/aws-efa-k8s-device-plugin). AWS's own EFA jobs on EKS and HyperPod EKS run on the
+# pod network: that guide's nccl-tests MPIJob, the PyTorchJob and HyperPodPyTorchJob examples of
+# aws-samples/awsome-distributed-training@7217859 (3.test_cases/megatron/megatron-lm/kubernetes/gpt3/manifests/
+# pytorchjob.yaml-template, 3.test_cases/pytorch/FSDP/kubernetes/llama3_1_8b-fsdp-hpto.yaml, NCCL_SOCKET_IFNAME=^lo)
+# and aws/sagemaker-hyperpod-cli@011ca92's HyperPodPyTorchJob template
+# (hyperpod-pytorch-job-template/hyperpod_pytorch_job_template/v1_1/template.py); none sets hostNetwork, and
+# preflight_job.py's nccl-tests MPIJob already runs over EFA on it. What the pod network trades: NCCL's bootstrap
+# sockets use the pod's eth0 (NCCL skips lo by itself; the image sets no NCCL_SOCKET_IFNAME, and the nodes'
+# ^docker,lo,veth of lifecycle_scripts/efa_env.sh is not needed in a pod); the rendezvous (the training
+# operator's MASTER_ADDR, a Service name) and the scraper (kubernetes_sd role pod, the pod's IP and its
+# prometheus.io/port) reach the pod's own IP instead of the node's; each pod takes one VPC address. It gains: the
+# pod does not share the node's network namespace, and Pod Security "baseline" admits it. It does not by itself
+# keep the pod from the instance metadata service: that takes IMDSv2 with a hop limit of 1 on the node.
+# A job without a team keeps the host network by default (the project's EKS design); a team's job runs on the pod
+# network, which its namespace's Pod Security level requires (constructs/lustre_volume.py).
+
+# POD_SECURITY_CONTEXT. The training image (training/Dockerfile, on the PyTorch DLC) has no USER and runs as root;
+# FSx for Lustre has no root squash here and its folders are root's (docs/teams.md), so runAsNonRoot/runAsUser
+# are not set: a non-root uid could not write /fsx, nor HOME (/root). Root runs with no capability instead, so it
+# cannot override file permissions (DAC_OVERRIDE), change owners, mount a file system or signal another user's
+# processes, and cannot regain a capability through a setuid binary (allowPrivilegeEscalation: false). None is
+# added back: EFA needs pinned memory, which is the container's RLIMIT_MEMLOCK (set by the node's runtime), not a
+# capability; containerd's default set has no IPC_LOCK (containerd/containerd@301026e:pkg/oci/spec.go), so AWS's
+# examples above run without it too. Under the runtime's default seccomp profile the NUMA memory-policy calls
+# (mbind, get_/set_mempolicy) need SYS_NICE (containerd@301026e:contrib/seccomp/seccomp_default.go); NCCL checks
+# for that and falls back to /dev/shm host buffers (NVIDIA/nccl@5067397:src/misc/cudawrap.cc), and nothing in the
+# trainer sets a memory policy.
+POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +142,10 @@ class EksJobSpec:
     team: str | None = None
     """The team the job runs as: its pods carry the team's task-governance queue (``kueue.x-k8s.io/queue-name``),
     in the team's namespace."""
+    host_network: bool | None = None
+    """The node's network namespace (``hostNetwork``) instead of the pod's own; EFA works on either
+    (``POD_NETWORK``). Default (None): the node's without a team, the pod's own for a team's job, whose namespace
+    refuses host networking."""
     qos: str | None = None
     """The QoS tier: its priority class (``kueue.x-k8s.io/priority-class``)."""
     preflight: bool = False
@@ -111,11 +153,24 @@ class EksJobSpec:
     the catalog) in the image, and the trainer starts only where it passed. The checks across nodes are the
     preflight job of ``moe-cdk verify render``, run before."""
 
+    @property
+    def uses_host_network(self) -> bool:
+        """Whether the pods run in the node's network namespace: ``host_network``, or its default."""
+        return self.team is None if self.host_network is None else self.host_network
+
     def problems(self) -> list[Problem]:
         found: list[Problem] = []
 
         def add(name: str, what: str, got: object, allowed: str) -> None:
             found.append(problem(what, got=got, allowed=allowed).at(name))
+
+        if self.team and self.host_network:
+            add(
+                "host_network",
+                f"team {self.team}'s namespace enforces Pod Security baseline, which refuses host networking",
+                True,
+                "the pod network (EFA does not need the host's)",
+            )
 
         if self.preflight and self.fallback_instance_types:
             add(
@@ -192,11 +247,20 @@ def pod_template(
     extra_ports: list[dict] = (),
     *,
     probes: bool = True,
-    host_network: bool = True,
+    host_network: bool | None = None,
     env: dict[str, str] | None = None,
+    restricted: bool = False,
 ) -> dict:
     """One pod of ``spec``'s job running ``command`` with ``args``. ``probes``: moe-train's startup, readiness
-    and liveness files; ``host_network``: the node's interfaces (NCCL over EFA); ``env``: container variables."""
+    and liveness files; ``host_network``: the node's network namespace (default: ``spec.uses_host_network``);
+    ``env``: container variables; ``restricted``: the security contexts of ``POD_SECURITY_CONTEXT`` (the training
+    jobs; not the nccl-tests workers, whose sshd needs root's capabilities)."""
+    if host_network is None:
+        host_network = spec.uses_host_network
+
+    def security() -> dict:
+        return {"securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT)} if restricted else {}
+
     resources = {spec.device_resource: spec.devices_per_node}
     if spec.efa_per_node:
         resources[eks_rules.EFA_RESOURCE] = spec.efa_per_node
@@ -213,6 +277,7 @@ def pod_template(
         "args": args,
         **({"env": [{"name": k, "value": v} for k, v in env.items()]} if env else {}),
         "resources": {"requests": dict(resources), "limits": dict(resources)},
+        **security(),
         "volumeMounts": [
             {"name": "fsx", "mountPath": FSX_MOUNT},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -224,6 +289,7 @@ def pod_template(
         container["ports"] = ports
     pod_spec = {
         **({"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if host_network else {}),
+        **({"securityContext": copy.deepcopy(POD_SECURITY_CONTEXT)} if restricted else {}),
         "nodeSelector": {
             **({} if spec.fallback_instance_types else {eks_rules.INSTANCE_TYPE_LABEL: spec.instance_type}),
             **spec.node_labels,
@@ -264,6 +330,7 @@ def pod_template(
                 "imagePullPolicy": "IfNotPresent",
                 "command": ["moe-preflight", "node", "--instance-type", spec.instance_type],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
+                **security(),
             }
         ]
     if spec.tolerations:
@@ -338,7 +405,7 @@ def to_yaml(*documents: dict) -> str:
 
 def render_pytorchjob(spec: EksJobSpec) -> dict:
     """A Kubeflow ``PyTorchJob`` (kubeflow.org/v1) that runs moe-train."""
-    return pytorchjob(spec, pod_template(spec, ["moe-train"], _trainer_args(spec)))
+    return pytorchjob(spec, pod_template(spec, ["moe-train"], _trainer_args(spec), restricted=True))
 
 
 def pytorchjob(
@@ -381,7 +448,9 @@ def render_hyperpod_job(spec: EksJobSpec) -> dict:
         "-m",
         "moe_cdk.cli.train",
     ]
-    template = pod_template(spec, command, _trainer_args(spec), extra_ports=[{"name": "agent", "containerPort": 8080}])
+    template = pod_template(
+        spec, command, _trainer_args(spec), extra_ports=[{"name": "agent", "containerPort": 8080}], restricted=True
+    )
     return {
         "apiVersion": "sagemaker.amazonaws.com/v1",
         "kind": "HyperPodPyTorchJob",
@@ -432,6 +501,7 @@ def helm_values(spec: EksJobSpec, *, hyperpod: bool = False) -> dict:
         "startupTimeoutSeconds": spec.startup_timeout_s,
         "stallTimeoutSeconds": spec.stall_timeout_s,
         "terminationGraceSeconds": spec.termination_grace_s,
+        "hostNetwork": spec.uses_host_network,
     }
 
 
@@ -451,6 +521,7 @@ def job_spec_from_config(
     team: str | None = None,
     qos: str | None = None,
     termination_grace_s: int = eks_rules.TERMINATION_GRACE_S,
+    host_network: bool | None = None,
 ) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
@@ -502,4 +573,5 @@ def job_spec_from_config(
         team=team,
         qos=qos,
         termination_grace_s=termination_grace_s,
+        host_network=host_network,
     )

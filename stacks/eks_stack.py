@@ -65,7 +65,8 @@ class EksStack(Stack):
         # The driver must exist before a pod can mount the volume; the claim itself only needs the API.
         self.volume.node.add_dependency(self.training_cluster.addons["aws-fsx-csi-driver"])
         # Task governance runs a team's jobs in the team's namespace (rules/teams.py), so the file system is claimed
-        # there too: one static volume per namespace, each bound to its own claim.
+        # there too: one static volume per namespace, each bound to its own claim, a team's to its own folder
+        # teams/<team> (constructs/lustre_volume.py).
         self.team_volumes = []
         for team in config.teams.teams if config.teams else ():
             volume = LustreVolume(
@@ -78,6 +79,7 @@ class EksStack(Stack):
                     mount_name=lustre.mount_name,
                     storage_capacity_gib=config.storage.lustre.storage_capacity_gib,
                     namespace=team_namespace(team.name),
+                    team=team.name,
                 ),
             )
             volume.node.add_dependency(self.training_cluster.addons["aws-fsx-csi-driver"])

@@ -416,3 +416,85 @@ def test_eks_render_checks_the_team(capsys):
 def test_helm_values_for_a_team_job_are_refused(capsys):
     args = ["eks", "render", "--config", str(TEAMS_CONFIG), "--image", IMAGE, "--team", "research", "--helm-values"]
     assert main(args) == 2 and "--helm-values: the chart does not render the team's" in capsys.readouterr().err
+
+
+# What the pods may do (docs/teams.md, "What isolation each orchestrator gives on EKS").
+
+# Pod Security Standards, "baseline": the capabilities a container may add; anything else is refused in a namespace
+# that enforces it, as the team namespaces do (constructs/lustre_volume.py).
+BASELINE_ADDABLE = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP",
+    "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+
+
+def team_spec(**overrides) -> EksJobSpec:
+    return dataclasses.replace(
+        job_spec_from_config(load_config(TEAMS_CONFIG), image=IMAGE, team="research"), **overrides
+    )
+
+
+def baseline_violations(pod: dict) -> list[str]:
+    """What Pod Security's baseline level refuses in ``pod`` (the checks a training pod could trip)."""
+    spec = pod["spec"]
+    found = [f"spec.{key}" for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    found += [f"volume {v['name']}: hostPath" for v in spec.get("volumes", []) if "hostPath" in v]
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        context = c.get("securityContext", {})
+        if context.get("privileged"):
+            found.append(f"{c['name']}: privileged")
+        found += [f"{c['name']}: adds {cap}" for cap in context.get("capabilities", {}).get("add", [])
+                  if cap not in BASELINE_ADDABLE]  # fmt: skip
+        found += [f"{c['name']}: hostPort {p['hostPort']}" for p in c.get("ports", []) if p.get("hostPort")]
+    return found
+
+
+@pytest.mark.parametrize("render", [render_pytorchjob, render_hyperpod_job])
+def test_a_team_job_runs_on_the_pod_network(render):
+    spec = team_spec()
+    assert spec.uses_host_network is False
+    for pod in pods(render(spec)):
+        assert "hostNetwork" not in pod["spec"] and "dnsPolicy" not in pod["spec"]
+
+
+@pytest.mark.parametrize("render", [render_pytorchjob, render_hyperpod_job])
+def test_a_team_job_passes_pod_security_baseline(render):
+    assert {tuple(baseline_violations(p)) for p in pods(render(team_spec(preflight=True)))} == {()}
+
+
+def test_host_network_is_an_option_of_a_job_without_a_team(spec):
+    assert spec.uses_host_network is True
+    pod = pods(render_pytorchjob(dataclasses.replace(spec, host_network=False)))[0]["spec"]
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    assert job_spec_from_config(load_config(CONFIG), image=IMAGE, host_network=False).uses_host_network is False
+
+
+def test_host_network_for_a_team_job_is_refused():
+    (found,) = team_spec(host_network=True).problems()
+    assert found.key == "host_network" and "baseline" in str(found)
+
+
+@pytest.mark.parametrize("render", [render_pytorchjob, render_hyperpod_job])
+@pytest.mark.parametrize("team", [None, "research"])
+def test_containers_drop_every_capability_and_privilege_escalation_under_the_runtime_seccomp_profile(render, team):
+    spec = team_spec(preflight=True) if team else job_spec_from_config(load_config(CONFIG), image=IMAGE, preflight=True)
+    for pod in pods(render(spec)):
+        assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        containers = [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+        assert [c["name"] for c in containers] == ["preflight", "pytorch"]
+        for c in containers:
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+@pytest.mark.parametrize("version", ["1.32.0", "1.33.0"])
+def test_team_pod_templates_validate_against_the_kubernetes_schemas(version):
+    for job in (render_pytorchjob(team_spec(preflight=True)), render_hyperpod_job(team_spec())):
+        for pod in pods(job):
+            kubernetes_validate.validate(pod, version, strict=True)
+
+
+def test_a_team_pytorchjob_round_trips_through_the_kubeflow_models():
+    job = render_pytorchjob(team_spec())
+    client = ApiClient()
+    model = client._ApiClient__deserialize(job, "KubeflowOrgV1PyTorchJob")
+    assert client.sanitize_for_serialization(model) == quantities_as_strings(job)

@@ -141,3 +141,36 @@ def test_zero_devices_fails_schema(helm):
     )
     assert result.returncode != 0
     assert "schema" in result.stderr and "devicesPerNode" in result.stderr
+
+
+def chart_pods(rendered: list[dict]) -> list[dict]:
+    """The pod templates of the chart's job."""
+    (job,) = [d for d in rendered if d["kind"] != "ConfigMap"]
+    replicas = job["spec"].get("pytorchReplicaSpecs", {}).values() or job["spec"]["replicaSpecs"]
+    return [r["template"]["spec"] for r in replicas]
+
+
+@pytest.mark.parametrize("hyperpod", [False, True])
+def test_pod_network_matches_renderer(helm, spec, tmp_path, hyperpod):
+    own = dataclasses.replace(spec, host_network=False)
+    rendered = documents(template(helm, tmp_path, helm_values(own, hyperpod=hyperpod)))
+    assert all("hostNetwork" not in p and "dnsPolicy" not in p for p in chart_pods(rendered))
+    assert_same(rendered, own, render_hyperpod_job(own) if hyperpod else render_pytorchjob(own))
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "HyperPodPyTorchJob"])
+def test_chart_pods_drop_every_capability_and_privilege_escalation(helm, kind):
+    result = helm("template", "moe", str(CHART), "--set", f"image={IMAGE}", *PROFILE, "--set", f"kind={kind}")
+    for pod in chart_pods(documents(result)):
+        assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        (container,) = pod["containers"]
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_host_network_is_a_boolean_value(helm):
+    base = ("template", "moe", str(CHART), "--set", f"image={IMAGE}", *PROFILE)
+    (pod,) = chart_pods(documents(helm(*base, "--set", "hostNetwork=false", "--set", "nodes=1")))
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    result = helm(*base, "--set", "hostNetwork=maybe", check=False)
+    assert result.returncode != 0
+    assert "hostNetwork" in result.stderr and "boolean" in result.stderr

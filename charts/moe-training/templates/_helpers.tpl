@@ -60,8 +60,15 @@ metadata:
     prometheus.io/port: {{ int $v.metricsPort | toString | toJson }}
   {{- end }}
 spec:
+  {{- /* hostNetwork: the node's network namespace; EFA works on the pod's own too (jobs/eks_job.py, POD_NETWORK). */}}
+  {{- if $v.hostNetwork }}
   hostNetwork: true
   dnsPolicy: ClusterFirstWithHostNet
+  {{- end }}
+  {{- /* Root without capabilities under the runtime's seccomp profile (jobs/eks_job.py, POD_SECURITY_CONTEXT). */}}
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
   nodeSelector:
     {{- toYaml $nodeSelector | nindent 4 }}
   terminationGracePeriodSeconds: {{ int $v.terminationGraceSeconds }}
@@ -78,6 +85,10 @@ spec:
           {{- toYaml $resources | nindent 10 }}
         limits:
           {{- toYaml $resources | nindent 10 }}
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities:
+          drop: ["ALL"]
       volumeMounts:
         - name: fsx
           mountPath: {{ include "moe-training.fsxMount" $root }}
