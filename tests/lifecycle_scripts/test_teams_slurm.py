@@ -27,7 +27,7 @@ from test_observability import load_script  # noqa: E402
 from test_slurm import TinyJob, _resumed_step, _stopped_at, _wait_completed  # noqa: E402
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import teams_parameters  # noqa: E402
-from moe_cdk.rules.teams import QosTier, Team, TeamMember, TeamsConfig  # noqa: E402
+from moe_cdk.rules.teams import FIRST_TEAM_GID, QosTier, Team, TeamMember, TeamsConfig  # noqa: E402
 
 CONTROLLER = "i-0123"
 # Long enough that the urgent job arrives (slurmctld schedules every 5 s here) while the low one still trains.
@@ -252,6 +252,67 @@ def test_an_operators_plain_sbatch_runs_after_the_teams_step(controller, ubuntu)
         assert state.fields["Account"] == "operators" and (out / f"{job_id}.out").read_text() == "ubuntu\n"
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture
+def members_on_this_machine(controller):
+    """alice and bob, and their teams' groups, in this machine's user database too (slurmd runs a job as a user
+    it finds there), with the ids the teams step gave them in the sandbox and the homes it made; removed after."""
+    box, slurm, _ = controller
+    made_users, made_groups = [], []
+    for team, gid, member in (("research", FIRST_TEAM_GID, "alice"), ("prod", FIRST_TEAM_GID + 1, "bob")):
+        if subprocess.run(["getent", "group", team], capture_output=True).returncode != 0:
+            subprocess.run(["groupadd", "--gid", str(gid), team], check=True)
+            made_groups.append(team)
+        if subprocess.run(["id", member], capture_output=True).returncode != 0:
+            uid = {"alice": 2101, "bob": 2102}[member]
+            home = box.root / "fsx" / member
+            subprocess.run(["useradd", "--uid", str(uid), "--user-group", "--no-create-home", "--home-dir", str(home),
+                            "--groups", team, member], check=True)  # fmt: skip
+            made_users.append(member)
+    slurm.restart_controller()  # slurmctld learns the uids of associations made before the users existed
+    try:
+        yield box
+    finally:
+        for member in made_users:
+            subprocess.run(["userdel", member], check=False)
+        for team in made_groups:
+            subprocess.run(["groupdel", team], check=False)
+
+
+def run_as(user: str, *command: str, slurm: SlurmCluster) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SLURM_CONF": str(slurm.conf)}
+    return subprocess.run(["runuser", "-u", user, "--", *command], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_jobs_of_two_teams_members_write_their_own_folders_and_cannot_reach_each_others(
+    controller, members_on_this_machine
+):
+    # Each member's job writes a checkpoint-like folder into its team's folder (this machine's Python is under
+    # /root, which other users may not enter, so the trainer itself cannot run as a member here: the preemption
+    # test trains as root, charged to a team). Then a job of bob's tries alice's checkpoints and home.
+    box = members_on_this_machine
+    _, slurm, _ = controller
+    for member, team in (("alice", "research"), ("bob", "prod")):
+        folder = box.root / "fsx/teams" / team
+        write = f"mkdir {folder / 'checkpoints'} && echo {member} > {folder / 'checkpoints/step-1'}"
+        out = box.root / "fsx" / member / "write.out"
+        job = run_as(
+            member, "sbatch", "--parsable", f"--account={team}", f"--output={out}", "--wrap", write, slurm=slurm
+        )
+        assert job.returncode == 0, job.stderr
+        state = slurm.wait_for(job.stdout.strip(), {"COMPLETED", "FAILED"}, timeout=60)
+        assert state.state == "COMPLETED", out.read_text()
+        written = folder / "checkpoints/step-1"
+        assert written.read_text() == f"{member}\n" and written.stat().st_gid == folder.stat().st_gid
+    alice_checkpoints = box.root / "fsx/teams/research/checkpoints"
+    probe = f"ls {alice_checkpoints}; cat {box.root / 'fsx/alice/.ssh/id_ed25519'}; touch {alice_checkpoints / 'x'}"
+    out = box.root / "fsx/bob/probe.out"
+    done = run_as("bob", "sbatch", "--parsable", "--account=prod", f"--output={out}", "--wrap", probe, slurm=slurm)
+    assert done.returncode == 0, done.stderr
+    slurm.wait_for(done.stdout.strip(), {"COMPLETED", "FAILED"}, timeout=60)
+    refused = [line for line in out.read_text().splitlines() if "Permission denied" in line]
+    assert len(refused) == 3 and not (alice_checkpoints / "x").exists(), out.read_text()
 
 
 def sacct_runs(slurm: SlurmCluster, job_id: str) -> str:
