@@ -57,9 +57,11 @@ image-setup: $(IMAGE_STAMP)
 # data root, and prometheus for promtool, which checks and unit-tests the alert rules
 # (bookworm: 2.42). Its post-install adds a `prometheus` user and enables prometheus.service; where
 # systemd is PID 1 (a CI virtual machine) it also starts a server on :9090, which no test uses; in a
-# container nothing starts (no runlevel, or policy-rc.d refuses). Root installs them once.
+# container nothing starts (no runlevel, or policy-rc.d refuses). iptables (and its ip6tables) for
+# imds_access.sh's rules, tried for real in a network namespace of the test's own, and sudo for its
+# visudo, which checks the ECR helper's sudoers drop-in. Root installs them once.
 SYSTEM_PACKAGES := shellcheck slurmctld slurmd slurm-client munge slurmdbd mariadb-server libslurm-dev gcc graphviz containerd \
-  prometheus
+  prometheus iptables sudo
 system-packages:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

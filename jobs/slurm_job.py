@@ -28,12 +28,13 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem, raise_if_any
 from moe_cdk.jobs.profile import JobProfile, load_job_profile
 from moe_cdk.rules.neuron import moe_train_refusal
-from moe_cdk.rules.teams import job_team
+from moe_cdk.rules.teams import TEAMS_FOLDER, job_team
 from moe_cdk.schema.config import Config, nodes_of
 
 # Slurm's --time formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds,
@@ -321,13 +322,19 @@ if [[ -r "$efa_env_file" ]]; then
 fi
 """
 
-# The credentials line follows the ECR example of enroot's doc/cmd/import.md.
+# The credentials line follows the ECR example of enroot's doc/cmd/import.md. enroot hands the part
+# of the line after "password" to sh (`echo ...`, src/common.sh common::evalnetrc) as the user who
+# pulls, so the `||` runs there.
 _ENROOT_CREDENTIALS = """\
 # enroot pulls the image from Amazon ECR on every node. Its credentials file (netrc format,
 # ${HOME}/.config/enroot/.credentials, ENROOT_CONFIG_PATH as the lifecycle scripts set it)
 # gets this registry's line, written by one task per node; enroot runs a password that starts
-# with "$" at each import, so every pull gets a fresh ECR token (valid 12 hours) from the
-# node's role.
+# with "$" at each import, as the user who pulls, so every pull gets a fresh ECR token (valid
+# 12 hours) from the node's role. On a cluster with teams, IMDS (and so the role) is root's
+# (lifecycle_scripts/imds_access.sh): the token then comes from the node's root-run helper
+# moe-cdk installs there, through sudo. That trades a pull token (the role's ECR permissions,
+# pull-only) for the member, never the role's credentials. A node without the helper (no
+# teams) gets the token from the AWS CLI as before.
 # shellcheck disable=SC2317  # run through declare -f by the srun below
 write_enroot_credentials() {
     local registry="$1" region="$2" dir="${HOME}/.config/enroot" tmp
@@ -337,8 +344,10 @@ write_enroot_credentials() {
     if [[ -f "${dir}/.credentials" ]]; then
         awk -v registry="$registry" '!($1 == "machine" && $2 == registry)' "${dir}/.credentials" >"$tmp"
     fi
+    local helper="sudo -n /usr/local/bin/moe-ecr-password" cli="aws ecr get-login-password --region"
     # shellcheck disable=SC2016  # enroot, not this shell, runs the $(...)
-    printf 'machine %s login AWS password $(aws ecr get-login-password --region %s)\\n' "$registry" "$region" >>"$tmp"
+    printf 'machine %s login AWS password $(%s %s 2>/dev/null || %s %s)\\n' \\
+        "$registry" "$helper" "$region" "$cli" "$region" >>"$tmp"
     chmod 600 "$tmp"
     mv -f "$tmp" "${dir}/.credentials"
 }
@@ -441,12 +450,14 @@ fi
 
 _PROFILE = """\
 # The training profile this job runs, written where every node, and the container, sees it: beside
-# the run's checkpoints. A requeued job writes the same text again.
+# the run's checkpoints. A requeued job writes the same text again, through a file of an unpredictable
+# name (mktemp: never through a link planted at a name known in advance), renamed into place.
 mkdir -p __DIR__
 train_config=__DIR__/"train-${SLURM_JOB_ID}.yaml"
-cat >"${train_config}.tmp" <<'__EOF__'
+profile_tmp="$(mktemp "${train_config}.XXXXXX")"
+cat >"$profile_tmp" <<'__EOF__'
 __TEXT____EOF__
-mv -f "${train_config}.tmp" "$train_config"
+mv -f "$profile_tmp" "$train_config"
 log "training profile: ${train_config}"
 """
 
@@ -538,6 +549,16 @@ __all__ = [
 ]
 
 
+def team_path(team: str, path: str) -> str:
+    """``path`` under the team's folder when it is on the shared file system (/fsx/x becomes
+    /fsx/teams/<team>/x); a path elsewhere, or already in the team's folder, as it is."""
+    root = PurePosixPath(TEAMS_FOLDER).parent  # /fsx
+    given, own = PurePosixPath(path), PurePosixPath(TEAMS_FOLDER) / team
+    if not given.is_relative_to(root) or given.is_relative_to(own):
+        return path
+    return str(own / given.relative_to(root))
+
+
 def job_spec_from_config(
     config: Config,
     *,
@@ -575,6 +596,18 @@ def job_spec_from_config(
         )
     profile = profile or load_job_profile(config, None, train_args)
     account, qos = job_team(config.teams, team, qos)
+    profile_dir = profile.config.checkpoint.dir
+    if account is not None:
+        # A team's run writes where only its team reads (the team's folder, slurm_teams.sh): the profile's
+        # checkpoint folder and metrics file, where they are on the shared file system, move under it.
+        checkpoint_dir = team_path(account, profile.config.checkpoint.dir)
+        metrics_file = team_path(account, profile.config.metrics.file) if profile.config.metrics.file else None
+        train_args = (
+            *train_args,
+            *(("--checkpoint-dir", checkpoint_dir) if checkpoint_dir != profile.config.checkpoint.dir else ()),
+            *(("--metrics-file", metrics_file) if metrics_file and metrics_file != profile.config.metrics.file else ()),
+        )
+        profile_dir = checkpoint_dir
     chosen = config.cluster.compute_group(group)
     node_count = nodes_of(chosen, nodes)
     spec = catalog.lookup(chosen.instance_type)
@@ -597,7 +630,7 @@ def job_spec_from_config(
         container_image=None if local else image,
         container_mounts=None if local else "/fsx:/fsx",
         train_profile=profile.text,
-        profile_dir=profile.config.checkpoint.dir,
+        profile_dir=profile_dir,
         train_args=train_args,
         local=local,
         python=python,

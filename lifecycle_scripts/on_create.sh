@@ -22,6 +22,9 @@
 #   teams            slurm_teams.sh              (all nodes: team members' users and homes; controller:
 #                                                 accounts, QoS, fair share, priority and preemption;
 #                                                 skipped when teams is null)
+#   imds_access      imds_access.sh              (all nodes, when teams is set: instance metadata, and so the
+#                                                 node role's credentials, for root and the node's services
+#                                                 only; members pull from ECR through moe-ecr-password)
 #   observability    setup_observability.sh      (all nodes: exporters; controller: the agent;
 #                                                 skipped when observability is null)
 # or, with "workload_manager": "eks" (no Slurm, enroot or pyxis; the FSx CSI driver mounts
@@ -61,6 +64,7 @@ load_node() {
 }
 
 slurm_steps() {
+  local teams
   run_step mount_fsx bash ./mount_fsx.sh
   case "${MOE_NODE_ROLE}" in
     login | compute) run_step setup_enroot bash ./setup_enroot.sh ;;
@@ -72,6 +76,15 @@ slurm_steps() {
     *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
   esac
   run_step teams bash ./slurm_teams.sh
+  # After the teams step, so the members' users exist; before observability, whose agent must then still reach
+  # IMDS (imds_access.sh allows it). The names are read on a line of their own: a failure there stops the run
+  # rather than skipping the step.
+  teams="$(python3 ./slurm_teams.py names "${MOE_LC_PARAMS}")"
+  if [[ -n "${teams}" ]]; then
+    run_step imds_access bash ./imds_access.sh
+  else
+    log "skipping imds_access: no teams, so every user of the node may read its metadata as before"
+  fi
   run_step observability bash ./setup_observability.sh
 }
 

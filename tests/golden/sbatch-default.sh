@@ -42,8 +42,12 @@ fi
 # enroot pulls the image from Amazon ECR on every node. Its credentials file (netrc format,
 # ${HOME}/.config/enroot/.credentials, ENROOT_CONFIG_PATH as the lifecycle scripts set it)
 # gets this registry's line, written by one task per node; enroot runs a password that starts
-# with "$" at each import, so every pull gets a fresh ECR token (valid 12 hours) from the
-# node's role.
+# with "$" at each import, as the user who pulls, so every pull gets a fresh ECR token (valid
+# 12 hours) from the node's role. On a cluster with teams, IMDS (and so the role) is root's
+# (lifecycle_scripts/imds_access.sh): the token then comes from the node's root-run helper
+# moe-cdk installs there, through sudo. That trades a pull token (the role's ECR permissions,
+# pull-only) for the member, never the role's credentials. A node without the helper (no
+# teams) gets the token from the AWS CLI as before.
 # shellcheck disable=SC2317  # run through declare -f by the srun below
 write_enroot_credentials() {
     local registry="$1" region="$2" dir="${HOME}/.config/enroot" tmp
@@ -53,8 +57,10 @@ write_enroot_credentials() {
     if [[ -f "${dir}/.credentials" ]]; then
         awk -v registry="$registry" '!($1 == "machine" && $2 == registry)' "${dir}/.credentials" >"$tmp"
     fi
+    local helper="sudo -n /usr/local/bin/moe-ecr-password" cli="aws ecr get-login-password --region"
     # shellcheck disable=SC2016  # enroot, not this shell, runs the $(...)
-    printf 'machine %s login AWS password $(aws ecr get-login-password --region %s)\n' "$registry" "$region" >>"$tmp"
+    printf 'machine %s login AWS password $(%s %s 2>/dev/null || %s %s)\n' \
+        "$registry" "$helper" "$region" "$cli" "$region" >>"$tmp"
     chmod 600 "$tmp"
     mv -f "$tmp" "${dir}/.credentials"
 }
@@ -63,10 +69,12 @@ srun --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" --kill-on-bad-exit=1 \
 log "enroot credentials for 123456789012.dkr.ecr.us-east-2.amazonaws.com written on every node"
 
 # The training profile this job runs, written where every node, and the container, sees it: beside
-# the run's checkpoints. A requeued job writes the same text again.
+# the run's checkpoints. A requeued job writes the same text again, through a file of an unpredictable
+# name (mktemp: never through a link planted at a name known in advance), renamed into place.
 mkdir -p /fsx/checkpoints/mixtral-8x7b
 train_config=/fsx/checkpoints/mixtral-8x7b/"train-${SLURM_JOB_ID}.yaml"
-cat >"${train_config}.tmp" <<'MOE_CDK_PROFILE'
+profile_tmp="$(mktemp "${train_config}.XXXXXX")"
+cat >"$profile_tmp" <<'MOE_CDK_PROFILE'
 # yaml-language-server: $schema=moe-train.schema.json
 # A Mixtral-8x7B-like MoE (46.7B parameters, 12.9B active) on 2x ml.p5en.48xlarge (16x H200).
 # Layout, following megatron-core's MoE guidance (EP x ETP inside the NVLink domain, ETP 1):
@@ -128,7 +136,7 @@ metrics:
   readiness_file: /tmp/moe-train/ready
   liveness_file: /tmp/moe-train/alive
 MOE_CDK_PROFILE
-mv -f "${train_config}.tmp" "$train_config"
+mv -f "$profile_tmp" "$train_config"
 log "training profile: ${train_config}"
 
 # HyperPod auto-resume (SageMaker Developer Guide, "Automatic node recovery and auto-resume"):

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from moe_cdk.cli.moe_cdk import main
-from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, job_spec_from_config, render_sbatch
+from moe_cdk.jobs.profile import load_job_profile
+from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, job_spec_from_config, render_sbatch, team_path
 from moe_cdk.schema.config import load_config
 from moe_cdk.training.checkpoints.manager import CheckpointManager
 
@@ -515,7 +516,8 @@ def test_enroot_credentials_keep_other_registries_and_replace_their_own(tmp_path
     credentials = _write_credentials(home, "/usr/bin:/bin")
     _write_credentials(home, "/usr/bin:/bin")
     assert credentials.read_text() == other + (
-        f"machine {REGISTRY} login AWS password $(aws ecr get-login-password --region us-east-2)\n"
+        f"machine {REGISTRY} login AWS password $(sudo -n /usr/local/bin/moe-ecr-password us-east-2 2>/dev/null "
+        "|| aws ecr get-login-password --region us-east-2)\n"
     )
 
 
@@ -541,7 +543,66 @@ def test_a_team_job_is_charged_to_the_teams_account_at_its_default_tier(tmp_path
     assert "#SBATCH --account=production\n" in text and "#SBATCH --qos=normal\n" in text
 
 
+def test_a_team_job_keeps_its_checkpoints_metrics_and_profile_in_the_teams_folder():
+    config = load_config(ROOT / "config/slurm-teams.yaml")
+    spec = job_spec_from_config(config, image="img:1", team="production")
+    profile = load_job_profile(config, None, ())
+    own = f"/fsx/teams/production/{profile.config.checkpoint.dir.removeprefix('/fsx/')}"
+    assert profile.config.checkpoint.dir.startswith("/fsx/checkpoints/") and spec.profile_dir == own
+    assert spec.train_args[-4:-2] == ("--checkpoint-dir", own)
+    assert spec.train_args[-2] == "--metrics-file" and spec.train_args[-1].startswith("/fsx/teams/production/")
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/fsx/checkpoints/x", "/fsx/teams/research/checkpoints/x"),
+        ("/fsx/teams/research/x", "/fsx/teams/research/x"),
+        ("/data/x", "/data/x"),
+        ("relative/x", "relative/x"),
+    ],
+)
+def test_a_team_path_moves_only_what_is_on_the_shared_file_system(path, expected):
+    assert team_path("research", path) == expected
+
+
+def test_the_profile_is_written_through_an_unpredictable_name():
+    script = render_sbatch(DEFAULT_SPEC)
+    assert 'profile_tmp="$(mktemp "${train_config}.XXXXXX")"' in script and ".tmp" not in script
+
+
 def test_slurm_render_refuses_a_tier_the_team_may_not_use(capsys):
     args = ["slurm", "render", "--config", str(ROOT / "config/slurm-teams.yaml"), "--image", "img:1"]
     assert main([*args, "--team", "research", "--qos", "gold"]) == 2
     assert "--qos: not one of team research's tiers (got 'gold'" in capsys.readouterr().err
+
+
+def test_enroot_credentials_ask_the_nodes_ecr_helper_first_and_fall_back_to_the_cli(tmp_path):
+    # With teams, IMDS is root's (lifecycle_scripts/imds_access.sh): the member's ECR token comes from the node's
+    # root-run helper through sudo. On a node without the helper, sudo fails and the AWS CLI gives it, as before.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "aws").write_text(
+        '#!/bin/sh\n[ "$*" = "ecr get-login-password --region us-east-2" ] && echo cli-tok3n\n'
+    )
+    (bin_dir / "sudo").write_text(
+        "#!/bin/sh\n"
+        f'[ -f {tmp_path}/helper ] && [ "$*" = "-n /usr/local/bin/moe-ecr-password us-east-2" ] '
+        "&& exec echo helper-tok3n\n"
+        'echo "sudo: /usr/local/bin/moe-ecr-password: command not found" >&2\nexit 1\n'
+    )
+    for name in ("aws", "sudo"):
+        (bin_dir / name).chmod(0o755)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    line = _write_credentials(tmp_path / "home", path).read_text().strip()
+
+    def password() -> subprocess.CompletedProcess:
+        # As enroot evaluates it (common::evalnetrc): what follows "password", through sh's echo, as the member.
+        rest = line.split(" ", 5)[5]
+        return subprocess.run(
+            ["sh", "-c", f"echo {rest}"], env={"PATH": path}, capture_output=True, text=True, check=True
+        )
+
+    assert (password().stdout, password().stderr) == ("cli-tok3n\n", "")
+    (tmp_path / "helper").write_text("")
+    assert (password().stdout, password().stderr) == ("helper-tok3n\n", "")
