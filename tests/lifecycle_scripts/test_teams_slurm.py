@@ -29,6 +29,7 @@ from test_slurm import TinyJob, _resumed_step, _stopped_at, _wait_completed  # n
 from moe_cdk.constructs.hyperpod_slurm_cluster import teams_parameters  # noqa: E402
 from moe_cdk.rules.teams import FIRST_TEAM_GID, QosTier, Team, TeamMember, TeamsConfig  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 CONTROLLER = "i-0123"
 # Long enough that the urgent job arrives (slurmctld schedules every 5 s here) while the low one still trains.
 STEPS = 200
@@ -285,12 +286,53 @@ def run_as(user: str, *command: str, slurm: SlurmCluster) -> subprocess.Complete
     return subprocess.run(["runuser", "-u", user, "--", *command], capture_output=True, text=True, env=env, timeout=60)
 
 
+@pytest.fixture
+def python_for_members():
+    """Folders on the way to this interpreter and this checkout that other users may not enter (pyenv's Python is
+    under /root, mode 0700 here) are opened to them (o+x: enter, not list) for the test, and closed after."""
+    opened = []
+    for target in (Path(os.path.realpath(sys.executable)), ROOT):
+        for folder in reversed(target.parents):
+            mode = folder.stat().st_mode
+            if not mode & 0o001:
+                folder.chmod(mode | 0o001)
+                opened.append((folder, mode))
+    try:
+        yield
+    finally:
+        for folder, mode in reversed(opened):
+            folder.chmod(mode)
+
+
+def test_a_job_of_each_teams_member_trains_and_resumes_in_the_teams_folder(
+    controller, members_on_this_machine, python_for_members
+):
+    box = members_on_this_machine
+    _, slurm, _ = controller
+    jobs = {}
+    for member, team in (("alice", "research"), ("bob", "prod")):
+        run = box.root / "fsx/teams" / team / "run"
+        assert run_as(member, "mkdir", str(run), slurm=slurm).returncode == 0  # as the member, in the team's folder
+        job = TinyJob(run, max_steps=24, nodes=1, account=team, qos="urgent")
+        submitted = run_as(member, "sbatch", "--parsable", str(job.script), slurm=slurm)
+        assert submitted.returncode == 0, submitted.stderr
+        jobs[member] = (job, submitted.stdout.strip())
+    for job, job_id in jobs.values():
+        job.wait_for_steps(slurm, job_id, 12, timeout=180)
+        slurm.requeue(job_id)
+    for job, job_id in jobs.values():
+        state = _wait_completed(slurm, job, job_id, timeout=180)
+        assert (state.state, state.restart_count) == ("COMPLETED", 1)
+        first_run, second_run = job.log(job_id).split("SLURM_RESTART_COUNT=1", 1)
+        assert _resumed_step(second_run) == _stopped_at(first_run) and job.steps() == list(range(1, 25))
+        team_gid = job.root.parent.stat().st_gid
+        assert {p.stat().st_gid for p in job.checkpoints.rglob("*")} == {team_gid}  # the team's, by setgid
+
+
 def test_jobs_of_two_teams_members_write_their_own_folders_and_cannot_reach_each_others(
     controller, members_on_this_machine
 ):
-    # Each member's job writes a checkpoint-like folder into its team's folder (this machine's Python is under
-    # /root, which other users may not enter, so the trainer itself cannot run as a member here: the preemption
-    # test trains as root, charged to a team). Then a job of bob's tries alice's checkpoints and home.
+    # Each member's job writes into its team's folder; then a job of bob's tries alice's checkpoints and home.
     box = members_on_this_machine
     _, slurm, _ = controller
     for member, team in (("alice", "research"), ("bob", "prod")):
