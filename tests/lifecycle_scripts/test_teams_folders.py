@@ -4,20 +4,17 @@ checks the same numeric ids). Users are made in the sandbox's own /etc/passwd an
 
 from __future__ import annotations
 
-import copy
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_lifecycle_scripts import PARAMS, Sandbox  # noqa: E402
+from test_lifecycle_scripts import Sandbox  # noqa: E402
+from test_teams_homes import teams_node  # noqa: E402
 
-from moe_cdk.constructs.hyperpod_slurm_cluster import teams_parameters  # noqa: E402
 from moe_cdk.rules.teams import FIRST_TEAM_GID, QosTier, Team, TeamMember, TeamsConfig  # noqa: E402
 
 CAROL, DAVE = ("carol", 2301), ("dave", 2302)
@@ -37,18 +34,10 @@ if os.geteuid() != 0:  # pragma: no cover - the suite runs as root
 @pytest.fixture
 def box():
     """A compute node's sandbox after one run of the teams step."""
-    base = Path(tempfile.mkdtemp(prefix="moeci-teams-"))
-    base.chmod(0o755)
-    try:
-        sandbox = Sandbox(base, instance_id="i-0456", params=copy.deepcopy(PARAMS) | {"teams": teams_parameters(TEAMS)})
-        for name in ("passwd", "group", "shadow", "gshadow"):
-            sandbox.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
-        (sandbox.root / "fsx").mkdir(mode=0o755)
+    with teams_node(TEAMS) as sandbox:
         done = sandbox.run("bash", str(sandbox.lc / "slurm_teams.sh"))
         assert done.returncode == 0, done.stdout + done.stderr
         yield sandbox
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def as_member(user: tuple[str, int], team_gid: int, *command: str) -> subprocess.CompletedProcess:

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,19 +39,26 @@ if os.geteuid() != 0:  # pragma: no cover - the suite runs as root
     pytest.skip("the teams step makes users and hands files to them: it needs root", allow_module_level=True)
 
 
-@pytest.fixture
-def box():
-    """A compute node's sandbox with the teams and a copy of this machine's user database, not yet run."""
-    base = Path(tempfile.mkdtemp(prefix="moeci-homes-"))
+@contextmanager
+def teams_node(teams: TeamsConfig) -> Iterator[Sandbox]:
+    """A compute node's sandbox with ``teams`` and a copy of this machine's user database, not yet run, in a
+    folder the members may walk through (pytest's tmp folders are root's alone); removed after."""
+    base = Path(tempfile.mkdtemp(prefix="moeci-teams-"))
     base.chmod(0o755)
     try:
-        sandbox = Sandbox(base, instance_id="i-0456", params=copy.deepcopy(PARAMS) | {"teams": teams_parameters(TEAMS)})
+        sandbox = Sandbox(base, instance_id="i-0456", params=copy.deepcopy(PARAMS) | {"teams": teams_parameters(teams)})
         for name in ("passwd", "group", "shadow", "gshadow"):
             sandbox.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
         (sandbox.root / "fsx").mkdir(mode=0o755)
         yield sandbox
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def box():
+    with teams_node(TEAMS) as sandbox:
+        yield sandbox
 
 
 def teams(box: Sandbox) -> subprocess.CompletedProcess:
