@@ -408,7 +408,13 @@ def render_nxdt_config(train: TrainConfig, *, name: str, nodes: int, ranks_per_n
                 "normalize_top_k_affinities": moe.normalize_top_k,
             },
             "activations_checkpoint_granularity": granularity[train.recompute.granularity],
-            "activations_checkpoint_recompute": None,
+            # NxD Training iterates over this list when the granularity is selective (megatron_base_model.py reads
+            # it with cfg.model.get(key, []), and OmegaConf returns a stored null, not the default): every AWS
+            # configuration with selective names [CoreAttention], the one module it recomputes (see
+            # recompute.modules above); AWS's full-granularity example leaves it null.
+            "activations_checkpoint_recompute": (
+                ["CoreAttention"] if train.recompute.granularity is RecomputeGranularity.SELECTIVE else None
+            ),
             "fusions": {"softmax": True, "flash_attention": False},
             "optim": {
                 "name": "adamw",

@@ -26,6 +26,8 @@ DELIBERATE = {
     "trainer.limit_val_batches": "no validation run",
     "trainer.limit_test_batches": "no test run",
     "model.activations_checkpoint_granularity": "moe-train's recompute is selective (core attention), never full",
+    "model.activations_checkpoint_recompute": "with selective granularity NxD Training iterates it: [CoreAttention], "
+    "as every AWS selective configuration has it (the example's full granularity leaves it null)",
     "compiler_cache_url": "on FSx, shared by the nodes",
     "exp_manager.checkpoint_callback_params.save_top_k": "checkpoint.keep_last, at least 2 in moe-train",
     "compiler_flags": "the trn2 configurations' flags (trn2_example)",
@@ -210,3 +212,26 @@ def test_render_raises_with_every_refused_key():
     with pytest.raises(ConfigError) as error:
         render_nxdt_config(train, name="t", nodes=2, ranks_per_node=64, compile_cache="/c")
     assert {p.key for p in error.value.problems} == {"moe.z_loss_coeff", "data.pin_memory"}
+
+
+# The reads NxD Training makes of what we render, as it makes them: OmegaConf on the YAML file (the DLC pins
+# omegaconf>=2.2,<2.3; 2.2.3 here). OmegaConf's .get(key, default) returns a stored null, not the default.
+TRAINIUM_CONFIGS = [p for p in sorted((ROOT / "config").glob("*.yaml")) if "trn2" in p.name]
+
+
+@pytest.mark.parametrize("config_path", TRAINIUM_CONFIGS, ids=lambda p: p.name)
+def test_nxd_training_can_iterate_the_selective_recompute_list_it_reads(config_path, tmp_path):
+    from omegaconf import OmegaConf
+
+    from moe_cdk.jobs.neuron_job import neuron_run
+    from moe_cdk.jobs.profile import load_job_profile
+    from moe_cdk.schema.config import load_config
+
+    config = load_config(config_path)
+    written = tmp_path / "nxdt.yaml"
+    written.write_text(neuron_run(config, load_job_profile(config, None, ())).config_text)
+    cfg = OmegaConf.load(written)
+    # neuronx-distributed-training 9169aa0, models/megatron/megatron_base_model.py (lines 57-61): with selective
+    # granularity the list is read with a default and iterated.
+    assert cfg.model.get("activations_checkpoint_granularity") == "selective"
+    assert list(cfg.model.get("activations_checkpoint_recompute", [])) == ["CoreAttention"]
