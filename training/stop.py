@@ -1,6 +1,6 @@
 """A request to stop: SIGTERM, SIGUSR1 and SIGINT set a flag instead of ending the process.
 
-Installed in a rank (``cli/train.py``) before torch is imported, and set to ignore both
+Installed in a rank (``cli/train.py``) before torch is imported, and set to ignore them
 once the rank's exit code is decided (``ignore_from_now``). Slurm's ``srun
 --kill-on-bad-exit`` and the node launcher TERM the other ranks as soon as one exits. A rank
 that got that TERM while still starting up, or while its interpreter shut down after its own
@@ -29,7 +29,7 @@ HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGINT)
 
 class StopRequested:
     """Set by SIGTERM, SIGUSR1 or SIGINT; the training loop saves at the next step boundary and exits retryably
-    (``exit_code``). Repeated signals change nothing: the save they ask for is under way."""
+    (``exit_code_for``). Repeated signals change nothing: the save they ask for is under way."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -39,9 +39,10 @@ class StopRequested:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        first = self.signal is None
-        self.signal = signum if first else self.signal
-        if first and signum == signal.SIGINT and self.announce:
+        if self.signal is not None:
+            return
+        self.signal = signum
+        if signum == signal.SIGINT and self.announce:
             # os.write, not logging: a handler may run while the logging lock is held.
             os.write(2, b"interrupted: saving a checkpoint at the end of this step, then stopping\n")
 

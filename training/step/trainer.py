@@ -467,19 +467,16 @@ def check_inputs(config: TrainConfig) -> None:
 
 
 def folder_problem(path: Path):
-    """Why ``path`` cannot be a folder this run creates or writes into, or None: it, or the nearest
-    part of it that exists, must be a folder that this user may write."""
+    """Why ``path`` can never be a folder, or None: it, or the nearest part of it that exists, is a file.
+    (A folder that is missing or not writable yet, a file system not mounted yet on this node, is left to
+    the run, which a restart may find mended; a save it cannot write stops with its own message.)"""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
-        what = "is a file, not a folder" if existing == path else f"{existing} is a file, not a folder"
-        return problem(what, got=str(path), allowed="a folder, or a path that can be created as one")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return problem(
-            f"{existing} is not writable by this user", got=str(path), allowed="a folder this user can write"
-        )
-    return None
+    if existing.is_dir():
+        return None
+    what = "is a file, not a folder" if existing == path else f"{existing} is a file, not a folder"
+    return problem(what, got=str(path), allowed="a folder, or a path that can be created as one")
 
 
 def training_batches(config: TrainConfig, runtime: Runtime, tokenizer, *, step: int, consumed_samples: int):
