@@ -31,9 +31,9 @@ def _props(cluster=None, **overrides) -> LustreVolumeProps:
     return LustreVolumeProps(**values)
 
 
-@pytest.fixture(scope="module")
-def synthesized():
-    """A LustreStorage and its volume in one stack: the manifest must reference the file system's attributes."""
+def _synthesize(**overrides) -> tuple[dict, str]:
+    """A LustreStorage and a volume of it (``_props`` with ``overrides``) in one stack: the volume's manifest and
+    the file system's logical id, which the manifest must reference."""
     app = cdk.App()
     stack = cdk.Stack(app, "T", env=cdk.Environment(region="us-east-2"))
     vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-east-2a", "us-east-2b"], nat_gateways=1)
@@ -49,15 +49,17 @@ def synthesized():
             stack, "Kubectl", service_token="arn:aws:lambda:us-east-2:123456789012:function:kubectl"
         ),
     )
-    LustreVolume(
-        stack,
-        "Volume",
-        _props(cluster, file_system_id=lustre.file_system_id, dns_name=lustre.dns_name, mount_name=lustre.mount_name),
-    )
+    props = _props(cluster, file_system_id=lustre.file_system_id, dns_name=lustre.dns_name, **overrides)
+    LustreVolume(stack, "Volume", dataclasses.replace(props, mount_name=lustre.mount_name))
     template = Template.from_stack(stack).to_json()
     (resource,) = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
     fsx_id = next(iter(resources_of_type(template, "AWS::FSx::FileSystem")))
     return resource["Properties"]["Manifest"], fsx_id
+
+
+@pytest.fixture(scope="module")
+def synthesized():
+    return _synthesize()
 
 
 def test_volume_names_the_file_system_by_reference(synthesized):
@@ -128,27 +130,8 @@ def test_the_shared_volume_mounts_the_whole_file_system_and_labels_nothing():
 
 
 def test_a_team_folder_follows_the_mount_name_reference():
-    app = cdk.App()
-    stack = cdk.Stack(app, "T", env=cdk.Environment(region="us-east-2"))
-    vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-east-2a", "us-east-2b"], nat_gateways=1)
-    clients = ec2.SecurityGroup(stack, "Clients", vpc=vpc)
-    lustre = LustreStorage(
-        stack, "Lustre", LustreStorageProps(vpc=vpc, client_security_group=clients, availability_zone="us-east-2a")
-    )
-    cluster = eks.Cluster.from_cluster_attributes(
-        stack,
-        "Eks",
-        cluster_name="t",
-        kubectl_provider=eks.KubectlProvider.from_kubectl_provider_attributes(
-            stack, "Kubectl", service_token="arn:aws:lambda:us-east-2:123456789012:function:kubectl"
-        ),
-    )
-    props = _props(cluster, file_system_id=lustre.file_system_id, dns_name=lustre.dns_name, **TEAM)
-    LustreVolume(stack, "Volume", dataclasses.replace(props, mount_name=lustre.mount_name))
-    template = Template.from_stack(stack).to_json()
-    (resource,) = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
-    fsx_id = next(iter(resources_of_type(template, "AWS::FSx::FileSystem")))
-    parts = resource["Properties"]["Manifest"]["Fn::Join"][1]
+    manifest, fsx_id = _synthesize(**TEAM)
+    parts = manifest["Fn::Join"][1]
     at = parts.index({"Fn::GetAtt": [fsx_id, "LustreMountName"]})
     assert parts[at + 1].startswith("/teams/research")
 
