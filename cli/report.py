@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from moe_cdk.core.names import umask
 from moe_cdk.core.problems import EXIT_INVALID, ConfigError, problem
 
 
@@ -47,22 +48,16 @@ def emit(text: str, output: str | None, what: str = "") -> int:
     try:
         with os.fdopen(descriptor, "w") as stream:
             stream.write(text)
-            os.fchmod(stream.fileno(), 0o666 & ~_umask())
+            os.fchmod(stream.fileno(), 0o666 & ~umask())
         os.replace(partial, path)
-    except BaseException as error:
+    except OSError as error:
         partial.unlink(missing_ok=True)
-        if not isinstance(error, OSError):
-            raise
         return _unwritable(output, path, error)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     print(f"wrote {output}: {what}" if what else f"wrote {output}")
     return 0
-
-
-def _umask() -> int:
-    """The process's umask (read by setting it and putting it straight back)."""
-    current = os.umask(0o077)
-    os.umask(current)
-    return current
 
 
 def _unwritable(output: str, path: Path, error: OSError) -> int:

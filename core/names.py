@@ -1,7 +1,9 @@
-"""Names and places more than one layer uses: where a deployment's files are."""
+"""Names and places more than one layer uses: where a deployment's files are, and the modes of the files
+written for other users."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -12,3 +14,11 @@ def project_root(start: Path | None = None) -> Path:
     package therefore validates a configuration of the project it is run in."""
     here = (start or Path.cwd()).resolve()
     return next((d for d in (here, *here.parents) if (d / "cdk.json").is_file()), here)
+
+
+def umask() -> int:
+    """The process's umask, read by setting it and putting it straight back: a file written for other users
+    (a rendered job, an exported model) gets the modes a plain write would, whatever wrote it first."""
+    current = os.umask(0o077)
+    os.umask(current)
+    return current

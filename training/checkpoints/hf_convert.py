@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from moe_cdk.core.names import umask
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.checkpoints import hf_checkpoint as hf
 from moe_cdk.training.checkpoints.manager import MARKER, CheckpointManager, shape_problems, step_dirs
@@ -128,12 +129,6 @@ def _tensors_of(model) -> dict[str, torch.Tensor]:
     """Every tensor a checkpoint holds for ``model``: its parameters and persistent buffers (the router's expert
     bias)."""
     return {name: value for name, value in model.state_dict(keep_vars=True).items() if isinstance(value, torch.Tensor)}
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _newest_complete_step(root: Path) -> Path | None:
@@ -359,14 +354,14 @@ def export_hf(
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         # mkdtemp makes it 0700; the export is for other users and inference pods on a shared /fsx too.
-        staging.chmod(0o777 & ~_umask())
+        staging.chmod(0o777 & ~umask())
         _write_safetensors(staging, tensors)
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
         for name in SIDE_FILES[1:]:
             if (folder.parent / HF_SUBDIR / name).is_file():
                 shutil.copyfile(folder.parent / HF_SUBDIR / name, staging / name)
         for written in staging.iterdir():  # safetensors writes its files 0600, whatever the umask
-            written.chmod(0o666 & ~_umask())
+            written.chmod(0o666 & ~umask())
         if output.exists():
             output.rmdir()
         os.replace(staging, output)

@@ -142,7 +142,7 @@ def _start_writer_manager() -> None:
 
     - under Slurm a USR1 or TERM reaches every process of the job step, so a manager started
       with default handlers dies from the very signal that asks for a checkpoint, and that
-      save fails with BrokenPipeError. So the manager ignores them (``_writer_manager_init``),
+      save fails with BrokenPipeError. So the manager ignores them (``stop.helper_process_init``),
       and the signals stay blocked while it starts, before its initializer runs (a spawned
       process inherits the signal mask).
     - Starting a spawned process first starts multiprocessing's resource tracker, and CPython's
