@@ -13,7 +13,11 @@ PY := $(VENV)/bin/python
 # ^2.1148: 3.0.0 is a deprecated build that refuses aws-cdk-lib 2.27x.
 CDK_CLI_VERSION := 2.1148.1
 CDK := $(VENV)/cdk-cli/node_modules/.bin/cdk
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYPROJECT_SUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Two stamps: synthesis needs only pyproject's dependencies (no torch: a platform engineer's `make synth`
+# downloads no trainer); the suite and the benchmarks need the train and test extras too.
+SYNTH_STAMP := $(VENV)/.synth-$(PYPROJECT_SUM)
+STAMP := $(VENV)/.installed-$(PYPROJECT_SUM)
 # The training image's Python, torch and megatron-core (training/image.env), for the trainer's tests on
 # them: pyproject's requirements with torch and megatron-core at the image's versions
 # (cli/image_versions.py --requirements), on the image's Python where pyenv or PATH has it
@@ -29,7 +33,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup image-setup system-packages synth test test-image lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
+.PHONY: help setup synth-setup image-setup system-packages synth test test-image lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -46,6 +50,8 @@ help:
 	@echo "make gpu-check-prepare             wheels and plan figures for bench/gpu_check.sh on a GPU machine"
 
 setup: $(STAMP) $(CDK)
+
+synth-setup: $(SYNTH_STAMP) $(CDK)
 
 image-setup: $(IMAGE_STAMP)
 
@@ -70,10 +76,16 @@ system-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml
-	@echo "$$(date '+%H:%M:%S') setting up $(VENV)"
+$(SYNTH_STAMP): pyproject.toml
+	@echo "$$(date '+%H:%M:%S') setting up $(VENV) for synthesis"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
+	$(PY) -m pip install -q -e .
+	rm -f $(VENV)/.synth-*
+	touch $@
+
+$(STAMP): pyproject.toml | $(SYNTH_STAMP)
+	@echo "$$(date '+%H:%M:%S') setting up $(VENV) for the trainer and the tests"
 	$(PY) -m pip install -q -e '.[train,test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -101,22 +113,22 @@ $(CDK):
 	@echo "$$(date '+%H:%M:%S') installing the CDK CLI $(CDK_CLI_VERSION)"
 	npm install --prefix $(VENV)/cdk-cli --no-audit --no-fund --no-save --loglevel=error aws-cdk@$(CDK_CLI_VERSION)
 
-synth: setup
+synth: synth-setup
 	$(CDK) synth --quiet -c config=$(CONFIG)
 
-validate: setup
+validate: synth-setup
 	$(VENV)/bin/moe-cdk validate --config $(CONFIG)
 
-deploy: setup hyperpod-chart
+deploy: synth-setup hyperpod-chart
 	$(CDK) deploy --all -c config=$(CONFIG)
 
 # Keeps the buckets and (by default) the file system: docs/operations.md.
-destroy: setup
+destroy: synth-setup
 	$(CDK) destroy --all -c config=$(CONFIG)
 
 # EKS configurations only: AWS publishes the chart on GitHub alone, so it is fetched here,
 # before synth, at the commit pinned in rules/eks.py.
-hyperpod-chart: setup
+hyperpod-chart: synth-setup
 	$(PY) -m moe_cdk.cli.chart --config $(CONFIG)
 
 # TEST_WORKERS workers, each taking whole test files (--dist loadfile), so a module's fixtures (a
@@ -169,12 +181,12 @@ gpu-check-prepare: setup
 	for length in $(GPU_CHECK_SEQ_LENGTHS); do \
 	  $(PY) bench/gpu_check.py --write-plan $(GPU_CHECK_DIR)/plan-$$length.json --seq-length $$length; done
 
-diagram: setup system-packages
+diagram: synth-setup system-packages
 	rm -rf cdk.out/diagram
 	CDK_OUTDIR=cdk.out/diagram $(PY) app.py
 	$(PY) -m moe_cdk.cli.diagram --cdk-out cdk.out/diagram --output docs/architecture.png --dot docs/architecture.dot
 
-docs: setup
+docs: synth-setup
 	$(VENV)/bin/moe-cdk config-docs > docs/configuration.md
 	$(VENV)/bin/moe-cdk config-schema > config/moe-cdk.schema.json
 	$(VENV)/bin/moe-cdk config-schema --trainer > training/configs/moe-train.schema.json

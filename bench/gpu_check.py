@@ -107,7 +107,7 @@ def run(args) -> dict:
     from moe_cdk.training.launch_env import detect
     from moe_cdk.training.metrics import default_peak_tflops, peak_memory_gib
     from moe_cdk.training.step import trainer
-    from moe_cdk.training.step.model import flops_per_token
+    from moe_cdk.training.step.sizes import flops_per_token
 
     if args.smoke:
         config_path, vocab = TINY, 257

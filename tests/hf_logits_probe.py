@@ -20,7 +20,7 @@ def main(profile: str, tokens_path: str, out: str, save: str | None, overrides: 
     from moe_cdk.training.config import load_train_config
     from moe_cdk.training.launch_env import detect
     from moe_cdk.training.step import cpu_compat, trainer
-    from moe_cdk.training.step.model import model_vocab_size
+    from moe_cdk.training.step.sizes import model_vocab_size
 
     config = load_train_config(profile, overrides)
     runtime = trainer.setup(config, detect())

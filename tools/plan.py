@@ -2,7 +2,7 @@
 
 Everything here is arithmetic on the two configurations and the instance catalog: no CDK
 constructs are built and nothing is deployed. The parameter counts and FLOPs come from
-``moe_cdk.training.step.model`` (imported lazily; it pulls in torch, a few seconds).
+``moe_cdk.training.step.sizes``, the figures the trainer uses, without torch.
 
 Memory model (per device, GiB = 2**30 bytes): what moe-train does on a GPU, stage by stage
 (``memory_per_device``); the activation formula is checked against the trainer's saved
@@ -28,6 +28,7 @@ from moe_cdk.rules.hyperpod_capacity import CapacityType
 from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.schema.config import Config, NodeRole, Orchestrator
 from moe_cdk.training.config import RecomputeGranularity, RecomputeModule, Spec, TrainConfig, load_train_config
+from moe_cdk.training.step import sizes
 from moe_cdk.training.step.parallel import Layout, plan_layout
 
 GIB = 2**30
@@ -166,13 +167,6 @@ def _in_profile(problems: list[Problem]) -> list[Problem]:
 # ---------------------------------------------------------------------------------- memory
 
 
-def _model():
-    # Lazy: moe_cdk.training.step.model imports torch at module level.
-    from moe_cdk.training.step import model
-
-    return model
-
-
 def activation_bytes_per_layer(
     train: TrainConfig,
     layout: Layout,
@@ -292,7 +286,7 @@ def activation_bytes(
     if m.dense_layers:  # the layers' mean, dense and MoE
         dense = activation_bytes_per_layer(train, layout, **options, dense=True)
         per_layer = (m.dense_layers * dense + (m.num_layers - m.dense_layers) * per_layer) / m.num_layers
-    padded_vocab = _model().padded_vocab_size(vocab_size)
+    padded_vocab = sizes.padded_vocab_size(vocab_size)
     final_norm = tokens * m.hidden_size * bytes_per_element / t
     logits = tokens * padded_vocab * 4 / t
     return per_layer * layers + final_norm + logits
@@ -327,18 +321,17 @@ def memory_per_device(
         layout = plan_layout(train, world_size)
     except ConfigError as error:
         raise ConfigError(_in_profile(error.problems)) from None
-    model = _model()
     m, o = train.model, train.optim
-    counts = model.parameter_counts(train, vocab_size)
-    table = model.padded_vocab_size(vocab_size) * m.hidden_size
+    counts = sizes.parameter_counts(train, vocab_size)
+    table = sizes.padded_vocab_size(vocab_size) * m.hidden_size
     dense_layers = counts.total - counts.expert - 2 * table - m.hidden_size
     tables = 2 if layout.pipeline == 1 else 1
     dense = dense_layers / (layout.tensor * layout.pipeline) + (tables * table + m.hidden_size) / layout.tensor
     expert = counts.expert / (layout.expert * layout.expert_tensor * layout.pipeline)
-    bf16 = model.use_bf16(train, on_gpu=True)
-    sizes = BF16_BYTES if bf16 else FP32_BYTES
+    bf16 = sizes.use_bf16(train, on_gpu=True)
+    element = BF16_BYTES if bf16 else FP32_BYTES
     stepped = dense / layout.data + expert / layout.expert_data if o.distributed_optimizer else dense + expert
-    optimizer = sizes["optimizer"] * stepped
+    optimizer = element["optimizer"] * stepped
     fused = m.spec is Spec.TRANSFORMER_ENGINE
     # Measured on an H200 (docs/benchmarks.md): without Transformer Engine the peak stayed at 93.4 to
     # 94.3 GiB from sequence 1,024 to 4,096, the weights' and optimizer's 77.5 GiB plus one fp32 copy of
@@ -348,7 +341,7 @@ def memory_per_device(
         train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4, fused_attention=fused
     )
     per_device = dense + expert
-    parameters, gradients = per_device * sizes["weight"] / GIB, per_device * sizes["gradient"] / GIB
+    parameters, gradients = per_device * element["weight"] / GIB, per_device * element["gradient"] / GIB
     total = parameters + gradients + optimizer / GIB + max(activations, optimizer_step) / GIB
     capacity = device_memory_gib * (1 - reserve_fraction)
     return MemoryEstimate(
@@ -368,7 +361,7 @@ def memory_per_device(
         parameters_per_device=round(per_device),
         device_memory_gib=float(device_memory_gib),
         reserve_fraction=reserve_fraction,
-        checkpoint_gb=counts.total * (sizes["weight"] + sizes["optimizer"]) / 1e9,
+        checkpoint_gb=counts.total * (element["weight"] + element["optimizer"]) / 1e9,
     )
 
 
@@ -586,9 +579,8 @@ def plan(
         )
     if tiered := config.cluster.tiered_storage:
         notes.append(_tiered_storage_note(tiered, every, memory.checkpoint_gb, nodes))
-    model = _model()
-    counts = model.parameter_counts(train, vocab)
-    flops = model.flops_per_token(train, vocab)
+    counts = sizes.parameter_counts(train, vocab)
+    flops = sizes.flops_per_token(train, vocab)
     tokens_per_second = mfu * peak * 1e12 * accelerators / flops
     run_tokens = train.max_steps * train.optim.global_batch_size * train.model.seq_length
     run_hours = run_tokens / tokens_per_second / 3600 if tokens_per_second else float("inf")

@@ -16,7 +16,6 @@ from moe_cdk.schema.config import load_config, parse_config
 from moe_cdk.tools.plan import (
     BAR_FILLS,
     GIB,
-    _model,
     load_prices,
     memory_bar,
     memory_per_device,
@@ -26,6 +25,7 @@ from moe_cdk.tools.plan import (
     to_json,
 )
 from moe_cdk.training.config import load_train_config
+from moe_cdk.training.step.sizes import flops_per_token
 
 TINY = ROOT / "training/configs/tiny.yaml"
 MIXTRAL = ROOT / "training/configs/mixtral-8x7b.yaml"
@@ -309,8 +309,6 @@ def test_a_missing_price_gives_no_cost_and_a_note(tmp_path):
 
 
 def test_throughput_follows_flops_per_token_and_mfu():
-    from moe_cdk.training.step.model import flops_per_token
-
     result = plan(load_config(ROOT / "config/default.yaml"), mfu=0.5)
     flops = flops_per_token(load_train_config(MIXTRAL), 32000)
     assert result.tokens_per_second == pytest.approx(0.5 * 989e12 * 16 / flops)
@@ -425,7 +423,7 @@ def test_trn2_plan_counts_the_experts_over_the_tensor_parallel_ranks():
 
 def test_trn2_throughput_counts_chips_not_neuroncores():
     result = plan(load_config(ROOT / "config/trn2.yaml"))
-    flops = _model().flops_per_token(load_train_config(ROOT / "training/configs/mixtral-8x7b-trn2.yaml"), 32000)
+    flops = flops_per_token(load_train_config(ROOT / "training/configs/mixtral-8x7b-trn2.yaml"), 32000)
     assert result.tokens_per_second == pytest.approx(result.mfu * 667e12 * 32 / flops)
 
 

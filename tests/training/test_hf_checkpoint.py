@@ -27,7 +27,7 @@ from trainer_runs import ENV, ROOT, TINY, python, records
 
 from moe_cdk.cli import checkpoint as checkpoint_cli
 from moe_cdk.training.config import load_train_config
-from moe_cdk.training.step.model import padded_vocab_size, parameter_counts
+from moe_cdk.training.step.sizes import padded_vocab_size, parameter_counts
 
 FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 LOGIT_TOLERANCE = 1e-4

@@ -10,7 +10,8 @@ from conftest import ROOT
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.training.config import load_train_config
 from moe_cdk.training.step import cpu_compat, model as model_module
-from moe_cdk.training.step.model import build_transformer_config, parameter_counts, transformer_config_kwargs
+from moe_cdk.training.step.model import build_transformer_config, transformer_config_kwargs
+from moe_cdk.training.step.sizes import parameter_counts
 
 # `make test-image` runs this module again on the training image's Python, torch and megatron-core.
 pytestmark = pytest.mark.image_versions

@@ -191,7 +191,7 @@ def test_deepseek_style_router_options_reach_megatron():
 
 
 def test_a_vocabulary_smaller_than_the_tokenizer_names_model_vocab_size():
-    from moe_cdk.training.step.model import model_vocab_size
+    from moe_cdk.training.step.sizes import model_vocab_size
 
     with pytest.raises(ConfigError) as caught:
         model_vocab_size(load_train_config(TINY, ["model.vocab_size=200"]), 256)

@@ -535,7 +535,7 @@ def _planned_parameters(parameters: dict, *overrides: str, config: Path = TINY) 
     """``parameter_counts`` (what moe-cdk plan and the MFU figure use) of ``config`` with ``overrides``,
     for the checkpoint's vocabulary."""
     from moe_cdk.training.config import load_train_config
-    from moe_cdk.training.step.model import parameter_counts
+    from moe_cdk.training.step.sizes import parameter_counts
 
     vocab = parameters["embedding.word_embeddings.weight"].shape[0]
     return parameter_counts(load_train_config(config, list(overrides)), vocab).total

@@ -492,7 +492,7 @@ class Shapes:
 
 
 def shapes_of(config, vocab_size: int) -> Shapes:
-    from moe_cdk.training.step.model import padded_vocab_size
+    from moe_cdk.training.step.sizes import padded_vocab_size
 
     m = config.model
     groups = m.num_query_groups or m.num_attention_heads

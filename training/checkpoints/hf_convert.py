@@ -120,7 +120,7 @@ def _start_one_rank(config: TrainConfig):
 
 def _vocab(config: TrainConfig) -> int:
     from moe_cdk.training.data.tokenizers import load_tokenizer
-    from moe_cdk.training.step.model import model_vocab_size
+    from moe_cdk.training.step.sizes import model_vocab_size
 
     return model_vocab_size(config, load_tokenizer(config.data.tokenizer).vocab_size)
 
@@ -194,7 +194,7 @@ def import_hf(hf_dir: Path, output: Path, profile_path: Path, overrides: list[st
         from moe_cdk.training.data.tokenizers import load_tokenizer
 
         tokenizer_vocab = load_tokenizer(str(hf_dir / "tokenizer.json")).vocab_size
-    from moe_cdk.training.step.model import model_vocab_size
+    from moe_cdk.training.step.sizes import model_vocab_size
 
     vocab_size = model_vocab_size(one, tokenizer_vocab or one.model.vocab_size)
     runtime = _start_one_rank(one)

@@ -25,8 +25,9 @@ from moe_cdk.training.exit_codes import EXIT_OK
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
 from moe_cdk.training.step import cpu_compat, parallel
-from moe_cdk.training.step.model import build_model, flops_per_token, model_vocab_size, use_bf16
+from moe_cdk.training.step.model import build_model
 from moe_cdk.training.step.parallel import Layout
+from moe_cdk.training.step.sizes import flops_per_token, model_vocab_size, use_bf16
 from moe_cdk.training.stop import StopRequested, exit_code_for
 
 log = logging.getLogger(__name__)
