@@ -489,3 +489,12 @@ def test_the_exporter_ports_are_the_ones_the_nodes_refuse_for_the_trainer():
     node_info = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(node_info)
     assert tuple(node_info.EXPORTER_PORTS) == NODE_EXPORTER_PORTS
+
+
+def test_synthesis_leaves_nothing_in_the_temporary_directory(scripts, tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    app, _, _ = _build(scripts, outdir=str(tmp_path / "out"))
+    assembly = app.synth()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert [a for a in Path(assembly.directory).glob("asset.*") if (a / "on_create.sh").exists()]
