@@ -48,6 +48,20 @@ from moe_cdk.rules import eks as eks_rules, neuron
 from moe_cdk.rules.teams import job_team, team_namespace
 from moe_cdk.schema.config import Config, InstanceGroupConfig, nodes_of
 
+# A team's job is admitted by task governance's Kueue queues, which count Trainium chips as
+# aws.amazon.com/neurondevice: aws/sagemaker-hyperpod-cli@011ca92, src/sagemaker/hyperpod/cli/constants/
+# command_constants.py (line 47, NEURON_RESOURCE_LIMIT_KEY), which its quota_allocation_util.py (line 300) gives every
+# Trainium type, and the team ClusterQueue in examples/end_to_end_walkthrough/03-task-governance/
+# 00-task-governance.md (line 73). Kueue does not admit a workload that asks for a resource its ClusterQueue does not
+# cover. AWS's sources disagree on the name: Neuron's device plugin registers aws.amazon.com/neuron and has not
+# registered neurondevice since Neuron 2.22 (aws-neuron-sdk@81ce03a, release-notes/components/containers.rst,
+# "Ends support for resource name 'neurondevice'"), while HyperPod's own chart pins plugin 2.19.16.0 (the same
+# repository, helm_chart/HyperPodHelmChart/charts/neuron-device-plugin/templates/k8s-neuron-device-plugin.yaml,
+# line 66), which registers both. So a team's pods ask for neurondevice, which the queues count, and the other
+# jobs for neuron, which every plugin registers; a team's pods are placed only on nodes whose plugin registers
+# neurondevice (docs/trainium.md, "Launch").
+TEAM_NEURON_RESOURCE = "aws.amazon.com/neurondevice"
+
 DEFAULT_COMPILE_CACHE = "/fsx/neuron-compile-cache"
 """Where compiled graphs are kept, on the file system every node shares: NxD Training's ``compiler_cache_url``."""
 
@@ -279,7 +293,8 @@ def eks_spec(
     qos: str | None = None,
 ) -> eks_job.EksJobSpec:
     """The pods of ``run``: one per node, with every Neuron chip and EFA device of it; with ``team``, in its
-    namespace and queue."""
+    namespace and queue, the chips asked for as the resource task governance's queues count
+    (``TEAM_NEURON_RESOURCE``)."""
     team, qos = job_team(config.teams, team, qos)
     return eks_job.EksJobSpec(
         name=run.name,
@@ -288,7 +303,7 @@ def eks_spec(
         nodes=run.nodes,
         instance_type=run.spec.sagemaker_name,
         devices_per_node=run.spec.accelerator_count,
-        device_resource=eks_rules.device_resource(run.spec),
+        device_resource=TEAM_NEURON_RESOURCE if team else eks_rules.device_resource(run.spec),
         efa_per_node=run.spec.efa_interfaces,
         train_profile=run.config_text,
         profile_config_map=eks_job.suffixed_name(run.name, "profile"),
@@ -315,6 +330,7 @@ def render_neuron_pytorchjob(spec: eks_job.EksJobSpec, run: NeuronRun) -> dict:
 
 __all__ = [
     "DEFAULT_COMPILE_CACHE",
+    "TEAM_NEURON_RESOURCE",
     "NeuronRun",
     "eks_spec",
     "neuron_run",

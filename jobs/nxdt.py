@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import PurePosixPath
 
+from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.rules import neuron
 from moe_cdk.training.config import (
@@ -28,12 +29,15 @@ from moe_cdk.training.config import (
     RecomputeGranularity,
     RecomputeModule,
     RouterDtype,
+    ScoreFunction,
     Spec,
     Toggle,
     TrainConfig,
 )
+from moe_cdk.training.step.parallel import tensor_limit
 
 _NXDT = "NxD Training"
+TRN2 = "ml.trn2.48xlarge"
 
 # Profile keys that NxD Training has no setting for: the one value it behaves as, and what it does instead.
 _FIXED: dict[str, tuple[object, str]] = {
@@ -61,6 +65,10 @@ _FIXED: dict[str, tuple[object, str]] = {
     "moe.num_groups": (None, "its router has no group-limited routing"),
     "moe.group_top_k": (None, "its router has no group-limited routing"),
     "moe.top_k_scaling_factor": (None, "its router does not scale the top-k scores"),
+    # [NXDT] models/megatron/transformer.py (lines 438-444) builds top_k routing's RouterTopK without act_fn, so
+    # its default, softmax ([NXD] modules/moe/routing.py, line 171), scores the experts whatever the configuration
+    # says; router_activation reaches only the sinkhorn router (line 451).
+    "moe.score_function": (ScoreFunction.SOFTMAX, "its top-k router always scores with softmax"),
     "data.prepare_from": ((), "it reads prepared data only: run moe-data prepare first"),
     "data.prefetch_factor": (2, "its data loader has no prefetch setting"),
     "data.pin_memory": (False, "there is no GPU to page-lock batches for"),
@@ -91,7 +99,6 @@ MAPPED = frozenset(
         "moe.top_k",
         "moe.aux_loss_coeff",
         "moe.capacity_factor",
-        "moe.score_function",
         "moe.normalize_top_k",
         "parallel.tensor",
         "parallel.pipeline",
@@ -162,8 +169,9 @@ def _sequence_parallel(train: TrainConfig) -> bool:
     return train.parallel.tensor > 1 if toggle is Toggle.AUTO else toggle is Toggle.ON
 
 
-def _checks(train: TrainConfig, world_size: int) -> list[Problem]:
-    """The combinations NxD Training refuses or cannot run, named by the profile key to change."""
+def _checks(train: TrainConfig, world_size: int, spec: catalog.InstanceSpec) -> list[Problem]:
+    """The combinations NxD Training refuses or cannot run on nodes of ``spec``, named by the profile key to
+    change."""
     m, moe, p, o = train.model, train.moe, train.parallel, train.optim
     found: list[Problem] = []
 
@@ -186,6 +194,15 @@ def _checks(train: TrainConfig, world_size: int) -> list[Problem]:
             p.tensor,
             f"a divisor of {m.num_attention_heads}",
         )
+    limit = tensor_limit(spec)
+    refused = dict(limit.refused)
+    if limit.ranks % p.tensor or p.tensor in refused:
+        add(
+            "parallel.tensor",
+            refused.get(p.tensor, f"must divide {limit.domain}"),
+            p.tensor,
+            ", ".join(map(str, limit.allowed())),
+        )
     if m.num_layers % p.pipeline:
         add("parallel.pipeline", "does not divide model.num_layers", p.pipeline, f"a divisor of {m.num_layers}")
     if moe.num_experts % p.expert:
@@ -197,16 +214,6 @@ def _checks(train: TrainConfig, world_size: int) -> list[Problem]:
             p.tensor * p.pipeline,
             f"a divisor of {world_size} ranks",
         )
-    else:
-        data = world_size // (p.tensor * p.pipeline)
-        # [NXD] parallel_state.py: expert-parallel groups are drawn from the data-parallel ranks.
-        if data % p.expert:
-            add(
-                "parallel.expert",
-                f"{_NXDT} draws expert groups from the {data} data-parallel ranks",
-                p.expert,
-                f"a divisor of {data}",
-            )
     if p.expert_tensor not in (None, p.tensor):
         add(
             "parallel.expert_tensor",
@@ -214,19 +221,39 @@ def _checks(train: TrainConfig, world_size: int) -> list[Problem]:
             p.expert_tensor,
             f"null or {p.tensor} (parallel.tensor)",
         )
-    if p.expert > 1 and p.tensor in neuron.TRN2_TENSOR_SIZES_WITHOUT_EXPERT_PARALLEL:
+    if p.expert > 1:
+        # No AWS example trains NxD Training with expert parallelism: every MoE configuration in [NXDT]
+        # examples/conf/ sets expert_model_parallel_size 1 (megatron_mixtral_8x7b_config.yaml, line 51), and
+        # [NXD] parallel_state.py's trn2 notes end "Expert Parallelism is not supported" (line 362).
         add(
             "parallel.expert",
-            f"neuronx-distributed's trn2 rank ordering at tensor {p.tensor} (LNC 2) builds no expert-parallel groups",
+            f"no AWS example trains {_NXDT} with expert parallelism, and neuronx-distributed's trn2 notes list it "
+            "as not supported (parallel_layers/parallel_state.py@fecfe75, line 362)",
             p.expert,
-            "1, or parallel.tensor of at most 16",
+            "1: every expert is split over the tensor-parallel ranks, as AWS's Mixtral example does",
         )
+    # With experts split over ranks, [NXD] expert_mlps_v2.py trains neither dropless routing (its blockwise path
+    # handles expert parallelism outside training only, lines 597-654) nor full capacity: a capacity factor of
+    # num_experts / top_k or more is made full capacity (lines 237-239), whose forward_all_experts path (line
+    # 1105) passes every token as one (1, T, H) input (line 326), and in training experts.py (lines 169-176)
+    # enters the expert-parallel region with an all-to-all over that first dimension, of size 1, across the
+    # expert-parallel ranks. Only a capacity factor below num_experts / top_k runs there (forward_capacity_factor).
+    full = moe.num_experts / moe.top_k
     if moe.capacity_factor is None and p.expert > 1:
         add(
             "moe.capacity_factor",
             f"dropless MoE (null) runs expert parallelism only outside training in {_NXDT}",
             None,
-            "a capacity factor (moe.num_experts / moe.top_k or more drops no token), or parallel.expert 1",
+            f"parallel.expert 1, or a capacity factor below moe.num_experts / moe.top_k ({full:g}), which drops "
+            "tokens past it",
+        )
+    elif moe.capacity_factor is not None and moe.capacity_factor >= full and p.expert > 1:
+        add(
+            "moe.capacity_factor",
+            f"{_NXDT} makes {full:g} (moe.num_experts / moe.top_k) or more full capacity, whose path does not split "
+            "experts over ranks",
+            moe.capacity_factor,
+            f"below {full:g}, or parallel.expert 1",
         )
     if moe.normalize_top_k and moe.top_k == 1:
         add("moe.normalize_top_k", f"{_NXDT} refuses to normalize a single expert's score", True, "false with top_k 1")
@@ -259,15 +286,16 @@ def _checks(train: TrainConfig, world_size: int) -> list[Problem]:
     return found
 
 
-def nxdt_problems(train: TrainConfig, *, world_size: int) -> list[Problem]:
-    """Every key of ``train`` that NxD Training cannot run on ``world_size`` ranks, named by the profile's key."""
+def nxdt_problems(train: TrainConfig, *, world_size: int, instance_type: str = TRN2) -> list[Problem]:
+    """Every key of ``train`` that NxD Training cannot run on ``world_size`` ranks of ``instance_type`` nodes
+    (default: ml.trn2.48xlarge, the catalog's one Trainium type), named by the profile's key."""
     values = profile_keys(train)
     found = [
         problem(f"{_NXDT} cannot express it: {reason}", got=_shown(values[key]), allowed=_allowed(allowed)).at(key)
         for key, (allowed, reason) in _FIXED.items()
         if values[key] != allowed
     ]
-    return found + _checks(train, world_size)
+    return found + _checks(train, world_size, catalog.lookup(instance_type))
 
 
 def render_nxdt_config(train: TrainConfig, *, name: str, nodes: int, ranks_per_node: int, compile_cache: str) -> dict:
@@ -401,7 +429,8 @@ def render_nxdt_config(train: TrainConfig, *, name: str, nodes: int, ranks_per_n
                 "capacity_factor": 0.0 if dropless else moe.capacity_factor,
                 "dropless": dropless,
                 "routing_algorithm": "top_k",
-                "router_activation": moe.score_function.value,
+                # What its top-k router uses (see moe.score_function above), so that the file says what trains.
+                "router_activation": ScoreFunction.SOFTMAX.value,
                 "top_k": moe.top_k,
                 "output_router_logits": moe.aux_loss_coeff > 0,
                 "router_aux_loss_coef": moe.aux_loss_coeff,

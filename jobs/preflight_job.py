@@ -156,8 +156,10 @@ srun "${nodes[@]}" bash -c 'mkdir -p "$1" && dcgmi diag -r "$2" -j > "$1/dcgm.js
 
 # nccom-test on the hosts (HyperPod's AMI installs the Neuron tools), from the first node over every node, as AWS's
 # sbatch runs it (awslabs/awsome-distributed-training, micro-benchmarks/nccom-tests/slurm/nccom-tests.sbatch):
-# the root rank's address in NEURON_RT_ROOT_COMM_ID and every host named. One rank per logical NeuronCore.
+# the root rank's address in NEURON_RT_ROOT_COMM_ID, every host named, and libfabric held to EFA (its line 8:
+# FI_PROVIDER=efa), so that a node without EFA fails instead of measuring TCP. One rank per logical NeuronCore.
 _NCCOM = """\
+export FI_PROVIDER=efa
 mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 for operation in __OPERATIONS__; do
     NEURON_RT_ROOT_COMM_ID="${MASTER_ADDR}:__PORT__" PATH="__NEURON_BIN__:$PATH" nccom-test \\

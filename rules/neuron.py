@@ -1,7 +1,7 @@
 """Trainium2 and the Neuron training stack moe-cdk renders jobs for: which stack, which image, which settings, and
 the layouts it cannot run. Plain data and checks, no CDK: the configuration, the job renderers and ``plan`` read it.
 
-Sources (read 2026-12-04; the files themselves are not copied here):
+Sources (read 2026-12-04, [DLC] and [EOS] 2026-12-05; the files themselves are not copied here):
 
 - [NXDT] aws-neuron/neuronx-distributed-training at 9169aa0 (Neuron SDK 2.26.0): ``examples/train.sh`` and
   ``examples/train_setup.sh`` (the launch), ``examples/training_orchestrator.py`` (``process_config``: which
@@ -11,10 +11,19 @@ Sources (read 2026-12-04; the files themselves are not copied here):
   (expert-parallel groups are drawn from the data-parallel ranks; the trn2 replica-group ordering used at
   TP 32 with LNC 2 "does not support expert parallelism"), ``modules/moe/expert_mlps_v2.py`` (the dropless,
   blockwise path handles expert parallelism only outside training).
-- [DLC] aws/deep-learning-containers ``docs/src/data/pytorch-training-neuronx/`` and aws-neuron/deep-learning-
-  containers ``pytorch/training/*/Dockerfile.neuronx``: the training images, which install
-  ``neuronx_distributed_training``. 2.30.0 is the last such image (aws-neuron-sdk,
-  ``announce-no-longer-publish-pytorch-training-dlc.rst``); NxD Training is in maintenance mode.
+- [DLC] aws/deep-learning-containers ``docs/src/data/pytorch-training-neuronx/2.9-neuronx-sdk2.28.0.yml`` @ 851256d
+  (the 2.28.0 training image's tag) and aws-neuron/deep-learning-containers at its tag 2.28.0 (6776548):
+  ``pytorch/training/2.9.0/Dockerfile.neuronx`` installs ``neuronx_distributed_training`` 1.7.0 on Python 3.12 and
+  torch 2.9.0, ``common/nxdt_requirements.txt`` keeps ``omegaconf>=2.2,<2.3``. The 2.27.0 to 2.30.0 images all pin
+  1.7.0; 2.30.0 is the last training image (aws-neuron-sdk ``announce-no-longer-publish-pytorch-training-dlc.rst``).
+- [EOS] aws-neuron/aws-neuron-sdk @ 81ce03a, ``about-neuron/announcements/neuron2.x/``: 2025-12-16
+  ``announcement-end-of-support-nxdt-nxd-core.rst`` (PyTorch 2.9 is the last with NxD Training),
+  2026-02-26 ``announce-eos-nxdt-nxd-core-training.rst`` (2.28 is the last release to include it; "Existing
+  NxDT/NxD Core users should stay on Neuron SDK 2.28 (PyTorch 2.9)"), 2026-05-20
+  ``announce-maintenance-nxdt-nxd-core-training.rst`` (maintenance mode from 2.30); ``release-notes/components/
+  containers.rst`` 2026-04-09 (2.29.0: the training image "pinned to include neuronx_distributed_training-1.7.0");
+  ``archive/nxd-training/index.rst`` (date-modified 2026-07-24, published with 2.32.0 on 2026-08-17): "reached
+  end-of-support as of Neuron 2.32". ``announce-eos-pytorch-2-7-2-8-v229.rst``: PyTorch 2.8 unsupported from 2.29.
 - [TITAN] TorchTitan Neuron's documentation: its expert-parallel backend "does not run on Trn2".
 - [NEURON-K8S] aws-neuron-sdk ``deploy/includes/k8s-neuron-device-plugin.rst`` and ``deploy/infrastructure/
   scheduler.rst``: the device plugin registers ``aws.amazon.com/neuron`` (whole chips); the scheduler extension
@@ -33,13 +42,23 @@ from moe_cdk.core.problems import ConfigError, problem
 NXDT_REPOSITORY = "https://github.com/aws-neuron/neuronx-distributed-training.git"
 NXDT_COMMIT = "9169aa03f39efd4eb02da63891a7ed98defb1714"
 """The launch scripts, entry point and example configurations the Neuron image and these rules follow: Neuron
-SDK 2.26.0, the last release the repository publishes."""
+SDK 2.26.0 (NxD Training 1.6.0), the last release the repository publishes. NxD Training 1.7.0's source and
+examples are not published, so its ``examples/`` folder comes from here."""
+NEURON_SDK = "2.28.0"
+"""The Neuron SDK of the image: 2.28 is the last release to include NxD Training, and AWS tells its users to stay
+on it ([EOS] 2026-02-26 and 2026-05-20). 2.28.1 (2026-03-13) fixed host packages only and has no training image."""
+NEURON_TORCH = "2.9.0"
+"""The image's PyTorch: 2.9, the last Neuron PyTorch with NxD Training ([EOS] 2025-12-16); 2.8, which the SDK
+2.26 image had, is unsupported from Neuron 2.29."""
+NXDT_VERSION = "1.7.0"
+"""The ``neuronx_distributed_training`` the SDK 2.28 image installs ([DLC] Dockerfile.neuronx at 2.28.0)."""
 NEURON_BASE_IMAGE = (
-    "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training-neuronx:2.8.0-neuronx-py311-sdk2.26.1-ubuntu22.04"
+    "763104351884.dkr.ecr.us-west-2.amazonaws.com/"
+    f"pytorch-training-neuronx:{NEURON_TORCH}-neuronx-py312-sdk{NEURON_SDK}-ubuntu24.04"
 )
-"""AWS's PyTorch Neuron training container of the same SDK (2.26) as ``NXDT_COMMIT``. Later images (to 2.30.0, the
-last) ship NxD Training 1.7.0, whose examples are not published; they also need a host Neuron driver newer than
-2.26 ([DLC] release notes), which a HyperPod AMI may not have."""
+"""AWS's PyTorch Neuron training container of SDK 2.28.0 ([DLC] 2.9-neuronx-sdk2.28.0.yml). Not 2.29 or 2.30,
+which carry the same NxD Training 1.7.0: AWS names 2.28 for NxD Training users, and 2.30's runtime needs a host
+Neuron driver newer than 2.26 (aws-neuron-sdk ``release-notes/components/containers.rst``, 2.30.0 known issues)."""
 NXDT_DIR = "/opt/nxdt"
 """Where the Neuron image holds NxD Training's ``examples`` folder (``training_orchestrator.py``)."""
 
@@ -133,9 +152,12 @@ __all__ = [
     "MASTER_PORT",
     "NEURON_BASE_IMAGE",
     "NEURON_PATH",
+    "NEURON_SDK",
+    "NEURON_TORCH",
     "NXDT_COMMIT",
     "NXDT_DIR",
     "NXDT_REPOSITORY",
+    "NXDT_VERSION",
     "TRN2_RUNTIME_KEYS",
     "TRN2_TENSOR_SIZES_WITHOUT_EXPERT_PARALLEL",
     "TrainingStack",

@@ -12,6 +12,7 @@ tensors on CPU (tests/test_activation_memory.py).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,10 +27,10 @@ from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.rules.eks import TERMINATION_GRACE_S
 from moe_cdk.rules.hyperpod_capacity import CapacityType
 from moe_cdk.rules.neuron import TrainingStack
-from moe_cdk.schema.config import Config, NodeRole, Orchestrator
+from moe_cdk.schema.config import Config, InstanceGroupConfig, NodeRole, Orchestrator
 from moe_cdk.training.config import RecomputeGranularity, RecomputeModule, Spec, TrainConfig, load_train_config
 from moe_cdk.training.step import sizes
-from moe_cdk.training.step.parallel import Layout, plan_layout
+from moe_cdk.training.step.parallel import GPU_TENSOR_LIMIT, Layout, TensorLimit, plan_layout, tensor_limit
 
 GIB = 2**30
 PRICES_PATH = Path(__file__).resolve().parent / "prices.yaml"
@@ -138,6 +139,8 @@ class Plan:
     reasons: tuple[str, ...]
     notes: tuple[str, ...]
     problems: tuple[Problem, ...] = ()
+    prices: tuple[Price, ...] = ()
+    """The prices ``cost_per_hour_usd`` is summed from, each with its source, date and confirmation."""
     """Why the run cannot go ahead as sized: empty when it fits in device memory."""
 
 
@@ -300,6 +303,7 @@ def memory_per_device(
     device_memory_gib: float,
     reserve_fraction: float = DEFAULT_RESERVE,
     optimizer_temporary: bool = True,
+    limit: TensorLimit = GPU_TENSOR_LIMIT,
 ) -> MemoryEstimate:
     """Memory one GPU needs to train ``train`` on ``world_size`` GPUs of ``device_memory_gib`` each.
 
@@ -313,12 +317,13 @@ def memory_per_device(
       ``transformer_engine`` (``auto`` may pick the local spec, the larger of the two);
     - capacity: ``device_memory_gib * (1 - reserve_fraction)``;
     - ``optimizer_temporary``: count torch's foreach AdamW temporary (measured on CUDA); off for NxD Training,
-      whose optimizer step is a compiled XLA graph.
+      whose optimizer step is a compiled XLA graph;
+    - ``limit``: the tensor-parallel sizes the nodes can run (``parallel.tensor_limit``).
 
     Raises ``ConfigError`` when the parallel layout does not fit ``world_size``.
     """
     try:
-        layout = plan_layout(train, world_size)
+        layout = plan_layout(train, world_size, limit=limit)
     except ConfigError as error:
         raise ConfigError(_in_profile(error.problems)) from None
     m, o = train.model, train.optim
@@ -368,21 +373,121 @@ def memory_per_device(
 # ---------------------------------------------------------------------------------- prices
 
 
+@dataclass(frozen=True)
+class Price:
+    """One hourly rate from prices.yaml, with where it comes from: ``plan`` prints all of it."""
+
+    instance_type: str
+    region: str
+    capacity: CapacityType
+    usd_per_hour: float
+    source: str
+    """The AWS page the figure was read on, or how an estimate was worked out."""
+    retrieved: str
+    """The day the figure was read, ``YYYY-MM-DD``."""
+    confirmed: bool
+    """True only when the figure was read on AWS's pricing page for that type and Region."""
+
+
+# What each entry of prices.yaml holds, in the words of the problem an entry without it gets.
+_PRICE_FIELDS = {
+    "instance_type": "an ml. instance type, e.g. ml.trn2.48xlarge",
+    "region": "an AWS Region, e.g. us-east-2",
+    "usd_per_hour": "a price in USD per hour above 0",
+    "source": "the AWS pricing page it was read on, or how the estimate was worked out",
+    "retrieved": "the day the figure was read, YYYY-MM-DD",
+    "confirmed": "true (read on AWS's pricing page) or false (an estimate)",
+}
+
+
+_PRICE_NOUNS = {  # what a value that is not one is called
+    "instance_type": "an instance type",
+    "region": "a Region",
+    "usd_per_hour": "a price",
+    "source": "a source",
+    "retrieved": "a date",
+    "confirmed": "true or false",
+}
+
+
+def _price_value_problem(field: str, value: object) -> Problem | None:
+    """Why ``value`` is not a ``field`` of a price entry, or None."""
+    if field in ("instance_type", "region", "source"):
+        ok = isinstance(value, str) and bool(value.strip())
+    elif field == "usd_per_hour":
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    elif field == "confirmed":
+        ok = isinstance(value, bool)
+    else:  # retrieved: YAML reads an unquoted date as a date, a quoted one as a string
+        try:
+            ok = isinstance(value, datetime.date) or datetime.date.fromisoformat(str(value)) is not None
+        except ValueError:
+            ok = False
+    return None if ok else problem(f"not {_PRICE_NOUNS[field]}", got=value, allowed=_PRICE_FIELDS[field])
+
+
+def _price_problems(entry: object, index: int) -> list[Problem]:
+    if not isinstance(entry, dict):
+        return [problem("a price is a mapping", got=entry, allowed=", ".join(_PRICE_FIELDS)).at(f"prices[{index}]")]
+    what = f"{entry.get('instance_type', 'this entry')} in {entry.get('region', '?')}"
+    found = []
+    for field, allowed in _PRICE_FIELDS.items():
+        if field not in entry:
+            # Without its source, date and confirmation plan would print a bare number as if it were known.
+            found.append(Problem("", f"{what} has no {field}", allowed=allowed).at(f"prices[{index}].{field}"))
+        elif value_problem := _price_value_problem(field, entry[field]):
+            found.append(value_problem.at(f"prices[{index}].{field}"))
+    if "capacity" in entry and entry["capacity"] not in {c.value for c in CapacityType}:
+        found.append(
+            problem("not a capacity type", got=entry["capacity"], allowed=", ".join(c.value for c in CapacityType)).at(
+                f"prices[{index}].capacity"
+            )
+        )
+    for key in sorted(set(entry) - set(_PRICE_FIELDS) - {"capacity"}, key=str):
+        allowed = ", ".join([*_PRICE_FIELDS, "capacity"])
+        found.append(problem("unknown key", got=key, allowed=allowed).at(f"prices[{index}]"))
+    return found
+
+
 @lru_cache(maxsize=4)
-def _load_prices(path: str) -> dict[tuple[str, str, str], float]:
-    data = yaml.safe_load(Path(path).read_text())
-    return {
-        (e["instance_type"], e["region"], e.get("capacity", CapacityType.ON_DEMAND.value)): float(e["usd_per_hour"])
-        for e in data["prices"]
-    }
+def _load_prices(path: str) -> tuple[Price, ...]:
+    """Every entry of the prices file; ``ConfigError`` naming each entry (``<file>: prices[i].<key>``) that lacks
+    its price, source, date or confirmation."""
+    shown = Path(path).name if Path(path).resolve() != PRICES_PATH else "tools/prices.yaml"
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    entries = data.get("prices") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ConfigError([problem("no list of prices", got=entries, allowed="prices: [...]").at(f"{shown}: prices")])
+    found = [p for i, entry in enumerate(entries) for p in _price_problems(entry, i)]
+    if found:
+        raise ConfigError([dataclasses.replace(p, key=f"{shown}: {p.key}") for p in found])
+    return tuple(
+        Price(
+            instance_type=e["instance_type"],
+            region=e["region"],
+            capacity=CapacityType(e.get("capacity", CapacityType.ON_DEMAND.value)),
+            usd_per_hour=float(e["usd_per_hour"]),
+            source=e["source"].strip(),
+            retrieved=str(e["retrieved"]),
+            confirmed=e["confirmed"],
+        )
+        for e in entries
+    )
+
+
+def load_price_entries(
+    path: str | Path = PRICES_PATH, capacity: CapacityType = CapacityType.ON_DEMAND
+) -> dict[tuple[str, str], Price]:
+    """``{(instance type, region): Price}`` from prices.yaml, for On-Demand or Spot capacity (an entry's
+    ``capacity``, on-demand when absent)."""
+    return {(p.instance_type, p.region): p for p in _load_prices(str(path)) if p.capacity is capacity}
 
 
 def load_prices(
     path: str | Path = PRICES_PATH, capacity: CapacityType = CapacityType.ON_DEMAND
 ) -> dict[tuple[str, str], float]:
-    """``{(instance type, region): USD per hour}`` from prices.yaml, for On-Demand or Spot capacity (an
-    entry's ``capacity``, on-demand when absent)."""
-    return {(t, r): price for (t, r, c), price in _load_prices(str(path)).items() if c == capacity.value}
+    """``{(instance type, region): USD per hour}`` from prices.yaml, for On-Demand or Spot capacity."""
+    return {key: price.usd_per_hour for key, price in load_price_entries(path, capacity).items()}
 
 
 def _ml_name(instance_type: str) -> str:
@@ -390,28 +495,41 @@ def _ml_name(instance_type: str) -> str:
     return spec.sagemaker_name if spec else instance_type
 
 
+def _group_prices(config: Config, prices_path: str | Path) -> list[tuple[InstanceGroupConfig, Price | None]]:
+    """Each instance group with the price it is costed at: its Spot price for a Spot group that has one, else
+    On-Demand; None where prices.yaml has neither."""
+    on_demand = load_price_entries(prices_path)
+    spot = load_price_entries(prices_path, CapacityType.SPOT)
+    out = []
+    for group in config.cluster.instance_groups:
+        key = (_ml_name(group.instance_type), config.region)
+        price = spot.get(key) if group.capacity is CapacityType.SPOT else None
+        out.append((group, price or on_demand.get(key)))
+    return out
+
+
+def cluster_prices(config: Config, prices_path: str | Path = PRICES_PATH) -> tuple[Price, ...]:
+    """The prices the cluster's cost is summed from, each once, in the order of the groups."""
+    return tuple(dict.fromkeys(price for _, price in _group_prices(config, prices_path) if price))
+
+
 def cluster_cost_per_hour(config: Config, prices_path: str | Path = PRICES_PATH) -> tuple[float | None, list[str]]:
     """Sum of instance_count x hourly price over every group (a flexible group at its first choice), and
     notes; None when a price is unknown. A Spot group without a Spot price is priced at On-Demand, an
     upper bound, and says so: AWS publishes no Spot rates for ml. types (docs/capacity.md)."""
-    on_demand, spot = load_prices(prices_path), load_prices(prices_path, CapacityType.SPOT)
     total, notes, unknown = 0.0, [], False
-    for group in config.cluster.instance_groups:
+    for group, price in _group_prices(config, prices_path):
         key = (_ml_name(group.instance_type), config.region)
-        price = on_demand.get(key)
-        if group.capacity is CapacityType.SPOT:
-            if key in spot:
-                price = spot[key]
-            else:
-                notes.append(
-                    f"no Spot price for {key[0]} in {config.region} (tools/prices.yaml): group {group.name} is priced "
-                    "at On-Demand, an upper bound; Spot is up to 90 % less and varies"
-                )
+        if group.capacity is CapacityType.SPOT and (price is None or price.capacity is not CapacityType.SPOT):
+            notes.append(
+                f"no Spot price for {key[0]} in {config.region} (tools/prices.yaml): group {group.name} is priced "
+                "at On-Demand, an upper bound; Spot is up to 90 % less and varies"
+            )
         if price is None:
             unknown = True
             notes.append(f"no price for {key[0]} in {config.region} (tools/prices.yaml); cost not estimated")
             continue
-        total += group.instance_count * price
+        total += group.instance_count * price.usd_per_hour
         if group.autoscale:
             notes.append(
                 f"group {group.name} is autoscaled: the cost counts all {group.instance_count} nodes it may run, "
@@ -513,7 +631,9 @@ def plan(
     groups = []
     for group in config.cluster.instance_groups:
         spec = catalog.lookup(group.instance_type)
-        if group.role is NodeRole.COMPUTE and spec is not None and spec.is_accelerated:
+        if group.name in config.cluster.fallback_group_names:
+            notes.append(f"group {group.name} is a fallback group: its nodes stand in for Spot nodes, not beside them")
+        elif group.role is NodeRole.COMPUTE and spec is not None and spec.is_accelerated:
             groups.append((group, spec))
     if not groups:
         raise ConfigError(
@@ -567,15 +687,18 @@ def plan(
         device_memory_gib=device_memory,
         reserve_fraction=reserve_fraction,
         optimizer_temporary=stack is not TrainingStack.NXDT,
+        limit=min((tensor_limit(s) for s in every), key=lambda lim: lim.ranks),
     )
-    # megatron orders the expert ranks expert-tensor first, then expert: each expert-parallel group
-    # is EP x ETP consecutive ranks, on one node only while that fits its devices.
-    per_node = min(s.accelerator_count for _, s in groups)
+    # megatron orders the expert ranks expert-tensor first, then expert, and neuronx-distributed expert, then
+    # tensor ([PP, DP_exp, EP, TP], parallel_layers/parallel_state.py): either way each expert-parallel group is
+    # EP x ETP consecutive ranks, on one node only while that fits its ranks (64 on a trn2 node at LNC 2).
+    per_node = min(s.ranks_per_node for s in every)
+    link = "NeuronLink" if every[0].accelerator_kind is catalog.AcceleratorKind.TRAINIUM else "NVLink"
     expert_ranks = memory.layout.expert * memory.layout.expert_tensor
     if expert_ranks > per_node:
         notes.append(
             f"the expert-parallel group spans nodes (EP {memory.layout.expert} x ETP {memory.layout.expert_tensor} = "
-            f"{expert_ranks} ranks, {per_node} devices per node): the MoE all-to-all crosses EFA, not NVLink"
+            f"{expert_ranks} ranks, {per_node} ranks per node): the MoE all-to-all crosses EFA, not {link}"
         )
     if tiered := config.cluster.tiered_storage:
         notes.append(_tiered_storage_note(tiered, every, memory.checkpoint_gb, nodes))
@@ -622,6 +745,7 @@ def plan(
         active_parameters=counts.active,
         memory=memory,
         cost_per_hour_usd=cost,
+        prices=cluster_prices(config, prices_path),
         mfu=mfu,
         tokens_per_second=tokens_per_second,
         cost_per_billion_tokens_usd=per_billion,
@@ -687,6 +811,15 @@ def _shrink(term: str, train: TrainConfig) -> str:
 
 def _money(value: float | None) -> str:
     return "n/a" if value is None else f"${value:,.2f}"
+
+
+def _price_line(price: Price) -> str:
+    spot = " (Spot)" if price.capacity is CapacityType.SPOT else ""
+    state = "confirmed" if price.confirmed else "UNCONFIRMED"
+    return (
+        f"{price.instance_type}{spot} ${price.usd_per_hour:g}/h in {price.region}, {state}, "
+        f"retrieved {price.retrieved}: {price.source}"
+    )
 
 
 BAR_WIDTH = 60
@@ -769,6 +902,7 @@ def render_table(plan: Plan) -> str:
         ),
         ("", ""),
         ("cluster cost", f"{_money(plan.cost_per_hour_usd)} per hour (all groups, every node running)"),
+        *(("  price", _price_line(price)) for price in plan.prices),
         ("throughput", f"{plan.tokens_per_second:,.0f} tokens/s at {plan.mfu:.0%} MFU"),
         ("cost per 1B tokens", _money(plan.cost_per_billion_tokens_usd)),
         ("run", f"{plan.run_tokens / 1e9:,.2f}B tokens, about {plan.estimated_run_hours:,.1f} h"),
@@ -832,6 +966,18 @@ def to_json(plan: Plan) -> dict:
             "storage_throughput_mb_s": plan.storage_throughput_mb_s,
         },
         "cost_per_hour_usd": plan.cost_per_hour_usd,
+        "prices": [
+            {
+                "instance_type": price.instance_type,
+                "region": price.region,
+                "capacity": price.capacity.value,
+                "usd_per_hour": price.usd_per_hour,
+                "source": price.source,
+                "retrieved": price.retrieved,
+                "confirmed": price.confirmed,
+            }
+            for price in plan.prices
+        ],
         "mfu": plan.mfu,
         "tokens_per_second": plan.tokens_per_second,
         "cost_per_billion_tokens_usd": plan.cost_per_billion_tokens_usd,

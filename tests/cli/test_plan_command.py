@@ -75,7 +75,7 @@ def test_an_expert_parallel_group_across_nodes_is_noted(capsys):
     overrides = ("--set", "moe.num_experts=16", "--set", "parallel.expert=16", "--set", "parallel.tensor=1")
     run_cli("--config", str(ROOT / "config/default.yaml"), *overrides)
     assert (
-        "the expert-parallel group spans nodes (EP 16 x ETP 1 = 16 ranks, 8 devices per node): "
+        "the expert-parallel group spans nodes (EP 16 x ETP 1 = 16 ranks, 8 ranks per node): "
         "the MoE all-to-all crosses EFA, not NVLink"
     ) in capsys.readouterr().out
 

@@ -270,3 +270,40 @@ def test_preflight_runs_nccom_test_all_reduce_and_all_to_all_over_every_core(tmp
 def test_sbatch_writes_the_ecr_credentials_but_not_the_gpu_nodes_nccl_settings(sbatch):
     assert "write_enroot_credentials 123456789012.dkr.ecr.us-east-2.amazonaws.com us-east-2" in sbatch
     assert "moe-cdk-efa.sh" not in sbatch
+
+
+def test_preflight_holds_nccom_test_to_efa(tmp_path):
+    # AWS's nccom-tests sbatch (awsome-distributed-training micro-benchmarks/nccom-tests/slurm/nccom-tests.sbatch,
+    # line 8) exports FI_PROVIDER=efa before nccom-test.
+    out = tmp_path / "preflight.sh"
+    args = ["verify", "render", "--config", str(ROOT / "config/trn2.yaml"), "--image", IMAGE, "--output", str(out)]
+    assert main(args) == 0
+    text = out.read_text()
+    assert "export FI_PROVIDER=efa\n" in text
+    assert text.index("export FI_PROVIDER=efa") < text.index("nccom-test \\")
+
+
+def team_trn2_config(tmp_path):
+    """config/eks-trn2.yaml with the teams of config/eks-teams.yaml."""
+    teams = (ROOT / "config/eks-teams.yaml").read_text()
+    teams = teams[teams.index("\nteams:") : teams.index("\nobservability:")]
+    path = tmp_path / "eks-trn2-teams.yaml"
+    path.write_text((ROOT / "config/eks-trn2.yaml").read_text() + teams + "\n")
+    return load_config(path)
+
+
+def test_a_teams_eks_pods_ask_for_the_neuron_resource_task_governance_counts(tmp_path):
+    # sagemaker-hyperpod-cli's NEURON_RESOURCE_LIMIT_KEY: the team ClusterQueues cover aws.amazon.com/neurondevice.
+    config = team_trn2_config(tmp_path)
+    run = neuron_run(config, load_job_profile(config, None))
+    job = render_neuron_pytorchjob(eks_spec(config, run, image=IMAGE, team="research"), run)
+    (container,) = pod(job)["spec"]["containers"]
+    assert container["resources"]["limits"] == {"aws.amazon.com/neurondevice": 16, "vpc.amazonaws.com/efa": 16}
+
+
+def test_a_job_without_a_team_keeps_the_device_plugins_neuron_resource(tmp_path):
+    config = team_trn2_config(tmp_path)
+    run = neuron_run(config, load_job_profile(config, None))
+    job = render_neuron_pytorchjob(eks_spec(config, run, image=IMAGE), run)
+    (container,) = pod(job)["spec"]["containers"]
+    assert "aws.amazon.com/neuron" in container["resources"]["limits"]

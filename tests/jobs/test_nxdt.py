@@ -32,6 +32,8 @@ DELIBERATE = {
     "exp_manager.checkpoint_callback_params.save_top_k": "checkpoint.keep_last, at least 2 in moe-train",
     "compiler_flags": "the trn2 configurations' flags (trn2_example)",
     "aync_exec_max_inflight_requests": "the trn2 configurations' value (trn2_example)",
+    "model.moe.router_activation": "the example says sigmoid, but its top_k router is built without act_fn and "
+    "scores with softmax (transformer.py, lines 438-444): the rendering writes what trains",
 }
 # The example's keys that NxD Training reads only with sinkhorn routing, which moe-train has not.
 OMITTED = {"model.moe.sinkhorn_iterations", "model.moe.sinkhorn_tol"}
@@ -112,9 +114,10 @@ def test_shipped_trn2_profile_keeps_its_layout():
     train = load_train_config(TRN2_PROFILE)
     rendered = render_nxdt_config(train, name="t", nodes=2, ranks_per_node=64, compile_cache="/fsx/c")
     strategy, moe = rendered["distributed_strategy"], rendered["model"]["moe"]
-    assert (strategy["tensor_model_parallel_size"], strategy["expert_model_parallel_size"]) == (8, 8)
+    # AWS's Mixtral example's layout (megatron_mixtral_8x7b_config.yaml): tensor 32, expert 1, 32 key/value heads.
+    assert (strategy["tensor_model_parallel_size"], strategy["expert_model_parallel_size"]) == (32, 1)
     assert (moe["capacity_factor"], moe["dropless"], moe["top_k"], moe["num_experts"]) == (2.0, False, 2, 8)
-    assert rendered["model"]["num_kv_heads"] == 8 and rendered["trainer"]["num_nodes"] == 2
+    assert rendered["model"]["num_kv_heads"] == 32 and rendered["trainer"]["num_nodes"] == 2
 
 
 def test_a_profile_without_capacity_factor_renders_dropless():
@@ -173,26 +176,56 @@ def test_the_gpu_mixtral_profile_is_refused_key_by_key():
     assert {"moe.z_loss_coeff", "parallel.expert_tensor", "moe.capacity_factor", "metrics.file"} <= keys
 
 
+def refusal(key: str, overrides: list[str], world_size: int = 128):
+    train = load_train_config(TRN2_PROFILE, overrides)
+    return next(p for p in nxdt_problems(train, world_size=world_size) if p.key == key)
+
+
 def test_dropless_with_expert_parallelism_is_refused():
-    assert "moe.capacity_factor" in refused_keys(["moe.capacity_factor=null"])
+    assert "moe.capacity_factor" in refused_keys(["moe.capacity_factor=null", "parallel.expert=2"])
 
 
-def test_expert_parallelism_at_tensor_32_on_trn2_is_refused():
-    overrides = ["model.num_query_groups=32", "parallel.tensor=32", "parallel.expert=2"]
-    assert "parallel.expert" in refused_keys(overrides, world_size=256)
+def test_the_dropless_hint_offers_only_capacity_factors_below_full_capacity():
+    # 8 experts, top 2: 4.0 or more is full capacity, whose path cannot split experts over ranks in training.
+    assert (
+        "below moe.num_experts / moe.top_k (4)"
+        in refusal("moe.capacity_factor", ["moe.capacity_factor=null", "parallel.expert=2"]).allowed
+    )
+
+
+def test_full_capacity_with_expert_parallelism_is_refused():
+    assert "moe.capacity_factor" in refused_keys(["moe.capacity_factor=4.0", "parallel.expert=2"])
+
+
+def test_a_capacity_factor_below_full_capacity_is_not_refused_for_expert_parallelism():
+    assert "moe.capacity_factor" not in refused_keys(["moe.capacity_factor=3.9", "parallel.expert=2"])
+
+
+def test_expert_parallelism_is_refused():
+    assert "parallel.expert" in refused_keys(["parallel.expert=2"])
+
+
+def test_tensor_8_at_lnc_2_is_refused_with_neuronx_distributed_named():
+    found = refusal("parallel.tensor", ["parallel.tensor=8"])
+    assert "parallel_state.py" in found.message and found.got == 8
+
+
+@pytest.mark.parametrize("tensor", [16, 32])
+def test_tensor_16_and_32_are_accepted_on_trn2(tensor):
+    assert refused_keys([f"parallel.tensor={tensor}"]) == set()
 
 
 def test_tensor_parallel_must_divide_the_key_value_heads():
-    assert "parallel.tensor" in refused_keys(["parallel.tensor=16", "parallel.expert=4"])
+    assert "parallel.tensor" in refused_keys(["model.num_query_groups=8"])
 
 
-def test_expert_parallel_must_divide_the_data_parallel_ranks():
-    # 2 nodes x 64 ranks at tensor 8: 16 data-parallel ranks, which 8 experts' groups of 8 divide, 32 would not.
-    assert "parallel.expert" in refused_keys(["moe.num_experts=32", "parallel.expert=32"])
+def test_a_sigmoid_router_is_refused():
+    # NxD Training's top_k router scores with softmax whatever router_activation says.
+    assert "moe.score_function" in refused_keys(["moe.score_function=sigmoid"])
 
 
 def test_a_separate_expert_tensor_size_is_refused():
-    assert "parallel.expert_tensor" in refused_keys(["parallel.expert_tensor=1"])
+    assert "parallel.expert_tensor" in refused_keys(["parallel.expert=2", "parallel.expert_tensor=1"])
 
 
 def test_a_decay_past_max_steps_is_refused():
@@ -212,26 +245,3 @@ def test_render_raises_with_every_refused_key():
     with pytest.raises(ConfigError) as error:
         render_nxdt_config(train, name="t", nodes=2, ranks_per_node=64, compile_cache="/c")
     assert {p.key for p in error.value.problems} == {"moe.z_loss_coeff", "data.pin_memory"}
-
-
-# The reads NxD Training makes of what we render, as it makes them: OmegaConf on the YAML file (the DLC pins
-# omegaconf>=2.2,<2.3; 2.2.3 here). OmegaConf's .get(key, default) returns a stored null, not the default.
-TRAINIUM_CONFIGS = [p for p in sorted((ROOT / "config").glob("*.yaml")) if "trn2" in p.name]
-
-
-@pytest.mark.parametrize("config_path", TRAINIUM_CONFIGS, ids=lambda p: p.name)
-def test_nxd_training_can_iterate_the_selective_recompute_list_it_reads(config_path, tmp_path):
-    from omegaconf import OmegaConf
-
-    from moe_cdk.jobs.neuron_job import neuron_run
-    from moe_cdk.jobs.profile import load_job_profile
-    from moe_cdk.schema.config import load_config
-
-    config = load_config(config_path)
-    written = tmp_path / "nxdt.yaml"
-    written.write_text(neuron_run(config, load_job_profile(config, None, ())).config_text)
-    cfg = OmegaConf.load(written)
-    # neuronx-distributed-training 9169aa0, models/megatron/megatron_base_model.py (lines 57-61): with selective
-    # granularity the list is read with a default and iterated.
-    assert cfg.model.get("activations_checkpoint_granularity") == "selective"
-    assert list(cfg.model.get("activations_checkpoint_recompute", [])) == ["CoreAttention"]

@@ -8,6 +8,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from moe_cdk.core import catalog
 from moe_cdk.training.fabric import neuron
 from moe_cdk.training.fabric.preflight import ToolOutput, check_nccom_test, check_node
@@ -97,12 +99,12 @@ def test_unreadable_neuron_ls_output_is_a_problem_not_a_crash():
 
 def test_nccom_test_table_with_time_us_parses():
     result = neuron.parse_nccom_test(sample("nccom_test_allr_2rank.txt"))
-    assert (len(result.rows), result.busbw_at_largest_gb_s, result.average_busbw_gb_s) == (11, 52.83, 23.6671)
+    assert (len(result.rows), result.busbw_at_largest_gib_s, result.average_busbw_gib_s) == (11, 52.83, 23.6671)
 
 
 def test_nccom_test_table_with_percentiles_and_a_tab_parses():
     result = neuron.parse_nccom_test(sample("nccom_test_allg_stats.txt"))
-    assert (len(result.rows), result.busbw_at_largest_gb_s, result.average_busbw_gb_s) == (4, 30.92, 9.1966)
+    assert (len(result.rows), result.busbw_at_largest_gib_s, result.average_busbw_gib_s) == (4, 30.92, 9.1966)
 
 
 def test_a_failed_nccom_test_run_fails_its_verdict():
@@ -114,13 +116,37 @@ def test_a_failed_nccom_test_run_fails_its_verdict():
 def test_a_single_node_run_is_reported_without_a_floor():
     verdict = check_nccom_test(sample("nccom_test_allr_2rank.txt"), operation="all_reduce", instance_type=TRN2, nodes=1)
     assert (
-        verdict.line() == "preflight nccom_all_reduce: PASS busbw 52.83 GB/s at 1073741824 B, average busbw 23.67 GB/s"
+        verdict.line()
+        == "preflight nccom_all_reduce: PASS busbw 52.83 GiB/s at 1073741824 B, average busbw 23.67 GiB/s"
     )
 
 
-def test_across_nodes_bandwidth_below_half_the_efa_line_rate_per_rank_fails():
-    assert neuron.nccom_floor_gb_s(catalog.lookup(TRN2)) == 3.125  # 3,200 Gbps / 8 / 64 ranks / 2
-    slow = sample("nccom_test_allr_2rank.txt").replace("52.83          52.83", "52.83           3.00")
-    verdict = check_nccom_test(slow, operation="alltoall", instance_type=TRN2, nodes=2)
+def test_the_all_reduce_floor_is_half_the_nodes_efa_line_rate_in_gib_s():
+    # 3,200 Gbps = 400 x 10**9 B/s = 372.53 GiB/s a trn2 node; half of it, whatever the ranks per node.
+    assert neuron.nccom_floor_gib_s(catalog.lookup(TRN2), "all_reduce") == pytest.approx(3200e9 / 8 / 2**30 / 2)
+
+
+def test_an_all_reduce_across_nodes_at_a_fraction_of_the_line_rate_fails():
+    # 52.83 GiB/s, a 2-rank run on one node, is far above a per-rank share but a seventh of the node's EFA.
+    verdict = check_nccom_test(sample("nccom_test_allr_2rank.txt"), operation="all_reduce", instance_type=TRN2, nodes=2)
     (found,) = verdict.problems
-    assert found.key == "nccom_alltoall.busbw" and "3.00 GB/s" in str(found)
+    assert found.key == "nccom_all_reduce.busbw" and "186.26 GiB/s or more" in str(found)
+
+
+def test_the_alltoall_floor_is_half_the_line_rate_per_rank_in_gib_s():
+    assert neuron.nccom_floor_gib_s(catalog.lookup(TRN2), "alltoall") == pytest.approx(3200e9 / 8 / 2**30 / 2 / 64)
+
+
+def alltoall_at(busbw: str) -> str:
+    return sample("nccom_test_allr_2rank.txt").replace("52.83          52.83", f"52.83           {busbw}")
+
+
+def test_an_alltoall_across_nodes_below_its_floor_fails():
+    verdict = check_nccom_test(alltoall_at("2.50"), operation="alltoall", instance_type=TRN2, nodes=2)
+    (found,) = verdict.problems
+    assert found.key == "nccom_alltoall.busbw" and "2.50 GiB/s" in str(found) and "2.91 GiB/s or more" in str(found)
+
+
+def test_an_alltoall_above_its_gib_s_floor_passes():
+    # 3.00 GiB/s is 3.22 GB/s: above half the line rate per rank in either unit (2.91 GiB/s, 3.125 GB/s).
+    assert check_nccom_test(alltoall_at("3.00"), operation="alltoall", instance_type=TRN2, nodes=2).passed

@@ -10,7 +10,10 @@ Formats, from AWS Neuron's documentation (aws-neuron/aws-neuron-sdk, ``tools/neu
   fields, which are not checked.
 - ``nccom-test`` prints a table headed ``size(B) count(elems) type time(us) algbw(GB/s) busbw(GB/s)`` (newer
   releases: ``time:avg(us)``), then ``Avg bus bandwidth: <x>GB/s``; a failed size prints ``Failure running
-  neuron-bench`` and the run ends with ``<n> errors found - test failed``.
+  neuron-bench`` and the run ends with ``<n> errors found - test failed``. Its "GB/s" are gibibytes per second
+  (``nccom-test.rst``, "algbw(GB/s)": "in gibibytes (1GiB = 1,073,741,824 bytes) per second"; its 2-rank example
+  agrees: 1073741824 B in 18930 us is 52.83 GiB/s), and busbw does not depend on the number of ranks (same
+  table; awsome-distributed-training ``micro-benchmarks/nccom-tests/README.md`` says the same).
 """
 
 from __future__ import annotations
@@ -107,21 +110,23 @@ def device_findings(spec: catalog.InstanceSpec, devices: tuple[NeuronDevice, ...
 
 @dataclass(frozen=True, kw_only=True)
 class NccomRow:
+    """One size of an ``nccom-test`` run; bandwidths in GiB/s, as it prints them under "GB/s"."""
+
     size_bytes: int
-    algbw_gb_s: float
-    busbw_gb_s: float
+    algbw_gib_s: float
+    busbw_gib_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
 class NccomResult:
     rows: tuple[NccomRow, ...]
-    average_busbw_gb_s: float | None
+    average_busbw_gib_s: float | None
     failures: tuple[str, ...]
     """The lines that report a failed size or a failed run."""
 
     @property
-    def busbw_at_largest_gb_s(self) -> float | None:
-        return max(self.rows, key=lambda r: r.size_bytes).busbw_gb_s if self.rows else None
+    def busbw_at_largest_gib_s(self) -> float | None:
+        return max(self.rows, key=lambda r: r.size_bytes).busbw_gib_s if self.rows else None
 
 
 _AVERAGE = re.compile(r"Avg bus bandwidth:\s*([0-9.]+)\s*GB/s")
@@ -150,17 +155,35 @@ def parse_nccom_test(text: str) -> NccomResult:
             rows.append(
                 NccomRow(
                     size_bytes=int(tokens[0]),
-                    algbw_gb_s=float(tokens[columns.index("algbw(GB/s)")]),
-                    busbw_gb_s=float(tokens[columns.index("busbw(GB/s)")]),
+                    algbw_gib_s=float(tokens[columns.index("algbw(GB/s)")]),
+                    busbw_gib_s=float(tokens[columns.index("busbw(GB/s)")]),
                 )
             )
         except ValueError:
             continue
-    return NccomResult(rows=tuple(rows), average_busbw_gb_s=average, failures=tuple(failures))
+    return NccomResult(rows=tuple(rows), average_busbw_gib_s=average, failures=tuple(failures))
 
 
-def nccom_floor_gb_s(spec: catalog.InstanceSpec) -> float:
-    """The least bus bandwidth accepted at the largest message across nodes: half the EFA line rate per rank
-    (network_gbps / 8 / ranks per node). AWS publishes no nccom-test result for trn2, so this is derived, as the
-    GPUs' all-to-all floor is (core/catalog.py)."""
-    return 0.5 * spec.network_gbps / 8 / spec.ranks_per_node
+GIB = 1 << 30
+NCCOM_FLOOR_FRACTION = 0.5
+"""The share of the EFA line rate a run across nodes must reach: AWS publishes no nccom-test result for trn2,
+so the floors are derived, with the half the GPUs' all-to-all floor allows for SRD and multi-rail overheads
+(core/catalog.py). A fallback to TCP sockets lands far below either floor."""
+
+
+def node_efa_gib_s(spec: catalog.InstanceSpec) -> float:
+    """A node's EFA line rate in GiB/s (network_gbps, 10**9 bits per second)."""
+    return spec.network_gbps * 1e9 / 8 / GIB
+
+
+def nccom_floor_gib_s(spec: catalog.InstanceSpec, operation: str) -> float:
+    """The least bus bandwidth, in nccom-test's GiB/s, accepted at the largest message of a run across nodes.
+
+    - ``all_reduce``: half the node's EFA line rate. A ring all-reduce over node-contiguous ranks sends
+      2(r-1)/r of the data out of each node, the bus-bandwidth factor itself, so its busbw across nodes follows
+      the node's network bandwidth, whatever the ranks per node.
+    - ``alltoall``: half the line rate per rank. Every rank sends its own share across the nodes, so the node's
+      bandwidth is divided among its ranks (the N/(N-1) x per-rank bound of the GPUs' floor, core/catalog.py).
+    """
+    node = NCCOM_FLOOR_FRACTION * node_efa_gib_s(spec)
+    return node if operation == "all_reduce" else node / spec.ranks_per_node

@@ -274,7 +274,8 @@ def check_nccl_tests(
 
 def check_nccom_test(text: str, *, operation: str, instance_type: str, nodes: int) -> Verdict:
     """One ``nccom-test`` run on Trainium: a result table, no failed size, and across nodes the largest message's
-    bus bandwidth at or above ``neuron.nccom_floor_gb_s``."""
+    bus bandwidth at or above ``neuron.nccom_floor_gib_s`` for ``operation``. Bandwidths are in GiB/s, the unit
+    nccom-test prints under "GB/s"."""
     subject = f"nccom_{operation}"
     result = neuron_fabric.parse_nccom_test(text)
     found = _Findings()
@@ -284,20 +285,25 @@ def check_nccom_test(text: str, *, operation: str, instance_type: str, nodes: in
     if not result.rows:
         found.problems.append(problem("no result table", got="no rows", allowed="nccom-test output").at(subject))
         return found.verdict(subject)
-    busbw = result.busbw_at_largest_gb_s
-    found.facts.append(f"busbw {busbw:.2f} GB/s at {max(r.size_bytes for r in result.rows)} B")
-    if result.average_busbw_gb_s is not None:
-        found.facts.append(f"average busbw {result.average_busbw_gb_s:.2f} GB/s")
+    busbw = result.busbw_at_largest_gib_s
+    found.facts.append(f"busbw {busbw:.2f} GiB/s at {max(r.size_bytes for r in result.rows)} B")
+    if result.average_busbw_gib_s is not None:
+        found.facts.append(f"average busbw {result.average_busbw_gib_s:.2f} GiB/s")
     spec = catalog.lookup(instance_type)
     if spec is None:
         found.problems.append(catalog.unknown_instance_type(instance_type).at("instance_type"))
-    elif nodes >= 2 and busbw < (floor := neuron_fabric.nccom_floor_gb_s(spec)):
+    elif nodes >= 2 and busbw < (floor := neuron_fabric.nccom_floor_gib_s(spec, operation)):
+        line = neuron_fabric.node_efa_gib_s(spec)
+        share = (
+            f"half the node's EFA line rate, {spec.network_gbps} Gbps = {line:.2f} GiB/s"
+            if operation == "all_reduce"
+            else f"half the EFA line rate per rank, {line:.2f} GiB/s / {spec.ranks_per_node} ranks"
+        )
         found.problems.append(
             problem(
                 f"bus bandwidth below the {spec.ec2_name} floor",
-                got=f"{busbw:.2f} GB/s",
-                allowed=f"{floor:g} GB/s or more (half the EFA line rate per rank: {spec.network_gbps} Gbps / 8 / "
-                f"{spec.ranks_per_node} ranks)",
+                got=f"{busbw:.2f} GiB/s",
+                allowed=f"{floor:.2f} GiB/s or more ({share})",
             ).at(f"{subject}.busbw")
         )
     return found.verdict(subject)

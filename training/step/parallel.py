@@ -14,12 +14,55 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.config import TrainConfig
 
-# The largest tensor-parallel size: one node's 8 GPUs, the NVLink domain of every supported
+# The largest tensor-parallel size on GPUs: one node's 8 GPUs, the NVLink domain of every supported
 # instance. The vocabulary padding (model.py) is shard-aligned for every divisor of it.
 MAX_TENSOR_PARALLEL = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorLimit:
+    """The tensor-parallel sizes an accelerator's nodes can run: divisors of one node's ranks (its fast
+    interconnect), less the sizes its software cannot group there."""
+
+    ranks: int
+    """Ranks one tensor-parallel group may span: one node's."""
+    domain: str
+    """Names those ranks in an error."""
+    refused: tuple[tuple[int, str], ...] = ()
+    """(size, why) for divisors of ``ranks`` that are refused all the same."""
+
+    def allowed(self) -> list[int]:
+        refused = {size for size, _ in self.refused}
+        return [n for n in range(1, self.ranks + 1) if self.ranks % n == 0 and n not in refused]
+
+
+GPU_TENSOR_LIMIT = TensorLimit(ranks=MAX_TENSOR_PARALLEL, domain="one node's 8 GPUs, its NVLink domain")
+
+# neuronx-distributed builds a trn2 node's tensor-parallel groups from its 64 ranks at LNC 2 and lists the
+# layouts that work and those that do not (aws-neuron/neuronx-distributed@fecfe75, the 2.26.0 release,
+# src/neuronx_distributed/parallel_layers/parallel_state.py, get_logic_chosen's docstring, lines 348-362; the
+# same text at 2.29, fbac349, lines 356-370): TP x DP per node of 4x16, 16x4, 32x2 (its "Logic 2") and 64x1
+# work; "VNC2: 1. 8x8 ... doesnt work" (line 360 at fecfe75, 368 at fbac349).
+_TRN2_LNC2_TENSOR_8 = (
+    "neuronx-distributed lists tensor 8 on a trn2 node at LNC 2 (8x8) as not supported "
+    "(parallel_layers/parallel_state.py@fecfe75, line 360)"
+)
+
+
+def tensor_limit(spec: catalog.InstanceSpec) -> TensorLimit:
+    """The tensor-parallel sizes nodes of ``spec`` can run."""
+    if spec.accelerator_kind is not catalog.AcceleratorKind.TRAINIUM:
+        return GPU_TENSOR_LIMIT
+    lnc2 = spec.ranks_per_node == 64  # trn2.48xlarge at LNC 2: 16 chips x 4 logical NeuronCores
+    return TensorLimit(
+        ranks=spec.ranks_per_node,
+        domain=f"one {spec.sagemaker_name}'s {spec.ranks_per_node} logical NeuronCores, its NeuronLink domain",
+        refused=((8, _TRN2_LNC2_TENSOR_8),) if lnc2 else (),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +98,9 @@ class Layout:
         )
 
 
-def plan_layout(config: TrainConfig, world_size: int) -> Layout:
-    """The layout of ``config`` on ``world_size`` ranks; raises ``ConfigError`` with every problem."""
+def plan_layout(config: TrainConfig, world_size: int, *, limit: TensorLimit = GPU_TENSOR_LIMIT) -> Layout:
+    """The layout of ``config`` on ``world_size`` ranks of nodes whose tensor-parallel sizes ``limit`` bounds
+    (default: GPU nodes); raises ``ConfigError`` with every problem."""
     p, o, errors = config.parallel, config.optim, []
     dense = p.tensor * p.pipeline
     expert = p.expert * p.expert_tensor_size * p.pipeline
@@ -84,12 +128,16 @@ def plan_layout(config: TrainConfig, world_size: int) -> Layout:
                 allowed=f"a divisor of {config.model.ffn_hidden_size}",
             ).at("parallel.expert_tensor")
         )
-    if MAX_TENSOR_PARALLEL % p.tensor:
+    allowed = ", ".join(map(str, limit.allowed()))
+    if limit.ranks % p.tensor:
         errors.append(
-            problem(
-                "must divide the largest tensor-parallel size, one node's 8 GPUs", got=p.tensor, allowed="1, 2, 4 or 8"
-            ).at("parallel.tensor")
+            problem(f"must divide the largest tensor-parallel size, {limit.domain}", got=p.tensor, allowed=allowed).at(
+                "parallel.tensor"
+            )
         )
+    for size, why in limit.refused:
+        if p.tensor == size:
+            errors.append(problem(why, got=p.tensor, allowed=allowed).at("parallel.tensor"))
     groups = config.model.num_query_groups or config.model.num_attention_heads
     if groups % p.tensor:
         errors.append(
