@@ -41,7 +41,7 @@ from moe_cdk.rules.sagemaker import (
     TaintEffect,
     eks_group_problems,
 )
-from moe_cdk.rules.teams import Team, TeamsConfig
+from moe_cdk.rules.teams import Team, TeamsConfig, eks_team_problems
 
 # The construct, its props, and the value types its props take: those are defined in rules/ with
 # their checks, which the configuration applies too.
@@ -138,8 +138,8 @@ def compute_quota_properties(
     team: Team, *, cluster_name: str, cluster_arn: str, groups: Sequence[EksInstanceGroup]
 ) -> dict:
     """``AWS::SageMaker::ComputeQuota`` for ``team``: its share of each compute group's accelerators (whole nodes on
-    a type without them), rounded down; its sharing strategy and borrow limit; its fair-share weight; and
-    preemption of lower-priority tasks, as the schema's default."""
+    a type without them), rounded down; its sharing strategy, borrow limit and absolute borrow limits; its fair-share
+    weight; and preemption of lower-priority tasks, as the schema's default."""
     # One entry per instance type: a node launched as a group's fallback type counts against the quota of that type,
     # so each type a group may run gets the team's share of the group's nodes; groups of one type add up (the API
     # takes one entry per InstanceType).
@@ -157,6 +157,12 @@ def compute_quota_properties(
         for entry in per_type.values()
     ]
     sharing = {"Strategy": team.sharing, **({"BorrowLimit": team.borrow_percent} if team.borrow_percent else {})}
+    # [TG-SHARING] in rules/teams.py: AbsoluteBorrowLimits takes ComputeQuotaResourceConfig entries, by ml. name.
+    if team.borrow_limits:
+        sharing["AbsoluteBorrowLimits"] = [
+            {"InstanceType": catalog.lookup(limit.instance_type).sagemaker_name, **limit.amounts()}
+            for limit in team.borrow_limits
+        ]
     return {
         "Name": resource_name(cluster_name, team.name),
         "ClusterArn": cluster_arn,
@@ -254,6 +260,8 @@ class HyperPodEksCluster(Construct):
         self.cluster_arn: str = self._resource.attr_cluster_arn
         self.cluster_name = props.cluster_name
         self.training_operator = self._training_operator() if props.training_operator else None
+        self.team_quotas: list[cdk.CfnResource] = []
+        """One ``AWS::SageMaker::ComputeQuota`` per team; each creates the team's namespace ``hyperpod-ns-<team>``."""
         self.task_governance = self._task_governance(props.teams) if props.teams is not None else None
 
     def _grant_eks_node_permissions(self, stack: cdk.Stack) -> None:
@@ -377,6 +385,7 @@ class HyperPodEksCluster(Construct):
                     for t in teams.qos
                 ],
                 fair_share="Enabled",
+                idle_resource_sharing="Enabled" if teams.idle_resource_sharing else None,
             ),
         )
         scheduler.node.add_dependency(addon)
@@ -394,6 +403,7 @@ class HyperPodEksCluster(Construct):
                 ),
             )
             quota.node.add_dependency(scheduler)
+            self.team_quotas.append(quota)
             cdk.Validations.of(quota).acknowledge(
                 cdk.Acknowledgment(
                     id="CloudFormation-Validate::F3006",
@@ -415,4 +425,6 @@ class HyperPodEksCluster(Construct):
         )
         if props.tiered_storage is not None:
             found += [p.at("tiered_storage") for p in props.tiered_storage.problems()]
+        if props.teams is not None:
+            found += list(eks_team_problems(props.teams, props.instance_groups))
         return found + lifecycle_directory_problems(props.lifecycle_scripts_directory)

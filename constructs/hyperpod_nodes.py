@@ -86,6 +86,9 @@ def instance_group_property(
         # "Autoscaling on SageMaker HyperPod EKS": a scaled group starts at 0 nodes (Karpenter scales a
         # larger one down to 0); its instance_count is the NodePool's limit instead.
         instance_count=0 if g.autoscaled else g.instance_count,
+        # Slurm, continuous provisioning: the group enters service once it has this many nodes, and rolls
+        # back if it has not within 3 hours (botocore's ClusterInstanceGroupSpecification.MinInstanceCount).
+        min_instance_count=g.min_instance_count,
         execution_role=role.role_arn,
         life_cycle_config=life_cycle,
         # One thread per core on GPU groups: the trainer pins one process per GPU and

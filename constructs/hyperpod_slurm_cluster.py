@@ -184,6 +184,8 @@ def teams_parameters(teams: TeamsConfig) -> dict:
                 "max_gpus": t.max_gpus,
                 "max_wall": t.max_wall,
                 "grace_time_s": t.grace_time_s,
+                "preempt_exempt_s": t.preempt_exempt_s,
+                "max_gpus_per_user": t.max_gpus_per_user,
             }
             for t in teams.qos
         ],
@@ -195,6 +197,9 @@ def teams_parameters(teams: TeamsConfig) -> dict:
                 "default_qos": team.default(teams.qos),
                 "members": [{"name": m.name, "uid": m.uid} for m in team.members],
                 "gid": team.group_id(position),
+                "max_gpus": team.max_gpus,
+                "max_gpus_per_user": team.max_gpus_per_user,
+                "max_jobs_per_user": team.max_jobs_per_user,
             }
             for position, team in enumerate(teams.teams)
         ],
@@ -350,7 +355,11 @@ class HyperPodSlurmCluster(Construct):
 
     @staticmethod
     def _problems(props: HyperPodSlurmClusterProps) -> list[Problem]:
-        found = group_problems(props.instance_groups, require_efa=props.require_efa)
+        found = group_problems(
+            props.instance_groups,
+            require_efa=props.require_efa,
+            continuous=props.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS,
+        )
         found += lifecycle_directory_problems(props.lifecycle_scripts_directory)
         if (obs := props.observability) is not None:
             if not obs.remote_write_url_parameter.startswith("/"):

@@ -131,7 +131,12 @@ class LustreVolume(Construct):
         self.claim_name = props.claim_name
         self.namespace = props.namespace
         self.manifests = volume_manifests(props, self.volume_name)
-        self.manifest = eks.KubernetesManifest(self, "Manifest", cluster=props.cluster, manifest=self.manifests)
+        # A team's namespace is task governance's, created with the team's quota before this claim (AWS's order,
+        # stacks/hyperpod_eks_stack.py), so its manifest is applied (kubectl apply, which adds the Pod Security labels
+        # to it), not created (kubectl create, which fails on an existing namespace).
+        self.manifest = eks.KubernetesManifest(
+            self, "Manifest", cluster=props.cluster, manifest=self.manifests, overwrite=props.team is not None
+        )
 
     @staticmethod
     def _problems(props: LustreVolumeProps) -> list[Problem]:

@@ -147,7 +147,7 @@ class EksJobSpec:
     (``POD_NETWORK``). Default (None): the node's without a team, the pod's own for a team's job, whose namespace
     refuses host networking."""
     qos: str | None = None
-    """The QoS tier: its priority class (``kueue.x-k8s.io/priority-class``)."""
+    """The QoS tier: its priority class (``kueue.x-k8s.io/priority-class``). Needs ``team``."""
     preflight: bool = False
     """Check each pod's node first: an init container runs ``moe-preflight node`` (GPUs and EFA devices against
     the catalog) in the image, and the trainer starts only where it passed. The checks across nodes are the
@@ -170,6 +170,16 @@ class EksJobSpec:
                 f"team {self.team}'s namespace enforces Pod Security baseline, which refuses host networking",
                 True,
                 "the pod network (EFA does not need the host's)",
+            )
+
+        if self.qos and not self.team:
+            # Task governance reads the priority class of a job in a team's queue only (rules/teams.py,
+            # [TG-LABELS]); a job without a team has no queue, so a tier would be dropped.
+            add(
+                "qos",
+                "on EKS a tier is a task-governance priority class, which applies to a team's jobs only",
+                self.qos,
+                "--team with --qos, or no --qos",
             )
 
         if self.preflight and self.fallback_instance_types:

@@ -1,14 +1,19 @@
 """``moe-cdk eks node-pools``: the Karpenter objects of an EKS configuration's autoscaled groups, and
 the check that a rendered training pod can make Karpenter add a node to its group.
 
-For each group with ``autoscale: true``:
-- a ``HyperpodNodeClass`` (karpenter.sagemaker.amazonaws.com/v1) naming the group. AWS publishes no
-  schema for it; the developer guide ("Autoscaling on SageMaker HyperPod EKS", node class page) gives
-  ``spec.instanceGroups``, a list of at most 10 instance group names, which ``node_class_problems``
-  checks;
+For each group with ``autoscale: true`` that is no other group's fallback:
+- a ``HyperpodNodeClass`` (karpenter.sagemaker.amazonaws.com/v1) naming the group, then its
+  ``fallback_groups``. AWS publishes no schema for it; the developer guide ("Autoscaling on SageMaker
+  HyperPod EKS", node class page) gives ``spec.instanceGroups``, a list of at most 10 instance group
+  names, which ``node_class_problems`` checks. With a Spot group and its On-Demand fallbacks in one
+  class, Karpenter adds Spot nodes first and On-Demand nodes when the Spot group cannot grow ("Spot
+  instances in SageMaker HyperPod": "Create HyperpodNodeClass", "Managing Node Interruption"); the
+  order of the list is not what decides, the groups' capacity types are
+  (``rules.hyperpod_capacity.fallback_group_problems``);
 - a ``NodePool`` (karpenter.sh/v1) on that class: the group's instance types, labels and taints, so
-  a pending pod that selects them is one Karpenter can place; ``limits`` of the group's
-  ``instance_count`` nodes (their CPUs and accelerators); and ``WhenEmpty`` consolidation after
+  a pending pod that selects them is one Karpenter can place (a fallback group has the same labels and
+  taints, and some of the same types); ``limits`` of the group's ``instance_count`` nodes (their CPUs
+  and accelerators), the class's groups together; and ``WhenEmpty`` consolidation after
   ``empty_node_timeout_s``, so nodes go back to zero once no pod runs on them, and a running training
   pod is never moved to pack nodes tighter (``WhenEmptyOrUnderutilized`` would). Nodes never expire
   (``expireAfter: Never``, as AWS's example): a node replaced mid-run costs a restart from the last
@@ -34,11 +39,12 @@ NODE_POOL_API = "karpenter.sh/v1"
 
 
 def node_class(group: InstanceGroupConfig) -> dict:
+    """The node class of ``group`` and its fallback groups, the group first."""
     return {
         "apiVersion": f"{NODE_CLASS_GROUP}/v1",
         "kind": NODE_CLASS_KIND,
         "metadata": {"name": group.name},
-        "spec": {"instanceGroups": [group.name]},
+        "spec": {"instanceGroups": [group.name, *group.fallback_groups]},
     }
 
 
@@ -77,8 +83,15 @@ def node_pool(group: InstanceGroupConfig) -> dict:
 
 
 def node_pool_objects(config: Config) -> list[dict]:
-    """A HyperpodNodeClass and a NodePool for each autoscaled group, in that order."""
-    return [obj for g in config.cluster.instance_groups if g.autoscale for obj in (node_class(g), node_pool(g))]
+    """A HyperpodNodeClass and a NodePool for each autoscaled group, in that order; a fallback group is in
+    the class of the group it backs, and has none of its own."""
+    fallbacks = config.cluster.fallback_group_names
+    return [
+        obj
+        for g in config.cluster.instance_groups
+        if g.autoscale and g.name not in fallbacks
+        for obj in (node_class(g), node_pool(g))
+    ]
 
 
 def node_class_problems(obj: Mapping) -> list[Problem]:

@@ -7,12 +7,15 @@
     slurm_teams.py apply PARAMS         (controller) QoS tiers, team accounts and their users with sacctmgr
     slurm_teams.py conf PARAMS          print the scheduler settings that priority and preemption need
 
-`apply` is idempotent: what exists is modified to the parameters' values, what is missing is added, nothing is
-removed (a user taken out of a team keeps the association until `sacctmgr delete user`). It follows AWS's
-"Fair-share, QoS, Priority & Preemption" guide (awslabs/ai-on-sagemaker-hyperpod at a1d1d75,
-website/docs/01-slurm-orchestration/add-ons/slurm-chargeback/): accounts with FairShare=, QoS tiers with
-Priority=, Preempt=, MaxTRES=gres/gpu=N and MaxWall=, users with DefaultAccount=; sacctmgr(1) of Slurm 22.05 for
-the syntax (-i commits without a prompt; -n -P print bare, |-separated rows).
+`apply` is idempotent: what exists is modified to the parameters' values, what is missing is added, a limit taken
+out of the parameters is cleared (-1), nothing else is removed (a user taken out of a team keeps the association
+until `sacctmgr delete user`). It follows AWS's "Fair-share, QoS, Priority & Preemption" guide
+(awslabs/ai-on-sagemaker-hyperpod at a1d1d75, website/docs/01-slurm-orchestration/add-ons/slurm-chargeback/
+03-qos-priority-preemption.md): accounts with FairShare=, GrpTRES=gres/gpu=N and MaxJobs=; QoS tiers with
+Priority=, Preempt=, MaxTRES=gres/gpu=N, MaxTRESPerUser=gres/gpu=N and MaxWall=; users with DefaultAccount=.
+sacctmgr(1) of Slurm 22.05 for the syntax (-i commits without a prompt; -n -P print bare, |-separated rows; -1
+clears a limit) and for which entity takes which option: MaxTRESPerUser and PreemptExemptTime are QoS options only,
+so a team's per-member GPU cap is GrpTRES on each member's own association.
 
 Python 3 standard library only, like node_info.py: it runs on the node's own interpreter.
 """
@@ -23,17 +26,24 @@ import json
 import subprocess
 import sys
 
-# The scheduler settings of AWS's guide: the multifactor priority (fair share and QoS weigh most) and preemption
-# by QoS with requeue; AccountingStorageEnforce makes a job's account and QoS count (associations, limits, qos).
+# The scheduler settings of AWS's guide (03-qos-priority-preemption.md at a1d1d75, "Multi-Factor Priority" and
+# "Preemption"), as it writes them: fair share weighs twice what QoS does (5000 to 2500), usage is reset monthly, and
+# preemption goes by QoS with requeue; AccountingStorageEnforce makes a job's account, QoS and limits count. The
+# guide's global PreemptExemptTime=00:30:00 is set on each tier instead (QoS PreemptExemptTime, preempt_exempt_s):
+# sacctmgr(1) of 22.05 says the QoS's value "takes precedence over the global PreemptExemptTime", it lives in the
+# accounting database, where no rewrite of slurm.conf reaches it, and a change to it needs no slurmctld restart.
 SCHEDULER_SETTINGS = (
     "PriorityType=priority/multifactor",
     "PriorityDecayHalfLife=7-0",
     "PriorityCalcPeriod=5",
+    "PriorityMaxAge=7-0",
+    "PriorityUsageResetPeriod=MONTHLY",
     "PriorityWeightAge=1000",
     "PriorityWeightFairshare=5000",
     "PriorityWeightJobSize=500",
     "PriorityWeightPartition=1000",
-    "PriorityWeightQOS=10000",
+    "PriorityWeightQOS=2500",
+    "PriorityFavorSmall=NO",
     "PreemptType=preempt/qos",
     "PreemptMode=REQUEUE",
     "AccountingStorageEnforce=associations,limits,qos",
@@ -69,6 +79,33 @@ def teams_of(params_path: str) -> dict:
         return json.load(handle).get("teams") or {"qos": [], "teams": []}
 
 
+def count(value: object, what: str) -> int:
+    """A whole number of the parameters (a limit, seconds): JSON's true is not one, and a string never reaches
+    sacctmgr."""
+    if type(value) is not int or value < 0:
+        raise SystemExit(f"{what}: not a whole number: {value!r}")
+    return value
+
+
+def duration(seconds: int) -> str:
+    """Seconds in Slurm's [days-]hours:minutes:seconds: sacctmgr reads a bare number as minutes (PreemptExemptTime=20
+    is shown as 00:20:00 on 22.05)."""
+    days, rest = divmod(seconds, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def gpu_limit(value: object, what: str, gpus_tracked: bool) -> list[str]:
+    """``gres/gpu=N``, or ``gres/gpu=-1`` (cleared) for no limit; nothing where GPUs are not tracked, where sacctmgr
+    can neither set nor clear one. A limit asked for there stops the step."""
+    if value is not None and not gpus_tracked:
+        raise SystemExit(
+            f"{what} needs GPU accounting (AccountingStorageTRES=gres/gpu), which this cluster's accounting does not "
+            "track"
+        )
+    return [f"gres/gpu={-1 if value is None else count(value, what)}"] if gpus_tracked else []
+
+
 def sacctmgr(*args: str) -> str:
     done = subprocess.run(["sacctmgr", "-i", "-n", "-P", *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -98,35 +135,52 @@ def apply(teams: dict) -> None:
     }
     for tier in teams["qos"]:
         wanted = tier.get("preempts") or []
+        where = f"QoS {tier['name']}"
+        exempt = tier.get("preempt_exempt_s")
         settings = [
             f"Priority={tier['priority']}",
             *(["Preempt=" + ",".join(wanted)] if set(wanted) != preempts.get(tier["name"], set()) else []),
             f"MaxWall={tier['max_wall']}" if tier.get("max_wall") else "MaxWall=-1",
             f"GraceTime={tier.get('grace_time_s', 0)}",
+            # -1: the global PreemptExemptTime (none is set), for parameters written before the setting existed.
+            "PreemptExemptTime=" + ("-1" if exempt is None else duration(count(exempt, f"{where}: preempt_exempt_s"))),
+            *("MaxTRES=" + t for t in gpu_limit(tier.get("max_gpus"), f"{where}: max_gpus", gpus_tracked)),
+            *(
+                "MaxTRESPerUser=" + t
+                for t in gpu_limit(tier.get("max_gpus_per_user"), f"{where}: max_gpus_per_user", gpus_tracked)
+            ),
         ]
-        if tier.get("max_gpus") and not gpus_tracked:
-            raise SystemExit(
-                f"QoS {tier['name']}: max_gpus needs GPU accounting (AccountingStorageTRES=gres/gpu), which this "
-                "cluster's accounting does not track"
-            )
-        if gpus_tracked:
-            settings.append(f"MaxTRES=gres/gpu={tier['max_gpus'] or -1}")
         modify("qos", tier["name"], settings)
     accounts = names("account")
     for team in teams["teams"]:
         if team["name"] not in accounts:
             sacctmgr("add", "account", f"name={team['name']}", f"Description=team {team['name']}", "Organization=moe-cdk")
             print(f"added account {team['name']}")
+        where = f"team {team['name']}"
+        jobs = team.get("max_jobs_per_user")
         modify(
             "account",
             team["name"],
-            [f"FairShare={team['share_percent']}", f"QOS={','.join(team['qos'])}", f"DefaultQOS={team['default_qos']}"],
+            [
+                f"FairShare={team['share_percent']}",
+                f"QOS={','.join(team['qos'])}",
+                f"DefaultQOS={team['default_qos']}",
+                # The team's GPU cap: what its running jobs hold together, members' and sub-associations' alike.
+                *("GrpTRES=" + t for t in gpu_limit(team.get("max_gpus"), f"{where}: max_gpus", gpus_tracked)),
+                # On an account, MaxJobs is each user's ("Maximum number of jobs each user is allowed to run at one
+                # time in this association", sacctmgr(1)), inherited by the members' associations.
+                "MaxJobs=" + ("-1" if jobs is None else str(count(jobs, f"{where}: max_jobs_per_user"))),
+            ],
         )
         users = names("assoc", f"account={team['name']}")
+        per_user = gpu_limit(team.get("max_gpus_per_user"), f"{where}: max_gpus_per_user", gpus_tracked)
         for member in team["members"]:
             if member["name"] not in users:
                 sacctmgr("add", "user", f"name={member['name']}", f"account={team['name']}", f"DefaultAccount={team['name']}")
                 print(f"added user {member['name']} to account {team['name']}")
+            if per_user:
+                # The member's own association: GrpTRES there is what that member's jobs in the team hold together.
+                modify("user", member["name"], ["GrpTRES=" + per_user[0]], account=team["name"])
     operators(teams, accounts)
 
 
@@ -150,17 +204,18 @@ def operators(teams: dict, accounts: set[str]) -> None:
             print(f"added user {name} to account {OPERATORS}")
 
 
-def modify(entity: str, name: str, settings: list[str]) -> None:
+def modify(entity: str, name: str, settings: list[str], *, account: str | None = None) -> None:
     # sacctmgr exits 1 with "Nothing modified" when every value is already set: that is the idempotent case.
+    where = [f"name={name}", *([f"account={account}"] if account else [])]
     done = subprocess.run(
-        ["sacctmgr", "-i", "modify", entity, "where", f"name={name}", "set", *settings],
+        ["sacctmgr", "-i", "modify", entity, "where", *where, "set", *settings],
         capture_output=True,
         text=True,
         check=False,
     )
     if done.returncode != 0 and "Nothing modified" not in done.stdout + done.stderr:
         raise SystemExit(f"sacctmgr modify {entity} {name} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
-    print(f"{entity} {name}: {' '.join(settings)}")
+    print(f"{entity} {name}{f' in account {account}' if account else ''}: {' '.join(settings)}")
 
 
 def main(argv: list[str]) -> int:

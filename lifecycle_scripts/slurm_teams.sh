@@ -5,10 +5,13 @@
 #   every node   each member as a POSIX user with the same uid everywhere and the home /fsx/<name> (0700), and an SSH
 #                key pair in that shared home that the user's own authorized_keys accepts, so `ssh` between nodes and
 #                MPI launchers work (AWS's base-config add_users.sh, fsx_ubuntu.sh and gen-keypair-ubuntu.sh do the
-#                same: aws-samples/awsome-distributed-training at 0edaf15, LifecycleScripts/base-config)
-#   controller   the QoS tiers, one account per team with its fair share, QoS and default QoS, and its users
-#                (slurm_teams.py apply, with sacctmgr); then the scheduler settings priority and preemption need
-#                (slurm_teams.py conf) in moe-cdk-teams.conf beside slurm.conf, which slurm.conf includes
+#                same: aws-samples/awsome-distributed-training at 0edaf15, LifecycleScripts/base-config), with
+#                /etc/skel's files in a new home; a member whose uid is another user's on the node is skipped there
+#                with a warning (as add_users.sh skips it), and the node does not fail
+#   controller   the QoS tiers (with their preempt exempt time and GPU limits), one account per team with its fair
+#                share, QoS, default QoS, GPU cap and job limit, and its users (slurm_teams.py apply, with
+#                sacctmgr); then the scheduler settings priority and preemption need (slurm_teams.py conf) in
+#                moe-cdk-teams.conf beside slurm.conf, which slurm.conf includes
 #
 # Accounting: HyperPod runs slurmdbd with MariaDB on the controller by default (SageMaker Developer Guide, "Using
 # an external accounting database"), or an external database (cluster.accounting_database). sacctmgr needs it; a
@@ -17,7 +20,9 @@
 # slurm.conf is HyperPod's: the Include line is the one change made to it, and the configuration asks for
 # SlurmConfigStrategy Merge, under which "HyperPod preserves manual slurm.conf changes" (SageMaker Developer Guide,
 # "SageMaker HyperPod references"; Managed fails UpdateCluster on a changed slurm.conf and Overwrite discards the
-# change). A changed setting takes a slurmctld restart: PriorityType, PreemptType and AccountingStorageEnforce are
+# change). With continuous provisioning there is no strategy (any is an API error) and no AWS page says whether
+# HyperPod keeps the edit; so what can be is kept in the accounting database, and docs/teams.md says how to check
+# for the Include line after scaling and run this step again. A changed setting takes a slurmctld restart: PriorityType, PreemptType and AccountingStorageEnforce are
 # read at start (slurm.conf(5) of 22.05 says so for AccountingStorageEnforce; preempt.shtml for plugin changes).
 # Where systemd runs slurmctld it is restarted; elsewhere `scontrol reconfigure` is what there is, and what it does
 # not take is logged.
@@ -34,14 +39,19 @@ teams_py() {
   python3 "${MOE_LC_DIR}/slurm_teams.py" "$@" "${MOE_LC_PARAMS}"
 }
 
+# uid_clash NAME UID: the user that already has UID on this node when NAME is not a user here (empty otherwise).
+uid_clash() {
+  local name="$1" uid="$2"
+  grep -q "^${name}:" "${MOE_LC_ROOT}/etc/passwd" && return 0
+  awk -F: -v uid="${uid}" '$3 == uid { print $1; exit }' "${MOE_LC_ROOT}/etc/passwd"
+}
+
 # ensure_user NAME UID: the user (and its group) with home /fsx/NAME; an existing user is left as it is.
 ensure_user() {
   local name="$1" uid="$2" prefix=()
   [[ -n "${MOE_LC_ROOT}" ]] && prefix=(--prefix "${MOE_LC_ROOT}")
   if grep -q "^${name}:" "${MOE_LC_ROOT}/etc/passwd"; then
     log "user ${name} exists"
-  elif awk -F: -v uid="${uid}" '$3 == uid { found = 1 } END { exit !found }' "${MOE_LC_ROOT}/etc/passwd"; then
-    die "uid ${uid} of team member ${name} is another user's on this node: pick a free uid in teams"
   else
     useradd "${prefix[@]}" --uid "${uid}" --user-group --no-create-home --home-dir "/fsx/${name}" \
       --shell /bin/bash "${name}"
@@ -114,6 +124,22 @@ member_ssh() {
   fi
 }
 
+# skeleton UID GID HOME NAME: the skeleton files (/etc/skel: .bashrc, .profile) in a home just made, as useradd -m
+# gives them (AWS's add_users.sh makes its users with useradd -m), copied as the member, so every file is the
+# member's and root writes nothing in the home. Only into a new home: an existing one is the member's own.
+skeleton() {
+  local uid="$1" gid="$2" home="$3" name="$4" skel="${MOE_LC_ROOT}/etc/skel" error
+  if [[ ! -d "${skel}" ]]; then
+    log "no ${skel}: /fsx/${name} starts empty"
+    return 0
+  fi
+  if error="$(as_member "${uid}" "${gid}" cp -R --preserve=mode,timestamps -- "${skel}/." "${home}/" 2>&1)"; then
+    log "/fsx/${name}: skeleton files from /etc/skel"
+  else
+    warn "could not copy /etc/skel into /fsx/${name} as ${name}: ${error##*: }; the home starts without them"
+  fi
+}
+
 # ensure_home NAME UID: the home /fsx/NAME and its SSH key pair, made once for all nodes (under the member's lock).
 # Root makes only the home, when it is missing: private (0700), the member's and the member's group's from the
 # start. What is in the home is the member's: root never opens, changes or chowns anything there. The key pair is
@@ -134,6 +160,7 @@ ensure_home() {
     if [[ ! -e "${home}" && ! -L "${home}" ]]; then
       install -d -o "${uid}" -g "${gid}" -m 0700 -- "${home}"
       log "home /fsx/${name} made (mode 700, owner ${uid}:${gid})"
+      skeleton "${uid}" "${gid}" "${home}" "${name}"
     fi
     owner="$(stat -L -c %u -- "${home}" 2>/dev/null)" || owner=""
     if [[ ! -d "${home}" || "${owner}" != "${uid}" ]]; then
@@ -173,7 +200,10 @@ ensure_team() {
   fi
   if [[ "${members}" != - ]]; then
     for member in ${members//,/ }; do
-      usermod "${prefix[@]}" --append --groups "${team}" "${member}"
+      # A member skipped for a uid clash (ensure_user) has no user here to add.
+      if grep -q "^${member}:" "${MOE_LC_ROOT}/etc/passwd"; then
+        usermod "${prefix[@]}" --append --groups "${team}" "${member}"
+      fi
     done
   fi
   root_dir "${MOE_LC_ROOT}/fsx/teams"
@@ -233,8 +263,17 @@ main() {
     log "no teams in the parameters: nothing to set up"
     return 0
   fi
-  local name uid
+  local name uid holder
   while read -r name uid; do
+    # A member whose uid is another user's on this node is skipped here, as AWS's add_users.sh skips it ("UID ... is
+    # already in use. Skipping adding user", aws-samples/awsome-distributed-training at 7217859,
+    # LifecycleScripts/base-config/add_users.sh): a clash with a user of the image must not fail the node, and so the
+    # cluster's creation or a node's replacement. The member gets no user, home or team group on this node.
+    holder="$(uid_clash "${name}" "${uid}")"
+    if [[ -n "${holder}" ]]; then
+      warn "team member ${name} skipped on this node: uid ${uid} is already user ${holder}'s here; give ${name} a free uid in teams (no user, home or team group for ${name} on this node)"
+      continue
+    fi
     ensure_user "${name}" "${uid}"
     ensure_home "${name}" "${uid}"
   done < <(teams_py members)

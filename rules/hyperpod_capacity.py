@@ -16,14 +16,22 @@ Sources, cited where each rule is applied:
   that start at 0 nodes, no deep health checks and no training plans on scaled groups;
 - CloudFormation's registry schema for ``AWS::SageMaker::Cluster`` (cfn-lint ships it):
   ``TieredStorageConfig.InstanceMemoryAllocationPercentage`` is 0 to 100; the guide puts tiered
-  checkpointing on EKS clusters only.
+  checkpointing on EKS clusters only;
+- "Spot instances in SageMaker HyperPod", "Create HyperpodNodeClass" and "Managing Node Interruption":
+  a node class lists several groups, Karpenter takes its Spot groups first and falls back to its
+  On-Demand groups when they cannot grow (``fallback_group_problems``);
+- ``MinInstanceCount`` (botocore's ``ClusterInstanceGroupSpecification`` and the registry schema: 0 to
+  6758, at most ``InstanceCount``), which AWS's announcement of 2026-05-27 ("SageMaker HyperPod Slurm
+  clusters now support specifying minimum capacity requirements with continuous provisioning")
+  documents for Slurm clusters in continuous mode (``min_instance_count_problems``).
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
@@ -50,9 +58,19 @@ def max_instance_types() -> int:
     return group.members["InstanceRequirements"].members["InstanceTypes"].metadata["max"]
 
 
+@functools.cache
+def min_instance_count_range() -> tuple[int, int]:
+    """The ``MinInstanceCount`` CreateCluster takes (botocore: 0 to 6758, as the registry schema)."""
+    import botocore.session
+
+    group = botocore.session.get_session().get_service_model("sagemaker").shape_for("ClusterInstanceGroupSpecification")
+    metadata = group.members["MinInstanceCount"].metadata
+    return metadata["min"], metadata["max"]
+
+
 # "Autoscaling on SageMaker HyperPod EKS", node class page: "You can specify up to 10 instance groups in a
-# NodeClass". moe-cdk writes one HyperpodNodeClass per group, so the limit cannot be reached; it is kept
-# for the objects' own check (jobs/node_pools.py).
+# NodeClass": an autoscaled group and its fallback_groups together (fallback_group_problems), and the
+# objects' own check (jobs/node_pools.py).
 MAX_NODE_CLASS_GROUPS = 10
 
 
@@ -174,3 +192,222 @@ class TieredStorage:
     def gib_per_node(self, instance_type: str) -> float:
         """The host memory it keeps on one node of ``instance_type``, in GiB."""
         return catalog.lookup(instance_type).memory_gib * self.memory_percent / 100
+
+
+def min_instance_count_problems(
+    min_instance_count: int | None, *, instance_count: int, eks: bool, continuous: bool
+) -> list[Problem]:
+    """Problems with one group's ``min_instance_count`` (``MinInstanceCount``), keyed below the group."""
+    if min_instance_count is None:
+        return []
+    key = "min_instance_count"
+    if eks:
+        # AWS announced the minimum for Slurm clusters in continuous mode (2026-05-27) and documents it for
+        # no other; the API reference names no orchestrator. moe-cdk takes the safe side: a property
+        # HyperPod might refuse on an EKS cluster would fail the deployment.
+        return [
+            problem(
+                "AWS documents a minimum count for Slurm clusters only",
+                got=min_instance_count,
+                allowed="unset on an EKS cluster",
+            ).at(key)
+        ]
+    if not continuous:
+        # Standard provisioning creates every node or fails, so there is no partial count to wait for.
+        return [
+            problem(
+                "needs continuous node provisioning",
+                got=min_instance_count,
+                allowed="node_provisioning_mode continuous",
+            ).at(key)
+        ]
+    low, high = min_instance_count_range()
+    # Registry schema: "MinInstanceCount must be less than or equal to InstanceCount."
+    if not low <= min_instance_count <= min(high, instance_count):
+        return [
+            problem(
+                "out of range",
+                got=min_instance_count,
+                allowed=f"{low} to {min(high, instance_count)} (at most instance_count)",
+            ).at(key)
+        ]
+    return []
+
+
+class _Taint(Protocol):
+    key: str
+    value: str | None
+    effect: enum.Enum
+
+
+def _taint_text(taint: _Taint) -> str:
+    return f"{taint.key}{'' if taint.value is None else '=' + taint.value}:{taint.effect.value}"
+
+
+class NodeClassGroup(Protocol):
+    """What ``fallback_group_problems`` reads of an instance group (``schema.config.InstanceGroupConfig``)."""
+
+    name: str
+    instance_type: str
+    fallback_instance_types: Sequence[str]
+    instance_count: int
+    capacity: CapacityType
+    autoscale: bool
+    empty_node_timeout_s: int
+    fallback_groups: Sequence[str]
+    labels: Mapping[str, str]
+    taints: Sequence[_Taint]
+
+
+def _types(group: NodeClassGroup) -> list[str]:
+    return [
+        (s.sagemaker_name if (s := catalog.lookup(t)) else t)
+        for t in (group.instance_type, *group.fallback_instance_types)
+    ]
+
+
+def fallback_group_problems(groups: Sequence[NodeClassGroup], *, eks: bool) -> list[Problem]:
+    """Problems with the groups' ``fallback_groups``, keyed ``instance_groups[i].fallback_groups``.
+
+    A group with fallback groups shares its HyperpodNodeClass with them, and its NodePool
+    (jobs/node_pools.py). AWS's Spot page: "Karpenter prioritizes Spot instance groups over On-Demand
+    instances, using On-Demand as a fallback", and Karpenter "implements a fallback mechanism to other
+    instance groups configured in the Node class when the primary group cannot accommodate the demand".
+    The list's order says nothing to Karpenter: it takes Spot groups first (sorted by Spot placement
+    score), whatever the order. So the group is a Spot group, and its fallbacks are On-Demand groups
+    that Karpenter scales too. moe-cdk puts every group in the cluster's one subnet, so a second Spot
+    group would draw on the same Spot capacity as the first and add nothing.
+
+    moe-cdk's rules besides, because the training pods of the group (``eks render``) must fit a node of
+    any group of the class: the fallback's instance types are among the group's, its labels, taints and
+    empty-node timeout are the group's (the NodePool gives them to every node), and it has no more nodes
+    than the group, whose instance_count limits the pool. Each group is in at most one node class.
+    """
+    found: list[Problem] = []
+    by_name = {g.name: g for g in groups}
+    owner: dict[str, str] = {}
+    for i, g in enumerate(groups):
+        if not g.fallback_groups:
+            continue
+        key = f"instance_groups[{i}].fallback_groups"
+        names = list(g.fallback_groups)
+        if not eks:
+            found.append(problem("only HyperPod EKS clusters have this", got=names, allowed="orchestrator eks").at(key))
+            continue
+        if not g.autoscale:
+            found.append(
+                problem("only an autoscaled group has a node class to share", got=names, allowed="autoscale: true").at(
+                    key
+                )
+            )
+        if g.capacity is not CapacityType.SPOT:
+            found.append(
+                problem(
+                    "Karpenter takes Spot groups first, so only a Spot group falls back to others",
+                    got=f"capacity {g.capacity.value}",
+                    allowed="capacity: spot on this group",
+                ).at(key)
+            )
+        if 1 + len(names) > MAX_NODE_CLASS_GROUPS:
+            found.append(
+                problem(
+                    "more groups than one node class takes",
+                    got=1 + len(names),
+                    allowed=f"at most {MAX_NODE_CLASS_GROUPS} with this group",
+                ).at(key)
+            )
+        types = _types(g)
+        for j, name in enumerate(names):
+            at = f"{key}[{j}]"
+            fallback = by_name.get(name)
+            if name == g.name:
+                found.append(problem("names its own group", got=name, allowed="another instance group").at(at))
+                continue
+            if name in names[:j]:
+                found.append(problem("listed twice", got=name, allowed="each group once").at(at))
+                continue
+            if fallback is None:
+                others = [n for n in by_name if n != g.name]
+                found.append(problem("no such instance group", got=name, allowed=others).at(at))
+                continue
+            found += [p.at(at) for p in _fallback_problems(g, fallback, types, owner.get(name))]
+            owner.setdefault(name, g.name)
+    return found
+
+
+def _fallback_problems(
+    group: NodeClassGroup, fallback: NodeClassGroup, types: list[str], other_owner: str | None
+) -> list[Problem]:
+    """Problems with ``fallback`` as a fallback group of ``group``, whose types are ``types``."""
+    found = []
+    name = fallback.name
+    if not fallback.autoscale:
+        # Karpenter adds the fallback's nodes too, so it starts at 0 like any scaled group.
+        found.append(
+            problem("not autoscaled: Karpenter adds its nodes", got=name, allowed=f"autoscale: true on {name}")
+        )
+    if fallback.fallback_groups:
+        found.append(
+            problem(
+                "has fallback groups of its own; a group is in one node class",
+                got=list(fallback.fallback_groups),
+                allowed=f"no fallback_groups on {name}",
+            )
+        )
+    if other_owner is not None:
+        found.append(
+            problem(
+                "already a fallback of another group; a group is in one node class",
+                got=name,
+                allowed=f"only {other_owner}'s",
+            )
+        )
+    if fallback.capacity is CapacityType.SPOT:
+        found.append(
+            problem(
+                "a Spot fallback draws on the same Spot capacity in the cluster's one zone",
+                got=f"{name}: capacity spot",
+                allowed="an on-demand group",
+            )
+        )
+    if extra := [t for t in _types(fallback) if t not in types]:
+        found.append(
+            problem(
+                f"has instance types {group.name} lacks, which its training pods do not select",
+                got=extra,
+                allowed=types,
+            )
+        )
+    if dict(fallback.labels) != dict(group.labels):
+        found.append(
+            problem(
+                "other labels than its group; the shared NodePool gives every node the group's",
+                got=dict(fallback.labels) or "no labels",
+                allowed=dict(group.labels) or "no labels",
+            )
+        )
+    if set(fallback.taints) != set(group.taints):
+        found.append(
+            problem(
+                "other taints than its group; the shared NodePool gives every node the group's",
+                got=[_taint_text(t) for t in fallback.taints] or "no taints",
+                allowed=[_taint_text(t) for t in group.taints] or "no taints",
+            )
+        )
+    if fallback.empty_node_timeout_s != group.empty_node_timeout_s:
+        found.append(
+            problem(
+                "another empty_node_timeout_s than its group; the shared NodePool has the group's",
+                got=fallback.empty_node_timeout_s,
+                allowed=group.empty_node_timeout_s,
+            )
+        )
+    if fallback.instance_count > group.instance_count:
+        found.append(
+            problem(
+                "more nodes than the shared NodePool runs; its limit is the group's instance_count, for all its groups",
+                got=fallback.instance_count,
+                allowed=f"at most {group.instance_count}",
+            )
+        )
+    return found

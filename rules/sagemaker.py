@@ -13,7 +13,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from moe_cdk.core import catalog
 from moe_cdk.core.loader import SECTION
 from moe_cdk.core.problems import Problem, problem
-from moe_cdk.rules.hyperpod_capacity import CapacityType, capacity_problems
+from moe_cdk.rules.hyperpod_capacity import CapacityType, capacity_problems, min_instance_count_problems
 from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate, update_problems
 
 # SageMaker Developer Guide, "Configuring custom Kubernetes labels and taints": prefixes
@@ -178,6 +178,9 @@ class HyperPodInstanceGroup:
     ``InstanceRequirements`` list). Default: none."""
     capacity: CapacityType = CapacityType.ON_DEMAND
     """On-Demand or Spot capacity (``CapacityRequirements``). Default: On-Demand."""
+    min_instance_count: int | None = None
+    """Continuous provisioning: the nodes the group must have before HyperPod puts it in service
+    (``MinInstanceCount``). Default: unset."""
 
     @property
     def instance_types(self) -> list[str]:
@@ -295,6 +298,12 @@ def instance_group_problems(
                 require_efa=require_efa,
             )
         ]
+        found += [
+            p.at(key)
+            for p in min_instance_count_problems(
+                g.min_instance_count, instance_count=g.instance_count, eks=eks, continuous=continuous
+            )
+        ]
     return found
 
 
@@ -400,12 +409,13 @@ class AccountingDatabase:
 
 
 def group_problems(
-    instance_groups: Sequence[SlurmInstanceGroup], *, require_efa: bool, slurm: bool = True
+    instance_groups: Sequence[SlurmInstanceGroup], *, require_efa: bool, slurm: bool = True, continuous: bool = False
 ) -> list[Problem]:
     """Problems with instance groups HyperPod or the lifecycle scripts would reject.
-    ``slurm=False`` drops the Slurm-only rules (controller and login groups)."""
+    ``slurm=False`` drops the Slurm-only rules (controller and login groups); ``continuous`` says whether
+    the cluster provisions continuously."""
     groups = list(instance_groups)
-    found = instance_group_problems(groups, require_efa=require_efa)
+    found = instance_group_problems(groups, require_efa=require_efa, continuous=continuous)
     for i, g in enumerate(groups):
         key = f"instance_groups[{i}]"
         if g.partition is not None and g.node_type is not NodeType.COMPUTE:

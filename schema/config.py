@@ -38,7 +38,7 @@ from moe_cdk.rules.fsx import (
     efa_client_problems,
     throughput_problem,
 )
-from moe_cdk.rules.hyperpod_capacity import CapacityType, TieredStorage
+from moe_cdk.rules.hyperpod_capacity import CapacityType, TieredStorage, fallback_group_problems
 from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate
 from moe_cdk.rules.logs import retention_problem
 from moe_cdk.rules.neuron import TrainingStack, resolve, stack_problem
@@ -56,7 +56,7 @@ from moe_cdk.rules.sagemaker import (
     slurm_provisioning_problems,
     subnet_nodes,
 )
-from moe_cdk.rules.teams import TeamsConfig
+from moe_cdk.rules.teams import TeamsConfig, eks_team_problems
 
 Problems = Iterator[Problem]
 
@@ -148,6 +148,14 @@ class InstanceGroupConfig:
     false. docs/capacity.md."""
     empty_node_timeout_s: int = 600
     """With `autoscale`: seconds a node may sit without training pods before Karpenter removes it."""
+    fallback_groups: tuple[str, ...] = ()
+    """EKS, on an autoscaled Spot group: autoscaled On-Demand groups Karpenter adds nodes to when this group gets no
+    Spot capacity. They share its HyperpodNodeClass and NodePool, so they have its labels, taints and empty-node
+    timeout, some of its instance types and at most its `instance_count`. Default: none. docs/capacity.md."""
+    min_instance_count: int | None = None
+    """Slurm, continuous provisioning: the nodes the group must have before HyperPod puts it in service; not reached
+    within 3 hours, the group rolls back. 0 to `instance_count`. Default: unset, in service from the first node.
+    docs/capacity.md."""
 
     @property
     def specs(self) -> list[catalog.InstanceSpec]:
@@ -193,6 +201,7 @@ class InstanceGroupConfig:
             "auto_patch": self.auto_patch,
             "fallback_instance_types": self.fallback_instance_types,
             "capacity": self.capacity,
+            "min_instance_count": self.min_instance_count,
         }
 
 
@@ -257,6 +266,7 @@ class ClusterConfig:
                         got=True,
                         allowed="false with this orchestrator",
                     ).at(f"instance_groups[{i}].autoscale")
+        yield from fallback_group_problems(self.instance_groups, eks=self.orchestrator is Orchestrator.EKS)
         if self.orchestrator is Orchestrator.EKS:
             yield from self._eks_problems()
             return
@@ -264,6 +274,7 @@ class ClusterConfig:
             [g.to_props() for g in self.instance_groups],
             require_efa=self.require_efa,
             slurm=self.orchestrator is Orchestrator.SLURM,
+            continuous=self.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS,
         )
         if self.orchestrator is Orchestrator.SLURM:
             yield from slurm_provisioning_problems(
@@ -283,12 +294,12 @@ class ClusterConfig:
                         got=getattr(g, key),
                         allowed="none with this orchestrator",
                     ).at(f"instance_groups[{i}].{key}")
-            for key in ("image_id", "scheduled_update", "auto_patch"):
+            for key in ("image_id", "scheduled_update", "auto_patch", "min_instance_count"):
                 value = getattr(g, key)
                 if self.orchestrator is Orchestrator.TRAINING_JOB and value is not None:
                     yield problem(
                         "only HyperPod instance groups have this setting",
-                        got=value if isinstance(value, str) else "a mapping",
+                        got=value if isinstance(value, str | int) else "a mapping",
                         allowed="unset with orchestrator training-job",
                     ).at(f"instance_groups[{i}].{key}")
         if self.orchestrator is Orchestrator.TRAINING_JOB:
@@ -304,6 +315,12 @@ class ClusterConfig:
     def construct_slurm_config_strategy(self) -> SlurmConfigStrategy | None:
         """``slurm_config_strategy`` as the construct's enum (its values are spelled as the API spells them)."""
         return None if self.slurm_config_strategy is None else SlurmConfigStrategy[self.slurm_config_strategy.name]
+
+    @property
+    def fallback_group_names(self) -> frozenset[str]:
+        """The groups some autoscaled Spot group falls back to (``fallback_groups``): their nodes stand in for that
+        group's, within its instance_count, and never add to them."""
+        return frozenset(name for g in self.instance_groups for name in g.fallback_groups)
 
     def compute_group(self, name: str | None = None) -> InstanceGroupConfig:
         """The compute group called ``name`` (the first one when None), for the job commands;
@@ -689,11 +706,15 @@ class Config:
 
     @property
     def world_size(self) -> int:
-        """Training processes across the compute groups with accelerators: one per GPU, or per logical NeuronCore."""
+        """Training processes across the compute groups with accelerators: one per GPU, or per logical NeuronCore. A
+        fallback group's nodes stand in for its Spot group's, so they are not counted again."""
         return sum(
             g.instance_count * spec.ranks_per_node
             for g in self.cluster.instance_groups
-            if g.role is NodeRole.COMPUTE and (spec := catalog.lookup(g.instance_type)) and spec.is_accelerated
+            if g.role is NodeRole.COMPUTE
+            and g.name not in self.cluster.fallback_group_names
+            and (spec := catalog.lookup(g.instance_type))
+            and spec.is_accelerated
         )
 
     @property
@@ -782,6 +803,9 @@ class Config:
                 got=second,
                 allowed=f"a zone of {self.region} other than {second}",
             ).at("eks.second_availability_zone")
+        if self.teams is not None:  # what task governance cannot give these teams on these groups (rules/teams.py)
+            groups = [g.to_eks_props() for g in self.cluster.instance_groups]
+            yield from eks_team_problems(self.teams, groups, groups_key="cluster.instance_groups")
 
 
 def parse_config(data: object) -> Config:

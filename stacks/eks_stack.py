@@ -9,7 +9,6 @@ from constructs import Construct
 
 from moe_cdk.constructs.lustre_volume import LustreVolume, LustreVolumeProps
 from moe_cdk.constructs.training_eks_cluster import TrainingEksCluster, TrainingEksClusterProps
-from moe_cdk.rules.teams import team_namespace
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import add_observability
 
@@ -64,26 +63,8 @@ class EksStack(Stack):
         )
         # The driver must exist before a pod can mount the volume; the claim itself only needs the API.
         self.volume.node.add_dependency(self.training_cluster.addons["aws-fsx-csi-driver"])
-        # Task governance runs a team's jobs in the team's namespace (rules/teams.py), so the file system is claimed
-        # there too: one static volume per namespace, each bound to its own claim, a team's to its own folder
-        # teams/<team> (constructs/lustre_volume.py).
-        self.team_volumes = []
-        for team in config.teams.teams if config.teams else ():
-            volume = LustreVolume(
-                self,
-                f"LustreVolume-{team.name}",
-                LustreVolumeProps(
-                    cluster=cluster,
-                    file_system_id=lustre.file_system_id,
-                    dns_name=lustre.dns_name,
-                    mount_name=lustre.mount_name,
-                    storage_capacity_gib=config.storage.lustre.storage_capacity_gib,
-                    namespace=team_namespace(team.name),
-                    team=team.name,
-                ),
-            )
-            volume.node.add_dependency(self.training_cluster.addons["aws-fsx-csi-driver"])
-            self.team_volumes.append(volume)
+        # Each team's claim is in the cluster stack, after task governance creates the team's namespace
+        # (stacks/hyperpod_eks_stack.py).
         CfnOutput(self, "EksClusterName", value=cluster.cluster_name)
         CfnOutput(self, "EksClusterArn", value=cluster.cluster_arn)
         CfnOutput(

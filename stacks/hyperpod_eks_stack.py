@@ -8,7 +8,9 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_eks_cluster import HyperPodEksCluster, HyperPodEksClusterProps, provisioning_parameters
+from moe_cdk.constructs.lustre_volume import LustreVolume, LustreVolumeProps
 from moe_cdk.rules import eks as eks_rules
+from moe_cdk.rules.teams import team_namespace
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import hyperpod_synthesizer, lifecycle_scripts
 
@@ -60,5 +62,34 @@ class HyperPodEksStack(Stack):
         )
         # The nodes need the CNI, DNS and device plugins in place when they join.
         self.add_stack_dependency(eks_stack)
+        self.team_volumes = self._team_volumes(config, storage, eks_stack)
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
+
+    def _team_volumes(self, config: Config, storage: StorageStack, eks_stack: EksStack) -> list[LustreVolume]:
+        """The file system claimed in each team's namespace, where task governance runs the team's jobs: a team's
+        volume is its own folder teams/<team> (constructs/lustre_volume.py). In AWS's order: the add-on, the
+        scheduler configuration, the team's quota (which creates the namespace ``hyperpod-ns-<team>``), then the
+        claim in it (aws/sagemaker-hyperpod-cli@011ca92, examples/end_to_end_walkthrough/00-getting-started/
+        00-setup.md, "Configuration" then "Making FSx available to Task Governance namespaces")."""
+        quotas = {q.node.id: q for q in self.cluster.team_quotas}
+        lustre = storage.lustre
+        volumes = []
+        for team in config.teams.teams if config.teams else ():
+            volume = LustreVolume(
+                self,
+                f"LustreVolume-{team.name}",
+                LustreVolumeProps(
+                    cluster=eks_stack.training_cluster.cluster,
+                    file_system_id=lustre.file_system_id,
+                    dns_name=lustre.dns_name,
+                    mount_name=lustre.mount_name,
+                    storage_capacity_gib=config.storage.lustre.storage_capacity_gib,
+                    namespace=team_namespace(team.name),
+                    team=team.name,
+                ),
+            )
+            volume.node.add_dependency(eks_stack.training_cluster.addons["aws-fsx-csi-driver"])
+            volume.node.add_dependency(quotas[f"Quota-{team.name}"])
+            volumes.append(volume)
+        return volumes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -498,3 +499,14 @@ def test_synthesis_leaves_nothing_in_the_temporary_directory(scripts, tmp_path, 
     assembly = app.synth()
     assert list((tmp_path / "tmp").iterdir()) == []
     assert [a for a in Path(assembly.directory).glob("asset.*") if (a / "on_create.sh").exists()]
+
+
+def test_the_construct_refuses_a_minimum_in_standard_provisioning_and_emits_it_in_continuous(scripts):
+    groups = (GROUPS[0], dataclasses.replace(GROUPS[1], min_instance_count=1))
+    with pytest.raises(ConfigError, match=r"instance_groups\[1\]\.min_instance_count: needs continuous node"):
+        _build(scripts, groups=groups)
+    _, stack, _ = _build(scripts, groups=groups, node_provisioning_mode=NodeProvisioningMode.CONTINUOUS)
+    Template.from_stack(stack).has_resource_properties(
+        "AWS::SageMaker::Cluster",
+        {"InstanceGroups": Match.array_with([Match.object_like({"InstanceGroupName": "gpu", "MinInstanceCount": 1})])},
+    )

@@ -474,6 +474,14 @@ def test_host_network_for_a_team_job_is_refused():
     assert found.key == "host_network" and "baseline" in str(found)
 
 
+def test_a_tier_without_a_team_is_refused_rather_than_dropped():
+    # Without a team the job has no task-governance queue, so a priority class would have no effect.
+    spec = job_spec_from_config(load_config(TEAMS_CONFIG), image=IMAGE, qos="urgent")
+    (found,) = spec.problems()
+    assert found.key == "qos" and "a team's jobs only" in str(found)
+    assert team_spec(qos="urgent").problems() == []
+
+
 @pytest.mark.parametrize("render", [render_pytorchjob, render_hyperpod_job])
 @pytest.mark.parametrize("team", [None, "research"])
 def test_containers_drop_every_capability_and_privilege_escalation_under_the_runtime_seccomp_profile(render, team):

@@ -147,3 +147,29 @@ def test_a_flexible_group_refuses_the_preflight_and_helm_values():
     for option in ("--preflight", "--helm-values"):
         done = _cli("eks", "render", "--config", str(CONFIG), "--image", IMAGE, option)
         assert done.returncode != 0 and "may be any of several" in done.stderr, (option, done.stderr)
+
+
+@pytest.fixture(scope="module")
+def with_fallback():
+    """The shipped autoscaling configuration whose Spot group falls back to an autoscaled On-Demand group."""
+    data = yaml.safe_load(CONFIG.read_text())
+    spot = data["cluster"]["instance_groups"][1]
+    od = copy.deepcopy(spot) | {"name": "gpu-od", "capacity": "on-demand", "instance_type": "ml.p5.48xlarge"}
+    del od["fallback_instance_types"]
+    spot["fallback_groups"] = ["gpu-od"]
+    data["cluster"]["instance_groups"].append(od)
+    return parse_config(data)
+
+
+def test_a_spot_group_and_its_fallback_share_one_node_class_and_pool(with_fallback):
+    objects = node_pool_objects(with_fallback)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [("HyperpodNodeClass", "gpu"), ("NodePool", "gpu")]
+    node_class, pool = objects
+    assert node_class["spec"] == {"instanceGroups": ["gpu", "gpu-od"]} and node_class_problems(node_class) == []
+    assert pool["spec"]["template"]["spec"]["nodeClassRef"]["name"] == "gpu"
+
+
+def test_the_shared_pool_passes_karpenters_schema_and_keeps_the_spot_groups_limit(with_fallback):
+    _, pool = node_pool_objects(with_fallback)
+    assert karpenter_schema_errors(pool) == [[]]
+    assert pool["spec"]["limits"] == {"cpu": "768", "nvidia.com/gpu": "32"}  # 4 nodes, Spot and On-Demand together

@@ -9,6 +9,7 @@ The node's users are created in the sandbox's own /etc/passwd (useradd --prefix)
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -33,17 +34,42 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTROLLER = "i-0123"
 # Long enough that the urgent job arrives (slurmctld schedules every 5 s here) while the low one still trains.
 STEPS = 200
+# A batch job runs this long before a normal one may preempt it (its tier's preempt_exempt_s): far above how soon
+# a preemption happens here without it (the scheduler runs every 5 s).
+EXEMPT_S = 25
 TEAMS = TeamsConfig(
     qos=(
-        QosTier(name="urgent", priority=100, preempts=("normal", "low")),
-        QosTier(name="normal", priority=50, preempts=("low",)),
-        QosTier(name="low", priority=10),
+        QosTier(name="urgent", priority=100, preempts=("normal", "low"), max_gpus=16, max_gpus_per_user=32),
+        QosTier(name="normal", priority=50, preempts=("low", "batch"), preempt_exempt_s=0),
+        QosTier(name="low", priority=10, preempt_exempt_s=0),
+        QosTier(name="batch", priority=5, preempt_exempt_s=EXEMPT_S, grace_time_s=0),
     ),
     teams=(
-        Team(name="research", share_percent=60, members=(TeamMember(name="alice", uid=2101),)),
-        Team(name="prod", share_percent=40, members=(TeamMember(name="bob", uid=2102),), default_qos="normal"),
+        Team(
+            name="research",
+            share_percent=60,
+            members=(TeamMember(name="alice", uid=2101),),
+            default_qos="low",
+            max_gpus=16,
+            max_gpus_per_user=8,
+        ),
+        Team(
+            name="prod",
+            share_percent=40,
+            members=(TeamMember(name="bob", uid=2102),),
+            default_qos="normal",
+            max_jobs_per_user=2,
+        ),
     ),
 )
+
+
+class GpuAccountingCluster(SlurmCluster):
+    """The test cluster with GPUs tracked by accounting, as HyperPod's is (base-config setup_mariadb_accounting.sh
+    sets AccountingStorageTRES=gres/gpu): sacctmgr then takes GPU limits. The nodes here have no GPUs."""
+
+    def _slurm_conf(self) -> str:
+        return super()._slurm_conf() + "GresTypes=gpu\nAccountingStorageTRES=gres/gpu\n"
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +86,7 @@ def controller():
     for name in ("passwd", "group", "shadow", "gshadow"):
         box.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
     (box.root / "fsx").mkdir(exist_ok=True)
-    slurm = SlurmCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc")
+    slurm = GpuAccountingCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc")
     try:
         slurm.start()
     except SlurmUnavailable as error:
@@ -102,7 +128,7 @@ def controller_as_slurm_with_systemd():
     for name in ("passwd", "group", "shadow", "gshadow"):
         box.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
     (box.root / "fsx").mkdir(exist_ok=True)
-    slurm = SlurmCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc", slurm_user="slurm")
+    slurm = GpuAccountingCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc", slurm_user="slurm")
     try:
         slurm.start()
     except SlurmUnavailable as error:
@@ -150,7 +176,7 @@ def test_three_qos_tiers_with_their_priorities_and_preemption(controller):
     _, slurm, _ = controller
     rows = {r.split("|")[0]: r.split("|")[1:] for r in sacctmgr(slurm, "show", "qos", "format=name,priority,preempt")}
     assert rows["urgent"] == ["100", "low,normal"]
-    assert rows["normal"] == ["50", "low"]
+    assert rows["normal"] == ["50", "batch,low"]
     assert rows["low"] == ["10", ""]
 
 
@@ -179,6 +205,100 @@ def test_priority_and_preemption_are_on(controller):
         assert line in config
     include = "Include moe-cdk-teams.conf"
     assert (box.root / "opt/slurm/etc/slurm.conf").read_text().count(include) == 1
+
+
+def test_the_priority_weights_are_awss_guides(controller):
+    # 03-qos-priority-preemption.md (awslabs/ai-on-sagemaker-hyperpod at a1d1d75): fair share weighs twice QoS.
+    _, slurm, _ = controller
+    config = config_of(slurm)
+    assert {k: config[k] for k in ("PriorityWeightFairShare", "PriorityWeightQOS", "PriorityWeightAge")} == {
+        "PriorityWeightFairShare": "5000", "PriorityWeightQOS": "2500", "PriorityWeightAge": "1000",
+    }  # fmt: skip
+    assert (config["PriorityUsageResetPeriod"], config["PriorityMaxAge"]) == ("MONTHLY", "7-00:00:00")
+
+
+def config_of(slurm: SlurmCluster) -> dict[str, str]:
+    shown = slurm.run("scontrol", "show", "config").stdout
+    return {k.strip(): v.strip() for k, sep, v in (line.partition("=") for line in shown.splitlines()) if sep}
+
+
+def test_each_tier_has_its_preempt_exempt_time_and_gpu_limits(controller):
+    _, slurm, _ = controller
+    rows = sacctmgr(slurm, "show", "qos", "format=name,preemptexempttime,maxtres,maxtrespu")
+    assert {"urgent|00:30:00|gres/gpu=16|gres/gpu=32", "normal|00:00:00||", "low|00:00:00||",
+            f"batch|00:00:{EXEMPT_S}||"} <= set(rows)  # fmt: skip
+
+
+def test_team_gpu_caps_and_job_limits_are_on_the_associations(controller):
+    _, slurm, _ = controller
+    rows = sacctmgr(slurm, "show", "assoc", "where", "account=research,prod", "format=account,user,grptres,maxjobs")
+    assert {"research||gres/gpu=16|", "research|alice|gres/gpu=8|", "prod|||2", "prod|bob||2"} <= set(rows)
+
+
+def test_a_job_of_a_tier_with_an_exempt_time_is_preempted_only_after_it(controller, tmp_path):
+    _, slurm, _ = controller
+    for team in ("research", "prod"):  # the test submits as root
+        slurm.run("sacctmgr", "-i", "add", "user", "root", f"account={team}")
+    exclusive = ("--nodes=2", "--exclusive", f"--output={tmp_path / '%j.out'}")
+    batch = slurm.run("sbatch", "--parsable", "--qos=batch", "--account=research", *exclusive, "--wrap", "sleep 300")
+    batch_id = batch.stdout.strip()
+    assert batch_id.isdigit(), batch.stderr
+    try:
+        started = slurm.wait_for(batch_id, {"RUNNING"}, timeout=60).fields["StartTime"]
+        normal = slurm.run("sbatch", "--parsable", "--qos=normal", "--account=prod", *exclusive, "--wrap", "true")
+        assert normal.stdout.strip().isdigit(), normal.stderr
+        ran = slurm.wait_for(normal.stdout.strip(), {"COMPLETED"}, timeout=EXEMPT_S + 90).fields["StartTime"]
+        waited = time.mktime(time.strptime(ran, "%Y-%m-%dT%H:%M:%S")) - time.mktime(
+            time.strptime(started, "%Y-%m-%dT%H:%M:%S")
+        )
+        assert waited >= EXEMPT_S, f"preempted after {waited:.0f}s of its {EXEMPT_S}s exempt time"
+        assert "PREEMPTED" in sacct_runs(slurm, batch_id) or "REQUEUED" in sacct_runs(slurm, batch_id)
+    finally:
+        slurm.run("scancel", batch_id)
+
+
+def test_a_members_jobs_past_the_teams_max_jobs_per_user_wait(controller, tmp_path):
+    # prod: max_jobs_per_user 2 (MaxJobs on its account, which its users' associations inherit). Limits are enforced
+    # from slurmctld's next start (AccountingStorageEnforce).
+    _, slurm, _ = controller
+    slurm.restart_controller()
+    slurm.run("sacctmgr", "-i", "add", "user", "root", "account=prod")
+    jobs = []
+    try:
+        for _ in range(3):
+            done = slurm.run("sbatch", "--parsable", "--account=prod", "-n1", f"--output={tmp_path / '%j.out'}",
+                             "--wrap", "sleep 120")  # fmt: skip
+            assert done.stdout.strip().isdigit(), done.stderr
+            jobs.append(done.stdout.strip())
+        for job_id in jobs[:2]:
+            slurm.wait_for(job_id, {"RUNNING"}, timeout=60)
+        deadline = time.monotonic() + 30
+        while (state := slurm.job_state(jobs[2])).fields.get("Reason") != "AssocMaxJobsLimit":
+            assert time.monotonic() < deadline and state.state == "PENDING", state.fields
+            time.sleep(1)
+    finally:
+        slurm.run("scancel", *jobs)
+
+
+def test_limits_taken_out_of_the_configuration_are_cleared(controller):
+    box, slurm, _ = controller
+    bare = TeamsConfig(
+        qos=tuple(QosTier(name=t.name, priority=t.priority, preempts=t.preempts) for t in TEAMS.qos),
+        teams=tuple(Team(name=t.name, share_percent=t.share_percent, members=t.members) for t in TEAMS.teams),
+    )
+    params = box.base / "without-limits.json"
+    params.write_text(json.dumps(copy.deepcopy(PARAMS) | {"teams": teams_parameters(bare)}))
+    apply = ("python3", str(box.lc / "slurm_teams.py"), "apply")
+    limits = ("show", "assoc", "where", "account=research,prod", "format=account,user,grptres,maxjobs")
+    assert {"research||gres/gpu=16|", "prod|||2"} <= set(sacctmgr(slurm, *limits))  # set by the step
+    try:
+        done = box.run(*apply, str(params), SLURM_CONF=str(slurm.conf))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert {"research|||", "research|alice||", "prod|||", "prod|bob||"} <= set(sacctmgr(slurm, *limits))
+        assert "urgent||" in sacctmgr(slurm, "show", "qos", "format=name,maxtres,maxtrespu")
+    finally:
+        restored = box.run(*apply, str(box.lc / "provisioning_parameters.json"), SLURM_CONF=str(slurm.conf))
+        assert restored.returncode == 0, restored.stdout + restored.stderr
 
 
 def test_members_get_users_and_a_shared_home_with_their_ssh_key(controller):
