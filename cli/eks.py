@@ -107,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
             team=args.team,
             qos=args.qos,
             termination_grace_s=_termination_grace(config, args),
+            nsys_rank=args.nsys_rank,
         )
     except ConfigError as error:
         return report(args.config, error)
@@ -189,6 +190,9 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
     parser.add_argument("--group", help="compute group to run on (default: the first)")
     parser.add_argument("--nodes", type=int, help="pods, one per node (default: the group's instance_count)")
     parser.add_argument("--name", help="job name (default: the training profile's file name)")
+    parser.add_argument(
+        "--nsys-rank", type=int, help="run the pod of this rank under Nsight Systems where the image has nsys"
+    )
     parser.add_argument("--backoff-limit", type=int, default=10, help="restarts after permanent failures (default: 10)")
     parser.add_argument(
         "--startup-timeout",

@@ -98,6 +98,7 @@ def _slurm_render(args: argparse.Namespace) -> int:
             job_name=args.job_name,
             train_args=tuple(args.train_arg),
             after=args.after,
+            nsys_rank=args.nsys_rank,
         )
     except ConfigError as error:
         return report(args.config, error)
@@ -173,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--team", help="the team the job runs as: its Slurm account (teams in the configuration)")
     render.add_argument("--qos", help="Slurm QoS: one of the team's tiers (default: the team's default tier)")
     render.add_argument("--nice", type=int, help="Slurm priority adjustment (--nice)")
+    render.add_argument(
+        "--nsys-rank", type=int, help="run this rank under Nsight Systems where the image has nsys (default: none)"
+    )
     render.add_argument(
         "--max-requeues", type=int, default=10, help="self-requeues after retryable exits (default: 10)"
     )

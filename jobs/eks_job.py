@@ -33,6 +33,7 @@ gives those values, and the tests check that both agree.
 from __future__ import annotations
 
 import copy
+import shlex
 from dataclasses import dataclass, field
 
 import yaml
@@ -40,6 +41,7 @@ import yaml
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError, Problem, problem
 from moe_cdk.jobs.profile import PROFILE_FILE, JobProfile, load_job_profile
+from moe_cdk.jobs.slurm_job import nsys_wrapper
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.eks import KUBERNETES_NAME
 from moe_cdk.rules.neuron import moe_train_refusal
@@ -148,6 +150,12 @@ class EksJobSpec:
     refuses host networking."""
     qos: str | None = None
     """The QoS tier: its priority class (``kueue.x-k8s.io/priority-class``). Needs ``team``."""
+    nsys_rank: int | None = None
+    """Run the pod that holds this rank under Nsight Systems (``nsys profile``) where the image has ``nsys``: the
+    pod's process is the launcher of its node's ranks, so the report (in ``nsys_dir``) covers all of them. Without
+    ``nsys`` the pod says so in one log line and runs as it would have. Default: none."""
+    nsys_dir: str = "/fsx/nsys"
+    """Where the Nsight Systems report goes: the run's checkpoint folder's ``nsys/``, on the shared file system."""
     preflight: bool = False
     """Check each pod's node first: an init container runs ``moe-preflight node`` (GPUs and EFA devices against
     the catalog) in the image, and the trainer starts only where it passed. The checks across nodes are the
@@ -164,6 +172,9 @@ class EksJobSpec:
         def add(name: str, what: str, got: object, allowed: str) -> None:
             found.append(problem(what, got=got, allowed=allowed).at(name))
 
+        ranks = self.nodes * self.devices_per_node
+        if self.nsys_rank is not None and not 0 <= self.nsys_rank < ranks:
+            add("nsys_rank", "no such rank in this job", self.nsys_rank, f"0 to {ranks - 1}, or null for none")
         if self.team and self.host_network:
             add(
                 "host_network",
@@ -415,7 +426,20 @@ def to_yaml(*documents: dict) -> str:
 
 def render_pytorchjob(spec: EksJobSpec) -> dict:
     """A Kubeflow ``PyTorchJob`` (kubeflow.org/v1) that runs moe-train."""
-    return pytorchjob(spec, pod_template(spec, ["moe-train"], _trainer_args(spec), restricted=True))
+    command = _nsys_command(spec, ["moe-train"])
+    return pytorchjob(spec, pod_template(spec, command, _trainer_args(spec), restricted=True))
+
+
+def _nsys_command(spec: EksJobSpec, command: list[str]) -> list[str]:
+    """``command``, run through the Nsight Systems wrapper when ``nsys_rank`` is set: the pod of that rank's node
+    (the operator's ``PET_NODE_RANK``) runs under ``nsys profile``, as AWS's Nsight on EKS sample profiles whole
+    pods (aws-samples/awsome-distributed-training, 4.validation_and_observability/5.nsight/EKS)."""
+    if spec.nsys_rank is None:
+        return command
+    node = spec.nsys_rank // spec.devices_per_node
+    report = shlex.quote(f"{spec.nsys_dir}/node-{node}-") + '"${HOSTNAME:-pod}"'
+    script = nsys_wrapper(f'[[ "${{PET_NODE_RANK:-0}}" == {node} ]]', spec.nsys_rank, report)
+    return ["bash", "-c", script, "nsys-wrapper", *command]
 
 
 def pytorchjob(
@@ -532,6 +556,7 @@ def job_spec_from_config(
     qos: str | None = None,
     termination_grace_s: int = eks_rules.TERMINATION_GRACE_S,
     host_network: bool | None = None,
+    nsys_rank: int | None = None,
 ) -> EksJobSpec:
     """The job for a compute group of ``config`` (a ``stacks.config.Config``): node count,
     devices, EFA, node selector and tolerations come from the configuration and the instance
@@ -584,4 +609,6 @@ def job_spec_from_config(
         qos=qos,
         termination_grace_s=termination_grace_s,
         host_network=host_network,
+        nsys_rank=nsys_rank,
+        nsys_dir=f"{profile.config.checkpoint.dir}/nsys",
     )

@@ -79,6 +79,10 @@ _FIXED: dict[str, tuple[object, str]] = {
     "metrics.readiness_file": (None, "it writes no probe files"),
     "metrics.liveness_file": (None, "it writes no probe files"),
     "metrics.peak_tflops_per_device": (None, "it reports no MFU"),
+    "profile.first_step": (None, "moe-train's torch profiler does not run under NxD Training"),
+    "profile.last_step": (None, "moe-train's torch profiler does not run under NxD Training"),
+    "profile.ranks": (None, "moe-train's torch profiler does not run under NxD Training"),
+    "profile.dir": (None, "moe-train's torch profiler does not run under NxD Training"),
 }
 
 MAPPED = frozenset(

@@ -118,6 +118,10 @@ class SlurmJobSpec:
     hyperpod_marker: str = HYPERPOD_MARKER
     """A folder that exists only on HyperPod nodes; where it does, the training step runs with
     ``srun --auto-resume=1`` (not when ``local``)."""
+    nsys_rank: int | None = None
+    """Run this rank under Nsight Systems (``nsys profile``) where the image has ``nsys``; its report goes to
+    ``<profile_dir>/nsys/``. Where ``nsys`` is missing the rank says so in one log line and runs without it.
+    Default: none."""
     after: str | None = None
     """Id of a job this one must follow, normally its preflight (``moe-cdk verify render``): the job
     starts only once that one completed with exit 0 (``--dependency=afterok:ID``), and Slurm cancels it
@@ -191,6 +195,9 @@ class SlurmJobSpec:
             add("output", "empty or with white space", self.output, "a file name pattern such as %x-%j.out")
         if self.max_requeues < 0:
             add("max_requeues", "negative", self.max_requeues, "0 or more")
+        ranks = self.nodes * self.tasks_per_node
+        if self.nsys_rank is not None and not 0 <= self.nsys_rank < ranks:
+            add("nsys_rank", "no such rank in this job", self.nsys_rank, f"0 to {ranks - 1}, or null for none")
         if self.after is not None and not self.after.isdigit():
             add("after", "not a Slurm job id", self.after, "the job id sbatch --parsable printed, e.g. 1234")
         return found
@@ -280,6 +287,8 @@ def _command(spec: SlurmJobSpec) -> str:
         if spec.container_mounts is not None:
             srun.append(f"--container-mounts={shlex.quote(spec.container_mounts)}")
     trainer = [shlex.quote(spec.python), "-m", "moe_cdk.cli.train"] if spec.local else ["moe-train"]
+    if spec.nsys_rank is not None:
+        trainer = ['bash -c "$nsys_wrapper"', "nsys-wrapper", *trainer]
     args = ["--config", trainer_config_arg(spec)]
     args += [shlex.quote(arg) for arg in spec.train_args]
     # Keep an option and its value on one line: "--set key=value", "--max-steps 40".
@@ -462,6 +471,42 @@ log "training profile: ${train_config}"
 """
 
 
+_NSYS = """\
+# The rank that runs under Nsight Systems, as AWS's Nsight samples wrap a rank's command
+# (aws-samples/awsome-distributed-training@1c5b64b8, 4.validation_and_observability/5.nsight/
+# slurm-workshop-artifacts/nccl-slurm-exec-delay-duration.sh). nsys is looked for where the rank
+# runs (in the container); without it the rank runs as it would have.
+# shellcheck disable=SC2016  # the rank's bash -c expands it, not this shell
+nsys_wrapper=__WRAPPER__
+"""
+
+
+def nsys_wrapper(rank_test: str, rank: int, report: str) -> str:
+    """A bash script that runs its arguments, under ``nsys profile`` when ``rank_test`` (a bash test) holds and
+    ``nsys`` is on the PATH, writing ``report`` (a bash word: a path, quoted, and variables); without nsys one log
+    line says so."""
+    return f"""\
+if {rank_test}; then
+    report={report}
+    if command -v nsys >/dev/null 2>&1; then
+        mkdir -p "$(dirname "$report")"
+        printf '%s nsys: rank %s runs under Nsight Systems; report %s.nsys-rep\\n' \\
+            "$(date -u +%FT%TZ)" {rank} "$report" >&2
+        exec nsys profile --trace=cuda,nvtx,osrt --force-overwrite=true --output="$report" "$@"
+    fi
+    printf '%s nsys: not found in the image; rank %s runs without Nsight Systems\\n' "$(date -u +%FT%TZ)" {rank} >&2
+fi
+exec "$@"
+"""
+
+
+def _nsys(spec: SlurmJobSpec) -> str:
+    rank = spec.nsys_rank
+    report = shlex.quote(f"{spec.profile_dir}/nsys/rank-{rank}-job-") + '"${SLURM_JOB_ID:-0}"'
+    script = nsys_wrapper(f'[[ "${{SLURM_PROCID:-}}" == {rank} ]]', rank, report)
+    return _NSYS.replace("__WRAPPER__", shlex.quote(script))
+
+
 def trainer_config_arg(spec: SlurmJobSpec) -> str:
     """The trainer's ``--config`` value as the script's shell sees it."""
     return '"$train_config"' if spec.train_profile is not None else shlex.quote(spec.train_config)
@@ -531,6 +576,8 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         parts.append(auto_resume(spec.hyperpod_marker))
     # A job that Slurm may not requeue (requeue=False) stops at its first retryable exit.
     max_requeues = spec.max_requeues if spec.requeue else 0
+    if spec.nsys_rank is not None:
+        parts.append(_nsys(spec))
     parts.append(_USR1_NOTE + signal_forwarding() + _command(spec) + "\n" + wait_and_requeue(max_requeues=max_requeues))
     return "\n".join(parts)
 
@@ -542,6 +589,7 @@ __all__ = [
     "batch_header",
     "ecr_registry",
     "enroot_image",
+    "nsys_wrapper",
     "render_sbatch",
     "signal_forwarding",
     "trainer_config_arg",
@@ -578,6 +626,7 @@ def job_spec_from_config(
     train_args: tuple[str, ...] = (),
     after: str | None = None,
     master_port: int = 29500,
+    nsys_rank: int | None = None,
 ) -> SlurmJobSpec:
     """The sbatch job for a compute group of ``config``: node count, GPUs, partition and
     constraint come from the configuration and the instance catalog, never typed again; the job
@@ -637,4 +686,5 @@ def job_spec_from_config(
         max_requeues=max_requeues,
         after=after,
         master_port=master_port,
+        nsys_rank=nsys_rank,
     )

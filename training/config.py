@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -555,6 +556,46 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
+class ProfileConfig:
+    """A torch profiler timeline of chosen steps (training/profiler.py): a Chrome trace per rank that Perfetto and
+    TensorBoard open, and where each profiled step's time went in its metrics record."""
+
+    first_step: int | None = None
+    """First step to record (steps count from 1; `--profile-steps A:B`). Default: none, no profiling."""
+    last_step: int | None = None
+    """Last step to record, inclusive. Default: first_step."""
+    ranks: tuple[int, ...] | None = None
+    """Ranks that record a trace (`--profile-ranks 0,3`). Default: every rank."""
+    dir: str | None = None
+    """Folder of the traces. Default: `profile/` in the folder of metrics.file."""
+
+    def problems(self) -> Problems:
+        first, last = self.first_step, self.last_step
+        if first is None:
+            # ranks and dir may wait in a profile for --profile-steps; a last step without a first is a slip.
+            if last is not None:
+                yield problem("set without first_step", got=last, allowed="null unless first_step is set").at(
+                    "last_step"
+                )
+            return
+        if first < 1:
+            yield problem("steps count from 1", got=first, allowed="1 or more").at("first_step")
+        if last is not None and last < first:
+            yield problem("ends before first_step", got=last, allowed=f"{first} or more, or null").at("last_step")
+        if self.ranks is not None and (not self.ranks or min(self.ranks) < 0):
+            yield problem("not a list of ranks", got=list(self.ranks), allowed="ranks 0 or more, or null for all").at(
+                "ranks"
+            )
+
+    @property
+    def steps(self) -> range:
+        """The profiled steps (empty when off)."""
+        if self.first_step is None:
+            return range(0)
+        return range(self.first_step, (self.last_step or self.first_step) + 1)
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class TrainConfig:
     """A training run."""
 
@@ -576,6 +617,8 @@ class TrainConfig:
     """Metrics."""
     recompute: RecomputeConfig = RecomputeConfig()
     """Activation recompute."""
+    profile: ProfileConfig = ProfileConfig()
+    """Profiler timelines of chosen steps."""
 
     def problems(self) -> Problems:
         if self.max_steps < 1:
@@ -591,6 +634,16 @@ class TrainConfig:
                 got=stages,
                 allowed=f"a divisor of {self.model.num_layers}",
             ).at("parallel.pipeline")
+        if (last := self.profile.steps.stop - 1) > self.max_steps:
+            yield problem(
+                "the run ends before this step", got=last, allowed=f"a step up to max_steps ({self.max_steps})"
+            ).at("profile.last_step" if self.profile.last_step is not None else "profile.first_step")
+        if self.profile.steps and self.profile.dir is None and self.metrics.file is None:
+            yield problem(
+                "the traces go beside metrics.file, and there is none",
+                got=None,
+                allowed="a folder, or a metrics.file (--metrics-file)",
+            ).at("profile.dir")
         if self.model.num_attention_heads % self.parallel.tensor:
             yield problem(
                 "must divide model.num_attention_heads",
@@ -674,6 +727,17 @@ def trainer_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-interval", type=int, help="same as --set checkpoint.save_interval=N")
     parser.add_argument("--metrics-file", help="same as --set metrics.file=FILE")
     parser.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        help="record a profiler timeline of steps A to B (or one step A) on each rank; same as --set "
+        "profile.first_step=A --set profile.last_step=B",
+    )
+    parser.add_argument(
+        "--profile-ranks",
+        metavar="R,R",
+        help="the ranks that record (comma-separated); same as --set profile.ranks=[R,R] (default: every rank)",
+    )
+    parser.add_argument(
         "--nproc-per-node",
         type=int,
         default=1,
@@ -704,4 +768,44 @@ def trainer_overrides(args: argparse.Namespace) -> list[str]:
         "checkpoint.save_interval": args.save_interval,
         "metrics.file": args.metrics_file,
     }
-    return [*args.set, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
+    return [
+        *args.set,
+        *(f"{key}={value}" for key, value in shortcuts.items() if value is not None),
+        *_profile_overrides(args),
+    ]
+
+
+_WHOLE = re.compile(r"\s*\d+\s*", re.ASCII)
+
+
+def _profile_overrides(args: argparse.Namespace) -> list[str]:
+    """``--profile-steps A:B`` and ``--profile-ranks R,R`` as assignments; raises ``ConfigError`` naming the
+    option for a value that is not one. (Through ``profile.first_step``/``last_step`` integers, not a string:
+    YAML 1.1 reads an unquoted ``5:7`` as the base-60 integer 307.)"""
+    errors, assignments = [], []
+    if args.profile_steps is not None:
+        first, sep, last = args.profile_steps.partition(":")
+        steps = (first, last) if sep else (first, first)
+        if all(_WHOLE.fullmatch(part) for part in steps) and 1 <= int(steps[0]) <= int(steps[1]):
+            assignments += [f"profile.first_step={int(steps[0])}", f"profile.last_step={int(steps[1])}"]
+        else:
+            errors.append(
+                problem(
+                    "not a step range",
+                    got=args.profile_steps,
+                    allowed="A:B with whole steps 1 <= A <= B, e.g. 5:7, or one step A",
+                ).at("--profile-steps")
+            )
+    if args.profile_ranks is not None:
+        ranks = args.profile_ranks.split(",")
+        if all(_WHOLE.fullmatch(rank) for rank in ranks):
+            assignments.append(f"profile.ranks=[{','.join(str(int(rank)) for rank in ranks)}]")
+        else:
+            errors.append(
+                problem("not a list of ranks", got=args.profile_ranks, allowed="ranks 0 or more, e.g. 0 or 0,3").at(
+                    "--profile-ranks"
+                )
+            )
+    if errors:
+        raise ConfigError(errors)
+    return assignments

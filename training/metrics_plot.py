@@ -6,7 +6,9 @@ Three panels, from the records the trainer writes (training/metrics.py):
 * the experts' load: a heatmap over layers (rows) and experts (columns) of each expert's tokens relative
   to an even share of its layer's (1.0 is even; a collapsed router shows one hot cell per row), averaged
   over the last ``window`` records; dense layers are left out;
-* each MoE layer's imbalance (the busiest expert's load over the mean) over the steps.
+* each MoE layer's imbalance (the busiest expert's load over the mean) over the steps;
+* when the run was profiled (``profile`` in the trainer configuration): where each profiled step's time went, one
+  stacked bar per step of the shares ``training/profiler.py`` records, averaged over the profiling ranks.
 
 A run that restarted from a checkpoint appends to the same file; a step written twice keeps its last
 record, so the lines follow the run that continued.
@@ -94,8 +96,37 @@ def expert_load(records: list[dict], window: int | None = None) -> tuple[list[in
     return layers, rows
 
 
+BREAKDOWN = (
+    "dispatch",
+    "combine",
+    "experts",
+    "attention",
+    "forward_rest",
+    "backward_rest",
+    "optimizer",
+    "data",
+    "grad_reduce",
+    "other",
+)
+"""The categories of a profiled step, as training/profiler.py's ``CATEGORIES`` (not imported: that module needs
+torch, and plotting does not)."""
+
+
+def breakdown(records: list[dict]) -> tuple[list[int], dict[str, list[float]]]:
+    """(profiled steps, each category's share of those steps): the mean over the ranks that profiled the step."""
+    steps, shares = [], {category: [] for category in BREAKDOWN}
+    for record in records:
+        ranks = record.get("profile") or []
+        if not ranks:
+            continue
+        steps.append(record["step"])
+        for category in BREAKDOWN:
+            shares[category].append(sum(r["share"].get(category, 0.0) for r in ranks) / len(ranks))
+    return steps, shares
+
+
 def render(records: list[dict], output: str | Path, *, title: str, window: int | None = None) -> Path:
-    """Write the three panels of ``records`` to ``output`` (PNG) and return its path."""
+    """Write the panels of ``records`` to ``output`` (PNG) and return its path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,9 +134,10 @@ def render(records: list[dict], output: str | Path, *, title: str, window: int |
 
     steps = [r["step"] for r in records]
     layers, load = expert_load(records, window)
-    figure, (loss_axes, load_axes, imbalance_axes) = pyplot.subplots(
-        3, 1, figsize=(9, 11), gridspec_kw={"height_ratios": [3, max(2, len(layers) / 4), 2]}
-    )
+    profiled, shares = breakdown(records)
+    ratios = [3, max(2, len(layers) / 4), 2] + ([max(2, len(profiled) / 3)] if profiled else [])
+    figure, panels = pyplot.subplots(len(ratios), 1, figsize=(9, 11 + 3 * bool(profiled)), height_ratios=ratios)
+    loss_axes, load_axes, imbalance_axes = panels[:3]
     figure.suptitle(title)
 
     loss_axes.plot(steps, [r["loss"] for r in records], color="tab:blue")
@@ -141,6 +173,9 @@ def render(records: list[dict], output: str | Path, *, title: str, window: int |
     if 0 < len(layers) <= 12:
         imbalance_axes.legend(fontsize="small", ncol=4)
 
+    if profiled:
+        _draw_breakdown(panels[3], profiled, shares, pyplot)
+
     figure.tight_layout()
     output = Path(output)
     partial = output.with_name(f".{output.name}.partial")  # renamed when whole: no half-written PNG
@@ -153,4 +188,21 @@ def render(records: list[dict], output: str | Path, *, title: str, window: int |
     return output
 
 
-__all__ = ["expert_load", "read_records", "render"]
+def _draw_breakdown(axes, steps: list[int], shares: dict[str, list[float]], pyplot) -> None:
+    """One stacked bar per profiled step: each category's share of the step."""
+    rows = range(len(steps))
+    left = [0.0] * len(steps)
+    colors = pyplot.get_cmap("tab10")
+    for index, category in enumerate(BREAKDOWN):
+        widths = shares[category]
+        axes.barh(rows, widths, left=left, color=colors(index), label=category)
+        left = [a + b for a, b in zip(left, widths)]
+    axes.set_yticks(rows, [f"step {step}" for step in steps])
+    axes.invert_yaxis()
+    axes.set_xlim(0, 1)
+    axes.set_xlabel("share of the step (mean over the profiled ranks)")
+    axes.set_title("where each profiled step's time went")
+    axes.legend(fontsize="small", ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+
+
+__all__ = ["BREAKDOWN", "breakdown", "expert_load", "read_records", "render"]

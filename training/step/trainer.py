@@ -24,6 +24,7 @@ from moe_cdk.training.config import TrainConfig
 from moe_cdk.training.exit_codes import EXIT_OK
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
+from moe_cdk.training.profiler import StepProfiler, check_profile, phase, ranged
 from moe_cdk.training.step import cpu_compat, parallel
 from moe_cdk.training.step.model import build_model
 from moe_cdk.training.step.parallel import Layout
@@ -148,7 +149,7 @@ def build(config: TrainConfig, runtime: Runtime, vocab_size: int) -> Trainable:
                 ).at("model build")
             ]
         ) from error
-    transformer_config.finalize_model_grads_func = finalize_model_grads
+    transformer_config.finalize_model_grads_func = ranged("grad_reduce", finalize_model_grads)
     transformer_config.grad_scale_func = optimizer.scale_loss
     no_sync = [chunk.no_sync for chunk in chunks]
     transformer_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
@@ -202,25 +203,29 @@ def train_step(
 
     layout = runtime.layout
     # Every model chunk reads the same micro-batches, so each gets its own iterator over them.
-    microbatches = [next(batches) for _ in range(layout.num_microbatches)]
+    with phase("data"):
+        microbatches = [next(batches) for _ in range(layout.num_microbatches)]
     iterators = [iter(microbatches) for _ in trainable.chunks]
     with cpu_compat.cuda_factories_on_cpu():
         for chunk in trainable.chunks:
             chunk.zero_grad_buffer()
         trainable.optimizer.zero_grad()
-        outputs = get_forward_backward_func()(
-            forward_step_func=functools.partial(_forward_step, mask, runtime.device),
-            data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=trainable.chunks,
-            num_microbatches=layout.num_microbatches,
-            seq_length=seq_length,
-            micro_batch_size=micro_batch_size,
-            forward_only=False,
-        )
-        updated, grad_norm, _ = trainable.optimizer.step()
+        with phase("forward_backward"):
+            outputs = get_forward_backward_func()(
+                forward_step_func=functools.partial(_forward_step, mask, runtime.device),
+                data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                model=trainable.chunks,
+                num_microbatches=layout.num_microbatches,
+                seq_length=seq_length,
+                micro_batch_size=micro_batch_size,
+                forward_only=False,
+            )
+        with phase("optimizer"):
+            updated, grad_norm, _ = trainable.optimizer.step()
     if not updated:
         raise FloatingPointError("the optimizer skipped the step (non-finite gradients)")
-    trainable.scheduler.step(increment=1)
+    with phase("optimizer"):
+        trainable.scheduler.step(increment=1)
     return [out["lm_loss"] for out in outputs], float(grad_norm or 0.0)
 
 
@@ -259,6 +264,7 @@ def _aux_losses(calls: int) -> dict:
 def train(config: TrainConfig, env: LaunchEnv, stop: StopRequested) -> int:
     """Run ``config`` to ``max_steps`` (or until ``stop`` is signalled). Returns the process exit code."""
     check_inputs(config)
+    check_profile(config, env.world_size)
     runtime = setup(config, env)
     try:
         return _run(config, runtime, stop)
@@ -277,6 +283,7 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     vocab_size = model_vocab_size(config, tokenizer.vocab_size)
     trainable = build(config, runtime, vocab_size)
     probe = MoEProbe(trainable.chunks, config.model.num_layers, config.moe.num_experts, config.model.dense_layers)
+    profiler = StepProfiler.for_run(config, runtime.rank, runtime.world_size, trainable.chunks)
     o = config.optim
     checkpoints = CheckpointManager(
         checkpoint_dir,
@@ -331,27 +338,20 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
             return exit_code_for(signum)
         while step < config.max_steps:
             started = time.perf_counter()
-            losses, grad_norm = train_step(
-                trainable, batches, runtime, mask, config.model.seq_length, o.micro_batch_size
-            )
+            with profiler.step(step + 1):
+                losses, grad_norm = train_step(
+                    trainable, batches, runtime, mask, config.model.seq_length, o.micro_batch_size
+                )
             step += 1
             consumed += o.global_batch_size
             checkpoints.poll()
-            if step % config.metrics.log_interval == 0 or step == config.max_steps:
+            if step % config.metrics.log_interval == 0 or step == config.max_steps or step in profiler.steps:
                 elapsed = time.perf_counter() - started
-                sink.write(
-                    _record(
-                        step,
-                        step - recorded_step,
-                        losses,
-                        probe,
-                        runtime,
-                        grad_norm,
-                        trainable.scheduler,
-                        elapsed,
-                        meter,
-                    )
+                record = _record(
+                    step, step - recorded_step, losses, probe, runtime, grad_norm, trainable.scheduler, elapsed, meter
                 )
+                for ready in profiler.hold(step, record):  # a profiled step's record waits for its summary
+                    sink.write(ready)
                 recorded_step = step
             if signum := stop.agreed(runtime.device):
                 checkpoints.save(trainable, step=step, consumed_samples=consumed)
@@ -361,8 +361,11 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
                 break
             if step % config.checkpoint.save_interval == 0 or step == config.max_steps:
                 checkpoints.save(trainable, step=step, consumed_samples=consumed)
+        for ready in profiler.finish():  # a run stopped inside the profiled steps
+            sink.write(ready)
         checkpoints.wait()
     finally:
+        profiler.abandon()
         sink.close()
     return exit_code
 
