@@ -6,7 +6,10 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-PYTHON ?= python3
+# One Python for synthesis, the suite and the cluster: the training image's (training/image.env, IMAGE_PYTHON),
+# python3.12 on PATH or pyenv's, found by cli/image_versions.py (standard library only, any python3 runs it).
+# Where there is none, set-up stops with one line naming what to install.
+IMAGE_PYTHON := $(shell sed -n 's/^IMAGE_PYTHON=//p' training/image.env)
 CONFIG ?= config/default.yaml
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -18,14 +21,6 @@ PYPROJECT_SUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # downloads no trainer); the suite and the benchmarks need the train and test extras too.
 SYNTH_STAMP := $(VENV)/.synth-$(PYPROJECT_SUM)
 STAMP := $(VENV)/.installed-$(PYPROJECT_SUM)
-# The training image's Python, torch and megatron-core (training/image.env), for the trainer's tests on
-# them: pyproject's requirements with torch and megatron-core at the image's versions
-# (cli/image_versions.py --requirements), on the image's Python where pyenv or PATH has it
-# (cli/image_versions.py --python), else on this machine's. PyPI's torch 2.9.0 is a CUDA build that runs
-# on the CPU: its NVIDIA libraries make this a 3.8 GB download and a 7.7 GB environment.
-IMAGE_VENV := .venv-image
-IMAGE_PY := $(IMAGE_VENV)/bin/python
-IMAGE_STAMP := $(IMAGE_VENV)/.installed-$(shell cat pyproject.toml training/image.env | cksum | cut -d' ' -f1)
 
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export npm_config_cache := $(CURDIR)/.cache/npm
@@ -33,12 +28,11 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup synth-setup image-setup system-packages synth test test-image lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
+.PHONY: help setup synth-setup system-packages synth test lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
-	@echo "make test                          set up, then run the whole test suite, then test-image"
-	@echo "make test-image                    the trainer's tests on the training image's Python, torch, megatron-core"
+	@echo "make test                          set up, then run the whole test suite (the image's Python, torch, megatron-core)"
 	@echo "make lint                          ruff, and the import layers of docs/architecture.md"
 	@echo "make validate [CONFIG=...]         check a configuration file"
 	@echo "make docs                          regenerate the generated references and JSON Schemas"
@@ -52,8 +46,6 @@ help:
 setup: $(STAMP) $(CDK)
 
 synth-setup: $(SYNTH_STAMP) $(CDK)
-
-image-setup: $(IMAGE_STAMP)
 
 # Debian packages the tests use: shellcheck for the lifecycle scripts, a real Slurm
 # (controller, node daemon, client, munge) for the sbatch and lifecycle tests, with real accounting
@@ -76,9 +68,14 @@ system-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-$(SYNTH_STAMP): pyproject.toml
-	@echo "$$(date '+%H:%M:%S') setting up $(VENV) for synthesis"
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# A .venv of another Python (an older checkout's) is made again; the CDK CLI and the Karpenter models beside it stay.
+$(SYNTH_STAMP): pyproject.toml training/image.env
+	@echo "$$(date '+%H:%M:%S') setting up $(VENV) (Python $(IMAGE_PYTHON)) for synthesis"
+	python=$$(python3 cli/image_versions.py --python training/image.env); \
+	if ! $(PY) -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(IMAGE_PYTHON)")' 2>/dev/null; then \
+	  rm -rf $(VENV)/bin $(VENV)/lib $(VENV)/lib64 $(VENV)/include $(VENV)/pyvenv.cfg $(VENV)/.synth-* $(VENV)/.installed-*; \
+	  "$$python" -m venv $(VENV); \
+	fi
 	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
 	$(PY) -m pip install -q -e .
 	rm -f $(VENV)/.synth-*
@@ -88,16 +85,6 @@ $(STAMP): pyproject.toml | $(SYNTH_STAMP)
 	@echo "$$(date '+%H:%M:%S') setting up $(VENV) for the trainer and the tests"
 	$(PY) -m pip install -q -e '.[train,test]'
 	rm -f $(VENV)/.installed-*
-	touch $@
-
-$(IMAGE_STAMP): pyproject.toml training/image.env cli/image_versions.py | $(STAMP)
-	@echo "$$(date '+%H:%M:%S') setting up $(IMAGE_VENV) (training/image.env's versions)"
-	test -x $(IMAGE_PY) || "$$($(PY) cli/image_versions.py --python training/image.env)" -m venv $(IMAGE_VENV)
-	$(IMAGE_PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
-	$(PY) cli/image_versions.py --requirements pyproject.toml training/image.env > $(IMAGE_VENV)/requirements.txt
-	$(IMAGE_PY) -m pip install -q -r $(IMAGE_VENV)/requirements.txt
-	$(IMAGE_PY) -m pip install -q --no-deps -e .
-	rm -f $(IMAGE_VENV)/.installed-*
 	touch $@
 
 # Karpenter's NodePool schema, as @kubernetes-models/karpenter compiles it from Karpenter's CRD into
@@ -140,12 +127,6 @@ hyperpod-chart: synth-setup
 TEST_WORKERS ?= 4
 test: setup system-packages $(KARPENTER_MODELS)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
-	$(MAKE) --no-print-directory test-image
-
-# The tests marked image_versions (the step, the layouts, checkpoints, Hugging Face conversion, the
-# preflight's collectives) once more, on training/image.env's versions; pytest's header names them.
-test-image: image-setup system-packages
-	$(IMAGE_PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m image_versions tests/training tests/jobs
 
 lint: setup
 	$(VENV)/bin/ruff check .

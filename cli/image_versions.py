@@ -1,14 +1,11 @@
-"""The training image's versions (training/image.env), for the image build and for the suite that
-tests the trainer on them.
+"""The training image's versions (training/image.env): the image build checks its base image against them, and
+``make`` finds their Python for the one environment of synthesis and the test suite.
 
 - ``python image_versions.py IMAGE_ENV``: training/Dockerfile runs this before the trainer is
   installed. It exits 1 with a message naming both sides when the base image's Python or torch
   differs from the file, and otherwise prints the megatron-core requirement to install.
-- ``python image_versions.py --requirements PYPROJECT IMAGE_ENV``: the suite's requirements
-  (pyproject's dependencies, ``train`` and ``test`` extras) with the image's torch and megatron-core
-  in place of pyproject's pins; ``make test`` installs them into ``.venv-image``.
-- ``python image_versions.py --python IMAGE_ENV``: the path of an interpreter of the image's Python,
-  or of this one where none is installed (with a line on stderr saying so).
+- ``python image_versions.py --python IMAGE_ENV``: the path of an interpreter of the image's Python; where
+  none is installed, one line on stderr naming what to install, and exit 1.
 
 Standard library only, so that it runs in the base image before anything is installed (torch is
 imported by the first form alone).
@@ -22,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 KEYS = ("IMAGE_PYTHON", "IMAGE_TORCH", "IMAGE_MEGATRON_CORE")
@@ -59,19 +55,6 @@ def requirement_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement)[0]).lower()
 
 
-def suite_requirements(want: dict[str, str], pyproject: Path) -> list[str]:
-    """pyproject's dependencies and its train and test extras, torch and megatron-core at the image's versions."""
-    project = tomllib.loads(pyproject.read_text())["project"]
-    extras = project["optional-dependencies"]
-    requirements = []
-    for requirement in [*project["dependencies"], *extras["train"], *extras["test"]]:
-        name = requirement_name(requirement)
-        pinned = f"{name}=={want[IMAGE_PINNED[name]]}" if name in IMAGE_PINNED else requirement
-        if pinned not in requirements:
-            requirements.append(pinned)
-    return requirements
-
-
 def _runs_as(python: str, version: str) -> bool:
     """Whether ``python`` starts and is ``version`` (a pyenv shim on PATH may name a version it will not run)."""
     try:
@@ -99,27 +82,22 @@ def find_python(version: str, path: str | None = None) -> str | None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="image_versions.py", description=__doc__.split("\n\n")[0])
-    form = parser.add_mutually_exclusive_group()
-    form.add_argument(
-        "--requirements", metavar="PYPROJECT", type=Path, help="print the image-version suite's requirements"
-    )
-    form.add_argument("--python", action="store_true", help="print an interpreter of the image's Python")
+    parser.add_argument("--python", action="store_true", help="print an interpreter of the image's Python")
     parser.add_argument("image_env", metavar="IMAGE_ENV", type=Path)
     args = parser.parse_args(argv)
     want = read_image_env(args.image_env)
     this_python = ".".join(platform.python_version_tuple()[:2])
-    if args.requirements:
-        print("\n".join(suite_requirements(want, args.requirements)))
-        return 0
     if args.python:
-        found = find_python(want["IMAGE_PYTHON"])
+        version = want["IMAGE_PYTHON"]
+        found = find_python(version)
         if found is None:
             print(
-                f"image_versions.py: no Python {want['IMAGE_PYTHON']} here (python{want['IMAGE_PYTHON']} on PATH, "
-                f"pyenv); the image's torch and megatron-core run on this Python {this_python} instead",
+                f"no Python {version} here (python{version} on PATH, or pyenv's): install Python {version}, the "
+                f"training image's (training/image.env), e.g. `pyenv install {version}` or Debian's python{version}",
                 file=sys.stderr,
             )
-        print(found or sys.executable)
+            return 1
+        print(found)
         return 0
 
     import torch

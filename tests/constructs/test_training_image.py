@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -62,11 +63,13 @@ def _check_versions(env_file) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_image_build_stops_on_a_base_image_of_other_versions():
-    done = _check_versions(IMAGE_ENV)  # this interpreter is not the image's Python and torch
+def test_the_image_build_stops_on_a_base_image_of_other_versions(tmp_path):
+    env = tmp_path / "image.env"
+    env.write_text("IMAGE_PYTHON=3.99\nIMAGE_TORCH=0.0.1\nIMAGE_MEGATRON_CORE=0.16.1\n")  # not this interpreter's
+    done = _check_versions(env)
     assert done.returncode == 1 and done.stdout == ""
-    assert f"IMAGE_TORCH=2.9.0 in training/image.env, but the base image has {THIS_TORCH}" in done.stderr
-    assert f"IMAGE_PYTHON=3.12 in training/image.env, but the base image has {THIS_PYTHON}" in done.stderr
+    assert f"IMAGE_TORCH=0.0.1 in training/image.env, but the base image has {THIS_TORCH}" in done.stderr
+    assert f"IMAGE_PYTHON=3.99 in training/image.env, but the base image has {THIS_PYTHON}" in done.stderr
 
 
 def test_the_image_build_installs_image_envs_megatron_core_on_a_matching_base(tmp_path):
@@ -127,21 +130,6 @@ def test_dockerfile_creates_every_package_folder_the_context_leaves_out():
     assert not copied & set(made.split())
 
 
-def test_the_image_suite_installs_pyprojects_requirements_with_the_images_torch_and_megatron_core(tmp_path):
-    pyproject = tmp_path / "pyproject.toml"
-    pyproject.write_text(
-        '[project]\ndependencies = ["pyyaml>=6", "pydantic>=2.7,<3"]\n[project.optional-dependencies]\n'
-        'train = ["torch==2.13.0", "Megatron_Core==0.16.1", "pydantic>=2.7,<3"]\ntest = ["pytest>=8"]\n'
-    )
-    assert image_versions.suite_requirements(_image_env(), pyproject) == [
-        "pyyaml>=6",
-        "pydantic>=2.7,<3",
-        "torch==2.9.0",
-        "megatron-core==0.16.1",
-        "pytest>=8",
-    ]
-
-
 def _find_python(path: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(IMAGE_VERSIONS), "--python", str(IMAGE_ENV)],
@@ -165,13 +153,36 @@ def test_a_python_on_path_that_does_not_run_is_passed_over(tmp_path):
     assert image_versions.find_python(THIS_PYTHON, path=str(tmp_path)) is None
 
 
-def test_without_the_images_python_the_suite_runs_on_this_one_and_says_so(tmp_path):
+def test_without_the_images_python_set_up_stops_with_one_line_naming_what_to_install(tmp_path):
     done = _find_python(str(tmp_path))  # neither python3.12 nor pyenv
-    assert (done.returncode, done.stdout) == (0, f"{sys.executable}\n")
-    assert (
-        f"no Python 3.12 here (python3.12 on PATH, pyenv); the image's torch and megatron-core run on this "
-        f"Python {THIS_PYTHON} instead" in done.stderr
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        "no Python 3.12 here (python3.12 on PATH, or pyenv's): install Python 3.12, the training image's "
+        "(training/image.env), e.g. `pyenv install 3.12` or Debian's python3.12\n"
     )
+
+
+def test_make_stops_where_the_images_python_is_missing(tmp_path):
+    # A machine with make, bash and a python3 but no Python 3.12: set-up names what to install, and creates nothing.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("make", "bash", "sed", "cat", "cksum", "cut", "date", "rm", "test"):
+        if found := shutil.which(tool):
+            (bin_dir / tool).symlink_to(found)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, clone / name)
+    shutil.copytree(ROOT / "training", clone / "training", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    shutil.copytree(ROOT / "cli", clone / "cli", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(
+        ["make", "synth-setup"], cwd=clone, env={**env, "PATH": str(bin_dir)}, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "no Python 3.12 here" in done.stderr and "install Python 3.12" in done.stderr
+    assert not (clone / ".venv").exists()
 
 
 NEURON_DOCKERFILE = (ROOT / "training/Dockerfile.neuron").read_text()

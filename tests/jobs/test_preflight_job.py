@@ -224,7 +224,6 @@ def test_unknown_group_is_refused_with_the_option_named(capsys):
 # -- run for real ---------------------------------------------------------------------------------
 
 
-@pytest.mark.image_versions
 def test_local_collectives_under_torchrun_print_an_all_to_all_figure(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(PYTHON).parent)) or "torchrun"
     done = subprocess.run(

@@ -7,7 +7,6 @@ import pytest
 from trainer_runs import ROOT, probe_result
 
 # `make test-image` runs this module again on the training image's Python, torch and megatron-core.
-pytestmark = pytest.mark.image_versions
 
 PROBE = ROOT / "tests/checkpoint_format_probe.py"
 

@@ -128,7 +128,6 @@ def test_the_profile_builds_the_model_config_json_describes(imported):
     assert parameter_counts(config, VOCAB_SIZE).total == hf_parameters + padding
 
 
-@pytest.mark.image_versions
 def test_imported_logits_are_hf_logits(imported, tokens):
     ours = _megatron_logits(imported.profile, tokens.path, imported.root / "ep1.pt")
     assert (ours - _hf_logits(imported.hf_dir, tokens.ids)).abs().max() < LOGIT_TOLERANCE
@@ -146,7 +145,6 @@ def test_imported_logits_are_hf_logits_at_tensor_parallel_2(imported, tokens):
     assert (ours - _hf_logits(imported.hf_dir, tokens.ids)).abs().max() < LOGIT_TOLERANCE
 
 
-@pytest.mark.image_versions
 def test_export_of_a_checkpoint_saved_at_expert_parallel_2_is_bit_exact(imported, expert_parallel_2):
     out = imported.root / "exported-from-ep2"
     _checkpoint_cli(

@@ -49,18 +49,6 @@ LAYOUTS = {
     "PP2xVPP2": (2, ("parallel.pipeline=2", "parallel.virtual_pipeline=2")),
 }
 ELASTIC = ("EP2", "TP2", "PP2")
-# `make test-image` runs these on the training image's versions: one layout of each collective (the
-# experts' all-to-all with data parallel, tensor parallel, pipeline p2p), and one elastic resume.
-ON_IMAGE = {"EP2xDP2", "TP2", "PP2"}
-ON_IMAGE_ELASTIC = {"EP2"}
-
-
-def _params(layouts, on_image: set[str]) -> list:
-    return [
-        pytest.param(layout, marks=[pytest.mark.image_versions] if layout in on_image else []) for layout in layouts
-    ]
-
-
 LOSS_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
 PARAM_ATOL = 2e-5
@@ -148,17 +136,17 @@ def _assert_parameters_match(run: Path, reference: Path, step: int, scratch: Pat
     assert worst[1] <= PARAM_ATOL, f"{worst[0]} differs by {worst[1]:.3g}"
 
 
-@pytest.mark.parametrize("layout", _params(LAYOUTS, ON_IMAGE))
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_steps_match_one_process(layout, reference, data_prefix, tmp_path_factory):
     _assert_steps_match(run_of(layout, 0, reference, data_prefix, tmp_path_factory), reference, [1, 2, 3])
 
 
-@pytest.mark.parametrize("layout", _params(LAYOUTS, ON_IMAGE))
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_parameters_match_one_process(layout, reference, data_prefix, tmp_path_factory, tmp_path):
     _assert_parameters_match(run_of(layout, 0, reference, data_prefix, tmp_path_factory), reference, 3, tmp_path)
 
 
-@pytest.mark.parametrize("layout", _params(ELASTIC, ON_IMAGE_ELASTIC))
+@pytest.mark.parametrize("layout", ELASTIC)
 def test_one_process_checkpoint_resumes_under_layout(layout, reference, data_prefix, tmp_path_factory, tmp_path):
     run = run_of(layout, 3, reference, data_prefix, tmp_path_factory)
     _assert_steps_match(run, reference, [4, 5])

@@ -5,13 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 import torch
 
 from moe_cdk.training.step._megatron import compile_on_first_call
 
 # `make test-image` runs this module again on the training image's Python, torch and megatron-core.
-pytestmark = pytest.mark.image_versions
 
 IMPORT_MODEL_CODE = """
 import sys

@@ -14,7 +14,6 @@ from moe_cdk.training.step.model import build_transformer_config, transformer_co
 from moe_cdk.training.step.sizes import parameter_counts
 
 # `make test-image` runs this module again on the training image's Python, torch and megatron-core.
-pytestmark = pytest.mark.image_versions
 
 TINY = load_train_config(ROOT / "training/configs/tiny.yaml")
 

@@ -31,7 +31,6 @@ def single_run(tmp_path_factory, data_prefix) -> Path:
     return run_dir
 
 
-@pytest.mark.image_versions
 def test_a_run_logs_no_megatron_warnings_and_one_line_on_absent_kernels(single_run):
     log = (single_run / "stderr.txt").read_text()
     assert "Warning" not in log and "warnings.warn" not in log and "Rerun State Machine" not in log, log[:3000]
@@ -39,7 +38,6 @@ def test_a_run_logs_no_megatron_warnings_and_one_line_on_absent_kernels(single_r
     assert log.count("Transformer Engine and Apex absent: megatron-core uses its local layers") == 1
 
 
-@pytest.mark.image_versions
 def test_single_process_loss_falls(single_run):
     losses = [r["loss"] for r in records(single_run)]
     assert len(losses) == 20 and losses[-1] < losses[0] - 1.0
@@ -81,7 +79,6 @@ def test_metrics_hold_aux_losses_and_throughput(single_run):
     assert record["tokens_per_s"] > 0 and record["dispatch_time_s"] > 0 and record["peak_memory_gib"] > 0
 
 
-@pytest.mark.image_versions
 def test_only_the_last_two_complete_checkpoints_are_kept(single_run):
     assert sorted(p.name for p in (single_run / "ckpt").glob("step-*")) == ["step-16", "step-20"]
     assert (single_run / "ckpt/step-20" / MARKER).is_file()
@@ -108,7 +105,6 @@ def expert_parallel_run(tmp_path_factory, data_prefix, single_run) -> Path:
     return run_dir
 
 
-@pytest.mark.image_versions
 def test_two_processes_with_expert_parallel_2_train(expert_parallel_run):
     losses = [r["loss"] for r in records(expert_parallel_run)]
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.5
@@ -192,7 +188,6 @@ def test_core_attention_recompute_with_dropout_trains_the_same_losses(tmp_path, 
     )
 
 
-@pytest.mark.image_versions
 def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_run):
     kill_after = random.Random().randint(6, 17)
     command = train_command(tmp_path, data_prefix, "--max-steps", "20", "--save-interval", "4")
@@ -262,7 +257,6 @@ def _flip_one_byte(step_dir: Path) -> tuple[Path, str]:
     return shard, f"seed {seed}: {shard.name} byte {at}"
 
 
-@pytest.mark.image_versions
 def test_a_flipped_byte_in_the_latest_checkpoint_falls_back_to_the_step_before(tmp_path, data_prefix, single_run):
     run_dir = tmp_path / "run"
     subprocess.run(["cp", "-r", str(single_run), str(run_dir)], check=True)
@@ -315,7 +309,6 @@ def test_moe_checkpoint_verify_of_a_folder_without_steps_names_it(tmp_path, caps
     assert f"CKPT_DIR: holds no step-N folder (got {str(tmp_path)!r}" in capsys.readouterr().err
 
 
-@pytest.mark.image_versions
 def test_sigterm_saves_a_checkpoint_and_exits_retryable(tmp_path, data_prefix, single_run):
     command = train_command(tmp_path, data_prefix, "--max-steps", "1000", "--save-interval", "1000")
     process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
