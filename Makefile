@@ -123,10 +123,10 @@ hyperpod-chart: synth-setup
 # (tests/ports.py) and keep their files under their own tmp_path. 4, not one per core: much of
 # the suite waits (Slurm polls, a slurmctld started 60 s late, sleeps), and on the 2-core build
 # machine the whole suite took 642 s with 4 workers against 804 s with 2. `$(PY) -m pytest
-# tests/x.py` runs one file in this process, as before.
+# tests/x.py` runs one file in this process, as before. --durations=30 ends each run with its slowest tests.
 TEST_WORKERS ?= 4
 test: setup system-packages $(KARPENTER_MODELS)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 lint: setup
 	$(VENV)/bin/ruff check .

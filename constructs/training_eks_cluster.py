@@ -10,6 +10,7 @@ clusters, so ``tests/test_training_eks_cluster.py`` asserts the same properties.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +52,10 @@ class TrainingEksClusterProps:
     """The HyperPod nodes' security group; the control plane and the nodes may reach each other. Required."""
     instance_types: Sequence[str]
     """Every instance type the HyperPod groups use; the device plugins follow them. Required."""
+    neuron_resource: str = eks_rules.NEURON_RESOURCE
+    """The name the Neuron device plugin registers Trainium chips under, the one the jobs ask for:
+    ``aws.amazon.com/neuron``, or ``aws.amazon.com/neurondevice`` where task governance's queues must count them
+    (rules/eks.py, [NEURON-TEAMS]). Default: ``aws.amazon.com/neuron``."""
     node_tolerations: Sequence[Mapping[str, str]] = ()
     """Tolerations for the taints the HyperPod groups carry, added to every device plugin and exporter. Default:
     none."""
@@ -262,7 +267,11 @@ class TrainingEksCluster(Construct):
         wanted = [
             (eks_rules.NVIDIA_DEVICE_PLUGIN, eks_rules.gpu_instance_types(specs), eks_rules.nvidia_plugin_values),
             (eks_rules.EFA_DEVICE_PLUGIN, eks_rules.efa_instance_types(specs), eks_rules.efa_plugin_values),
-            (eks_rules.NEURON_DEVICE_PLUGIN, eks_rules.neuron_instance_types(specs), eks_rules.neuron_plugin_values),
+            (
+                eks_rules.NEURON_DEVICE_PLUGIN,
+                eks_rules.neuron_instance_types(specs),
+                functools.partial(eks_rules.neuron_plugin_values, resource=self.props.neuron_resource),
+            ),
             (eks_rules.DCGM_EXPORTER, eks_rules.gpu_instance_types(specs), eks_rules.dcgm_exporter_values),
             (eks_rules.NODE_EXPORTER, list(self.props.instance_types), eks_rules.node_exporter_values),
         ]
@@ -334,6 +343,13 @@ class TrainingEksCluster(Construct):
         for i, name in enumerate(props.instance_types):
             if catalog.lookup(name) is None:
                 found.append(catalog.unknown_instance_type(name).at(f"instance_types[{i}]"))
+        names = (eks_rules.NEURON_RESOURCE, eks_rules.NEURON_DEVICE_RESOURCE)
+        if props.neuron_resource not in names:
+            found.append(
+                problem("unknown Neuron resource", got=props.neuron_resource, allowed=" or ".join(names)).at(
+                    "neuron_resource"
+                )
+            )
         if p := eks_rules.hyperpod_chart_problem(props.hyperpod_chart_directory):
             found.append(p.at("hyperpod_chart_directory"))
         return found

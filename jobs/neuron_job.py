@@ -48,20 +48,6 @@ from moe_cdk.rules import eks as eks_rules, neuron
 from moe_cdk.rules.teams import job_team, team_namespace
 from moe_cdk.schema.config import Config, InstanceGroupConfig, nodes_of
 
-# A team's job is admitted by task governance's Kueue queues, which count Trainium chips as
-# aws.amazon.com/neurondevice: aws/sagemaker-hyperpod-cli@011ca92, src/sagemaker/hyperpod/cli/constants/
-# command_constants.py (line 47, NEURON_RESOURCE_LIMIT_KEY), which its quota_allocation_util.py (line 300) gives every
-# Trainium type, and the team ClusterQueue in examples/end_to_end_walkthrough/03-task-governance/
-# 00-task-governance.md (line 73). Kueue does not admit a workload that asks for a resource its ClusterQueue does not
-# cover. AWS's sources disagree on the name: Neuron's device plugin registers aws.amazon.com/neuron and has not
-# registered neurondevice since Neuron 2.22 (aws-neuron-sdk@81ce03a, release-notes/components/containers.rst,
-# "Ends support for resource name 'neurondevice'"), while HyperPod's own chart pins plugin 2.19.16.0 (the same
-# repository, helm_chart/HyperPodHelmChart/charts/neuron-device-plugin/templates/k8s-neuron-device-plugin.yaml,
-# line 66), which registers both. So a team's pods ask for neurondevice, which the queues count, and the other
-# jobs for neuron, which every plugin registers; a team's pods are placed only on nodes whose plugin registers
-# neurondevice (docs/trainium.md, "Launch").
-TEAM_NEURON_RESOURCE = "aws.amazon.com/neurondevice"
-
 DEFAULT_COMPILE_CACHE = "/fsx/neuron-compile-cache"
 """Where compiled graphs are kept, on the file system every node shares: NxD Training's ``compiler_cache_url``."""
 
@@ -293,8 +279,8 @@ def eks_spec(
     qos: str | None = None,
 ) -> eks_job.EksJobSpec:
     """The pods of ``run``: one per node, with every Neuron chip and EFA device of it; with ``team``, in its
-    namespace and queue, the chips asked for as the resource task governance's queues count
-    (``TEAM_NEURON_RESOURCE``)."""
+    namespace and queue. On a cluster with teams the chips are asked for by the name task governance's queues count,
+    which the cluster's device plugin then registers (rules/eks.py, [NEURON-TEAMS])."""
     team, qos = job_team(config.teams, team, qos)
     return eks_job.EksJobSpec(
         name=run.name,
@@ -303,7 +289,7 @@ def eks_spec(
         nodes=run.nodes,
         instance_type=run.spec.sagemaker_name,
         devices_per_node=run.spec.accelerator_count,
-        device_resource=TEAM_NEURON_RESOURCE if team else eks_rules.device_resource(run.spec),
+        device_resource=eks_rules.device_resource(run.spec, teams=config.teams is not None),
         efa_per_node=run.spec.efa_interfaces,
         train_profile=run.config_text,
         profile_config_map=eks_job.suffixed_name(run.name, "profile"),
@@ -319,8 +305,8 @@ def eks_spec(
 def render_neuron_pytorchjob(spec: eks_job.EksJobSpec, run: NeuronRun) -> dict:
     """A Kubeflow ``PyTorchJob`` (kubeflow.org/v1) whose pods each run ``node_script``. The pods stay on the pod
     network with the collectives' socket on its interface, as train_setup.sh's Kubernetes branch and AWS's
-    Neuron samples run them, and they whole-node request ``aws.amazon.com/neuron``, which needs no Neuron
-    scheduler extension (rules/neuron.py, [NEURON-K8S])."""
+    Neuron samples run them, and they request whole nodes' chips, which needs no Neuron scheduler extension
+    (rules/neuron.py, [NEURON-K8S])."""
     env = {**neuron.LAUNCH_ENV, **neuron.KUBERNETES_ENV, "TRAIN_CONFIG": eks_job.PROFILE_PATH}
     template = eks_job.pod_template(
         spec, ["bash", "-c", node_script(run)], [], probes=False, host_network=False, env=env
@@ -330,7 +316,6 @@ def render_neuron_pytorchjob(spec: eks_job.EksJobSpec, run: NeuronRun) -> dict:
 
 __all__ = [
     "DEFAULT_COMPILE_CACHE",
-    "TEAM_NEURON_RESOURCE",
     "NeuronRun",
     "eks_spec",
     "neuron_run",

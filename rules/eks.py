@@ -29,6 +29,22 @@ Sources (checked 2026-11-30):
   required node affinity on ``supportedInstanceLabels.keys`` In ``supportedInstanceLabels.values``.
 - [NEURON] AWS Neuron docs, "Kubernetes environment setup" (k8s-neuron-device-plugin) and
   Neuron Observer install (chart 1.10.0 from oci://public.ecr.aws/neuron/neuron-helm-chart).
+- [NEURON-TEAMS] AWS's sources disagree on the name of a Trainium chip. Task governance's queues count
+  ``aws.amazon.com/neurondevice``: aws/sagemaker-hyperpod-cli@011ca92, src/sagemaker/hyperpod/cli/constants/
+  command_constants.py (line 47, NEURON_RESOURCE_LIMIT_KEY), which quota_allocation_util.py (line 300) gives every
+  Trainium type, and the team ClusterQueue of examples/end_to_end_walkthrough/03-task-governance/
+  00-task-governance.md (line 73); Kueue does not admit a pod that asks for a resource its queue does not cover.
+  Neuron's device plugin has not registered that name since Neuron 2.22 (aws-neuron-sdk@81ce03a,
+  release-notes/components/containers.rst, "Ends support for resource name 'neurondevice'"; the k8s setup page
+  names only neuron and neuroncore since). HyperPod's chart (the same repository at 40eb213,
+  helm_chart/HyperPodHelmChart/charts/neuron-device-plugin/templates/k8s-neuron-device-plugin.yaml) pins plugin
+  2.19.16.0, which registers both names. So a cluster with teams runs that plugin, through Neuron's chart
+  (``devicePlugin.image.tag``), and every Trainium pod on it asks for neurondevice: a team's to be admitted, the
+  others so that no chip is handed out under both names.
+- [NEURON-CHART] aws-neuron/neuron-helm-charts@8172e5e (chart 1.0.0, the only chart source published; 1.10.0 is on
+  public ECR only): the device plugin's node affinity is the instance types in ``neuronInstances``, whose default
+  lists no trn2 type and no ``ml.`` name, so HyperPod's nodes would get no plugin. The values set it, and
+  ``devicePlugin.affinity`` too, in case a later chart reads that instead.
 - [FSX-CSI] Amazon EKS User Guide, "Use high-performance app storage with Amazon FSx for
   Lustre" (fsx-csi-create): the ``aws-fsx-csi-driver`` add-on. Static provisioning makes no
   FSx API calls, so the driver gets no IAM role here.
@@ -71,6 +87,12 @@ HEALTH_TAINT_TOLERATION = {
 }
 GPU_RESOURCE = "nvidia.com/gpu"
 NEURON_RESOURCE = "aws.amazon.com/neuron"
+NEURON_DEVICE_RESOURCE = "aws.amazon.com/neurondevice"
+"""Trainium chips as task governance's Kueue queues count them, so the only name a team's pods are admitted with
+([NEURON-TEAMS])."""
+NEURON_DEVICE_PLUGIN_TAG = "2.19.16.0"
+"""The device plugin HyperPod's own chart pins, which registers ``aws.amazon.com/neurondevice`` beside
+``aws.amazon.com/neuron`` ([NEURON-TEAMS]); the plugin Neuron's chart 1.10.0 installs registers only the latter."""
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 TERMINATION_GRACE_S = 300
 """A training pod's default ``terminationGracePeriodSeconds``: the kubelet TERMs the container's first
@@ -78,11 +100,18 @@ process (the node launcher, which passes it to every rank) and KILLs it this lon
 save a checkpoint in between (Kubernetes' default is 30 s)."""
 
 
-def device_resource(spec: catalog.InstanceSpec) -> str | None:
-    """The extended resource a node of ``spec`` advertises for its accelerators; None for CPU types."""
+def neuron_resource(*, teams: bool) -> str:
+    """What Trainium pods ask for: ``aws.amazon.com/neurondevice`` on a cluster with teams, whose queues count that,
+    and ``aws.amazon.com/neuron`` otherwise ([NEURON-TEAMS])."""
+    return NEURON_DEVICE_RESOURCE if teams else NEURON_RESOURCE
+
+
+def device_resource(spec: catalog.InstanceSpec, *, teams: bool = False) -> str | None:
+    """The extended resource a node of ``spec`` advertises for its accelerators, on a cluster with or without
+    teams; None for CPU types."""
     return {
         catalog.AcceleratorKind.NVIDIA_GPU: GPU_RESOURCE,
-        catalog.AcceleratorKind.TRAINIUM: NEURON_RESOURCE,
+        catalog.AcceleratorKind.TRAINIUM: neuron_resource(teams=teams),
     }.get(spec.accelerator_kind)
 
 
@@ -162,8 +191,8 @@ NEURON_DEVICE_PLUGIN = Chart(
     "oci://public.ecr.aws/neuron/neuron-helm-chart",
     "1.10.0",
     "kube-system",
-    "Advertises aws.amazon.com/neuron on Trainium nodes",
-    "NEURON",
+    "Advertises aws.amazon.com/neuron on Trainium nodes (aws.amazon.com/neurondevice with teams)",
+    "NEURON, NEURON-CHART, NEURON-TEAMS",
 )
 DCGM_EXPORTER = Chart(
     "dcgm-exporter",
@@ -249,16 +278,20 @@ def nvidia_plugin_values(specs: Sequence[catalog.InstanceSpec], tolerations: Seq
     return {"affinity": _affinity(gpu_instance_types(specs)), "tolerations": _tolerations((GPU_RESOURCE,), tolerations)}
 
 
-def neuron_plugin_values(specs: Sequence[catalog.InstanceSpec], tolerations: Sequence[dict] = ()) -> dict:
-    # The chart also installs the Neuron scheduler extension and problem detector; only the
-    # device plugin is needed to advertise aws.amazon.com/neuron.
+def neuron_plugin_values(
+    specs: Sequence[catalog.InstanceSpec], tolerations: Sequence[dict] = (), *, resource: str = NEURON_RESOURCE
+) -> dict:
+    """The device plugin alone (the chart also brings the Neuron scheduler extension and problem detector), on
+    exactly the Trainium types ([NEURON-CHART]), registering ``resource`` ([NEURON-TEAMS])."""
+    types = neuron_instance_types(specs)
+    plugin = {"affinity": _affinity(types), "tolerations": _tolerations((NEURON_RESOURCE,), tolerations)}
+    if resource == NEURON_DEVICE_RESOURCE:
+        plugin["image"] = {"tag": NEURON_DEVICE_PLUGIN_TAG}
     return {
         "npd": {"enabled": False},
         "scheduler": {"enabled": False},
-        "devicePlugin": {
-            "affinity": _affinity(neuron_instance_types(specs)),
-            "tolerations": _tolerations((NEURON_RESOURCE,), tolerations),
-        },
+        "neuronInstances": types,
+        "devicePlugin": plugin,
     }
 
 

@@ -9,6 +9,7 @@ from constructs import Construct
 
 from moe_cdk.constructs.lustre_volume import LustreVolume, LustreVolumeProps
 from moe_cdk.constructs.training_eks_cluster import TrainingEksCluster, TrainingEksClusterProps
+from moe_cdk.rules import eks as eks_rules
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import add_observability
 
@@ -36,7 +37,11 @@ class EksStack(Stack):
                 vpc=network.network.vpc,
                 subnets=subnets,
                 node_security_group=network.node_security_group.security_group,
-                instance_types=[g.instance_type for g in config.cluster.instance_groups],
+                # A node launched as a fallback type needs its device plugins as much as one of the first choice.
+                instance_types=sorted(
+                    {t for g in config.cluster.instance_groups for t in (g.instance_type, *g.fallback_instance_types)}
+                ),
+                neuron_resource=eks_rules.neuron_resource(teams=config.teams is not None),
                 node_tolerations=[t.toleration() for g in config.cluster.instance_groups for t in g.taints],
                 kubernetes_version=eks_config.kubernetes_version,
                 endpoint_access=eks_config.endpoint_access,

@@ -202,6 +202,7 @@ def test_bad_props_are_all_reported():
             kubernetes_version="1.20",
             addon_versions={"bogus": "1"},
             instance_types=("ml.x9.huge",),
+            neuron_resource="aws.amazon.com/neuroncore",
         )
     problems = error.value.errors
     assert [p.split(":")[0] for p in problems] == [
@@ -210,6 +211,7 @@ def test_bad_props_are_all_reported():
         "addon_versions.bogus",
         "kubernetes_version",
         "instance_types[0]",
+        "neuron_resource",
     ]
     assert "opens the API to the internet" in problems[0]
 

@@ -301,9 +301,10 @@ def test_a_teams_eks_pods_ask_for_the_neuron_resource_task_governance_counts(tmp
     assert container["resources"]["limits"] == {"aws.amazon.com/neurondevice": 16, "vpc.amazonaws.com/efa": 16}
 
 
-def test_a_job_without_a_team_keeps_the_device_plugins_neuron_resource(tmp_path):
+def test_a_job_without_a_team_on_a_teams_cluster_asks_for_the_same_name(tmp_path):
+    # One name per cluster: a plugin that registers both would hand a chip out under each.
     config = team_trn2_config(tmp_path)
     run = neuron_run(config, load_job_profile(config, None))
     job = render_neuron_pytorchjob(eks_spec(config, run, image=IMAGE), run)
     (container,) = pod(job)["spec"]["containers"]
-    assert "aws.amazon.com/neuron" in container["resources"]["limits"]
+    assert container["resources"]["limits"] == {"aws.amazon.com/neurondevice": 16, "vpc.amazonaws.com/efa": 16}

@@ -57,3 +57,16 @@ def test_node_exporter_runs_on_every_node_and_is_scraped():
     values = eks_rules.node_exporter_values(SPECS)
     assert values["tolerations"] == [{"operator": "Exists"}]
     assert values["podAnnotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_neuron_plugin_runs_on_the_trainium_types_the_chart_reads():
+    # Neuron's only published chart source (neuron-helm-charts@8172e5e) takes the plugin's node affinity from
+    # neuronInstances, whose default names no ml. type.
+    assert eks_rules.neuron_plugin_values(SPECS)["neuronInstances"] == ["ml.trn2.48xlarge"]
+
+
+def test_neuron_plugin_registers_neurondevice_only_when_asked():
+    plain = eks_rules.neuron_plugin_values(SPECS)["devicePlugin"]
+    teams = eks_rules.neuron_plugin_values(SPECS, resource=eks_rules.NEURON_DEVICE_RESOURCE)["devicePlugin"]
+    assert "image" not in plain
+    assert teams["image"] == {"tag": "2.19.16.0"}
