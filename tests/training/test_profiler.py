@@ -83,8 +83,8 @@ def test_a_backward_pass_counts_in_the_range_whose_forward_built_it():
     backward_node = [e for e in prof.events() if e.name == "autograd::engine::evaluate_function: MmBackward0"]
     forward_range = [e for e in prof.events() if e.name == "moe_train/experts"]
     experts_s = (backward_node[0].time_range.elapsed_us() + forward_range[0].time_range.elapsed_us()) / 1e6
+    # The backward (one matmul, as long as the forward's within a few times) is far more than the 2 % allowed.
     assert summary["seconds"]["experts"] == pytest.approx(experts_s, rel=0.02)
-    assert summary["seconds"]["experts"] > 1.5 * forward_range[0].time_range.elapsed_us() / 1e6
 
 
 @pytest.mark.parametrize(
