@@ -28,7 +28,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup synth-setup system-packages synth test lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
+.PHONY: help setup synth-setup system-packages synth test test-setup lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -125,8 +125,12 @@ hyperpod-chart: synth-setup
 # machine the whole suite took 642 s with 4 workers against 804 s with 2. `$(PY) -m pytest
 # tests/x.py` runs one file in this process, as before. --durations=30 ends each run with its slowest tests.
 TEST_WORKERS ?= 4
-test: setup system-packages $(KARPENTER_MODELS)
+test: test-setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
+
+# pip, apt and npm do not depend on one another, so a fresh machine runs them side by side.
+test-setup:
+	@$(MAKE) --no-print-directory -j3 setup system-packages $(KARPENTER_MODELS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
