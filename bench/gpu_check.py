@@ -9,7 +9,8 @@ matmul peak, and peak memory against ``moe-cdk plan``'s figure for the same shap
 ``--plan-json``, which ``--write-plan`` makes on a machine with the CDK installed).
 
 ``--variant grouped_gemm`` asks for megatron's grouped GEMM; without Transformer Engine it
-needs the ``grouped_gemm`` package, and the JSON says so when it is missing.
+needs the ``grouped_gemm`` package, and the JSON says so when it is missing. ``--variant native`` runs the native
+spec (torch's fused attention and grouped GEMM, no core-attention recompute).
 
     .venv/bin/python bench/gpu_check.py --write-plan .gpu-check/plan.json   # here, before the run
     python bench/gpu_check.py --plan-json .gpu-check/plan.json --out result.json  # on the GPU
@@ -29,10 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 MIXTRAL = ROOT / "training/configs/mixtral-8x7b.yaml"
 TINY = ROOT / "training/configs/tiny.yaml"
 VOCAB = 32000
-VARIANTS = ("local", "grouped_gemm")
+VARIANTS = ("local", "grouped_gemm", "native")
 
 
 def overrides(*, layers: int, seq_length: int, micro_batches: int, variant: str) -> list[str]:
+    """The profile cut to one GPU; the native variant keeps no core-attention recompute, which only drops the s x s
+    scores its attention never builds."""
     return [
         f"model.num_layers={layers}",
         f"model.seq_length={seq_length}",
@@ -41,8 +44,9 @@ def overrides(*, layers: int, seq_length: int, micro_batches: int, variant: str)
         "parallel.expert_tensor=1",
         "optim.micro_batch_size=1",
         f"optim.global_batch_size={micro_batches}",
-        "model.spec=local",
+        f"model.spec={'native' if variant == 'native' else 'local'}",
         f"moe.grouped_gemm={'true' if variant == 'grouped_gemm' else 'false'}",
+        *(["recompute.granularity=none", "recompute.modules=[]"] if variant == "native" else []),
     ]
 
 
@@ -111,7 +115,8 @@ def run(args) -> dict:
 
     if args.smoke:
         config_path, vocab = TINY, 257
-        config = load_train_config(TINY, ["optim.global_batch_size=8"])
+        spec = "native" if args.variant == "native" else "local"
+        config = load_train_config(TINY, ["optim.global_batch_size=8", f"model.spec={spec}"])
     else:
         config_path, vocab = MIXTRAL, VOCAB
         config = load_train_config(

@@ -6,7 +6,7 @@
 # There:         bash bench/gpu_check.sh   (with .gpu-check carried along)
 #
 # For each variant (the local spec; grouped GEMM where megatron can use one without Transformer
-# Engine) it runs bench/gpu_check.py: the trainer's own step on a stack of Mixtral-shaped MoE
+# Engine; the native spec) it runs bench/gpu_check.py: the trainer's own step on a stack of Mixtral-shaped MoE
 # layers in bf16, tokens/s, MFU and peak memory against moe-cdk plan's figure. It writes
 # gpu_check.json (all variants, and a memory sweep over the prepared sequence lengths) to $OUT, or to
 # bench/results without $OUT.
@@ -56,7 +56,7 @@ if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     exit 1
 fi
 results=()
-for variant in local grouped_gemm; do
+for variant in local grouped_gemm native; do
     log "variant $variant"
     if timeout 200 "$python" "$repo/bench/gpu_check.py" --variant "$variant" --plan-json "$prepared/plan.json" \
         --out "$out/gpu_check-$variant.json"; then

@@ -337,13 +337,16 @@ def memory_per_device(
     element = BF16_BYTES if bf16 else FP32_BYTES
     stepped = dense / layout.data + expert / layout.expert_data if o.distributed_optimizer else dense + expert
     optimizer = element["optimizer"] * stepped
+    # Transformer Engine's and the native spec's attention kernels hold no s x s scores; only Transformer Engine
+    # brings a fused Adam.
+    fused_attention = m.spec in (Spec.TRANSFORMER_ENGINE, Spec.NATIVE)
     fused = m.spec is Spec.TRANSFORMER_ENGINE
     # Measured on an H200 (docs/benchmarks.md): without Transformer Engine the peak stayed at 93.4 to
     # 94.3 GiB from sequence 1,024 to 4,096, the weights' and optimizer's 77.5 GiB plus one fp32 copy of
     # the parameters (torch._foreach_sqrt of Adam's second moments), not plus the activations.
     optimizer_step = 0.0 if fused or not optimizer_temporary else 4 * stepped
     activations = activation_bytes(
-        train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4, fused_attention=fused
+        train, layout, vocab_size=vocab_size, bytes_per_element=2 if bf16 else 4, fused_attention=fused_attention
     )
     per_device = dense + expert
     parameters, gradients = per_device * element["weight"] / GIB, per_device * element["gradient"] / GIB
@@ -353,7 +356,7 @@ def memory_per_device(
         layout=layout,
         precision="bf16" if bf16 else "fp32",
         distributed_optimizer=o.distributed_optimizer,
-        attention="fused" if fused else "unfused",
+        attention="fused" if fused_attention else "unfused",
         recompute=tuple(mod.value for mod in train.recompute.modules),
         parameters=parameters,
         gradients=gradients,

@@ -45,6 +45,7 @@ class Spec(enum.Enum):
     AUTO = "auto"
     TRANSFORMER_ENGINE = "transformer_engine"
     LOCAL = "local"
+    NATIVE = "native"
 
 
 class Toggle(enum.Enum):
@@ -142,8 +143,9 @@ class ModelConfig:
     rotary_base: int = 10000
     """RoPE base."""
     spec: Spec = Spec.AUTO
-    """Layer implementation: `transformer_engine`, `local` (megatron-core's own modules), or `auto` (Transformer Engine
-    where it imports and a GPU is present)."""
+    """Layer implementation: `transformer_engine`, `local` (megatron-core's own modules), `native` (the local layer
+    with torch's fused attention and grouped GEMM for its experts; checkpoints move to and from `local`), or `auto`
+    (Transformer Engine where it imports and a GPU is present, else local)."""
 
     @property
     def head_size(self) -> int:
@@ -224,7 +226,8 @@ class MoEConfig:
     """alltoall or allgather."""
     grouped_gemm: bool = False
     """Run a rank's experts as one grouped GEMM (megatron's `moe_grouped_gemm`): TEGroupedMLP under the Transformer
-    Engine spec; the local spec needs the `grouped_gemm` package."""
+    Engine spec; the local spec needs the `grouped_gemm` package; the native spec groups its experts itself and
+    refuses it."""
     permute_fusion: bool = False
     """Fused token permutation (megatron's `moe_permute_fusion`; needs Transformer Engine)."""
     router_dtype: RouterDtype = RouterDtype.DEFAULT

@@ -53,10 +53,23 @@ def test_data_prepare_bench_writes_the_same_corpus_every_time(tmp_path):
     assert all(json.loads(line)["text"] for line in corpus.splitlines())
 
 
-def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path):
+@pytest.mark.parametrize("variant", ["local", "native"])
+def test_gpu_check_runs_the_trainer_step_in_smoke_mode(tmp_path, variant):
     out = tmp_path / "result.json"
     done = subprocess.run(
-        [sys.executable, str(GPU_CHECK), "--smoke", "--steps", "1", "--warmup", "1", "--out", str(out)],
+        [
+            sys.executable,
+            str(GPU_CHECK),
+            "--smoke",
+            "--variant",
+            variant,
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -80,7 +93,9 @@ def test_gpu_check_plan_figures_cover_every_variant(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     variants = json.loads(plan.read_text())["variants"]
-    assert set(variants) == {"local", "grouped_gemm"} and all(0 < v["total_gib"] < 131.3 for v in variants.values())
+    assert set(variants) == {"local", "grouped_gemm", "native"} and all(
+        0 < v["total_gib"] < 131.3 for v in variants.values()
+    )
 
 
 def test_gpu_check_script_without_preparation_exits_2_and_names_the_make_target(tmp_path):

@@ -416,6 +416,22 @@ def test_torchs_adam_step_is_counted_instead_of_the_activations_when_larger():
     assert memory_per_device(fused, world_size=16, vocab_size=32000, device_memory_gib=131.3).optimizer_step == 0
 
 
+def test_the_native_spec_holds_no_attention_scores_and_keeps_torchs_adam_step():
+    no_recompute = ["recompute.granularity=none", "recompute.modules=[]"]
+    local, native = (
+        memory_per_device(
+            load_train_config(MIXTRAL, [f"model.spec={spec}", *no_recompute]),
+            world_size=16,
+            vocab_size=32000,
+            device_memory_gib=131.3,
+        )
+        for spec in ("local", "native")
+    )
+    assert (local.attention, native.attention) == ("unfused", "fused")
+    assert native.activations < local.activations
+    assert native.optimizer_step == local.optimizer_step > 0
+
+
 def test_trn2_is_sized_per_logical_neuroncore_and_per_chip():
     result = plan(load_config(ROOT / "config/trn2.yaml"))
     assert (result.accelerators, result.world_size, result.stack) == (32, 128, "neuronx-distributed-training")

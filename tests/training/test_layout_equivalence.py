@@ -8,6 +8,9 @@ must equal the single process's within fp32 reduction-order noise. The elastic c
 resume the single process's step-3 checkpoint (model, optimizer, scheduler, data
 position) under another layout and must continue as the single process did.
 
+The native spec (model.spec native) runs as a layout of its own, from the local spec's checkpoints and back:
+its attention reduces in another order than megatron's, within the same fp32 noise.
+
 Not covered yet: the interleaved schedule (parallel.virtual_pipeline) trains, but its first
 loss differs from one process's by 4e-4 relative, which is more than reduction order; and
 a checkpoint with optimizer state does not resume across parallel.expert 1 <-> 2+ (refused
@@ -47,8 +50,14 @@ LAYOUTS = {
     "TP2-EP2-ETP1": (2, ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1")),
     "PP2": (2, ("parallel.pipeline=2",)),
     "PP2xVPP2": (2, ("parallel.pipeline=2", "parallel.virtual_pipeline=2")),
+    # The native spec from the local spec's step-0 checkpoint: the same model, the checkpoint crossing specs.
+    "native": (1, ("model.spec=native",)),
+    "native-EP2": (2, ("model.spec=native", "parallel.expert=2")),
+    "native-TP2": (2, ("model.spec=native", "parallel.tensor=2")),
+    "native-PP2": (2, ("model.spec=native", "parallel.pipeline=2")),
 }
 ELASTIC = ("EP2", "TP2", "PP2")
+LOCAL = (1, ())
 LOSS_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
 PARAM_ATOL = 2e-5
@@ -72,8 +81,10 @@ def reference(tmp_path_factory, data_prefix) -> Path:
     return run_dir
 
 
-def _run_from(reference: Path, step: int, run_dir: Path, data_prefix: str, layout: str, max_steps: int) -> Path:
-    nproc, overrides = LAYOUTS[layout]
+def _run_from(
+    reference: Path, step: int, run_dir: Path, data_prefix: str, layout: str, max_steps: int, *, nproc_overrides=None
+) -> Path:
+    nproc, overrides = nproc_overrides or LAYOUTS[layout]
     shutil.copytree(reference / f"ckpt/step-{step}", run_dir / f"ckpt/step-{step}")
     sets = [arg for override in overrides for arg in ("--set", override)]
     result = run_training(
@@ -156,3 +167,11 @@ def test_one_process_checkpoint_resumes_under_layout(layout, reference, data_pre
 def test_resume_under_another_layout_warns_once_about_rng(reference, data_prefix, tmp_path_factory):
     run = run_of("TP2", 3, reference, data_prefix, tmp_path_factory)
     assert (run / "stderr.txt").read_text().count("per-rank RNG states re-derived") == 1
+
+
+def test_a_native_checkpoint_resumes_under_the_local_spec(reference, data_prefix, tmp_path_factory, tmp_path):
+    # Model, optimizer, scheduler and data position, saved by the native spec at step 3.
+    native = run_of("native", 0, reference, data_prefix, tmp_path_factory)
+    run = _run_from(native, 3, tmp_path_factory.mktemp("local-from-native"), data_prefix, "", 5, nproc_overrides=LOCAL)
+    _assert_steps_match(run, reference, [4, 5])
+    _assert_parameters_match(run, reference, 5, tmp_path)

@@ -121,7 +121,7 @@ def test_expert_tensor_defaults_to_tensor_when_experts_are_not_split():
         (["parallel.sequence=true"], "parallel.sequence: sequence parallelism splits over the tensor-parallel group"),
         (["parallel.virtual_pipeline=2"], "parallel.virtual_pipeline: needs pipeline parallelism"),
         (["recompute.granularity=selective"], "recompute.modules: selective recompute needs at least one module"),
-        (["model.spec=tpu"], "model.spec: unknown value (got 'tpu'; allowed auto, transformer_engine, local)"),
+        (["model.spec=tpu"], "model.spec: unknown value (got 'tpu'; allowed auto, transformer_engine, local, native)"),
     ],
 )
 def test_layout_option_that_cannot_work_is_rejected_by_key(overrides, expected):

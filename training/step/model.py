@@ -30,21 +30,14 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
                 allowed="local or auto",
             ).at("model.spec")
         )
-    if spec is Spec.LOCAL:
+    if spec in (Spec.LOCAL, Spec.NATIVE):
         if config.moe.permute_fusion:
             errors.append(
                 problem(
-                    "fused permutation is a Transformer Engine kernel", got=True, allowed="false under the local spec"
-                ).at("moe.permute_fusion")
-            )
-        if config.moe.grouped_gemm and not (on_gpu and importlib.util.find_spec("grouped_gemm")):
-            # megatron/core/transformer/moe/experts.py (GroupedMLP) asserts the package is there.
-            errors.append(
-                problem(
-                    "the local spec's grouped GEMM needs a GPU and the grouped_gemm package",
+                    "fused permutation is a Transformer Engine kernel",
                     got=True,
-                    allowed="false, or model.spec transformer_engine",
-                ).at("moe.grouped_gemm")
+                    allowed=f"false under the {spec.value} spec",
+                ).at("moe.permute_fusion")
             )
         if RecomputeModule.LAYERNORM in config.recompute.modules:
             # megatron's layernorm recompute wraps Transformer Engine's norm only.
@@ -52,8 +45,26 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
                 problem(
                     "layernorm recompute needs the Transformer Engine spec",
                     got="layernorm",
-                    allowed="core_attn, moe_act under the local spec",
+                    allowed=f"core_attn, moe_act under the {spec.value} spec",
                 ).at("recompute.modules")
+            )
+    if spec is Spec.NATIVE and config.moe.grouped_gemm:
+        errors.append(
+            problem(
+                "the native spec runs its experts as torch's grouped GEMM itself",
+                got=True,
+                allowed="false under the native spec",
+            ).at("moe.grouped_gemm")
+        )
+    if spec is Spec.LOCAL:
+        if config.moe.grouped_gemm and not (on_gpu and importlib.util.find_spec("grouped_gemm")):
+            # megatron/core/transformer/moe/experts.py (GroupedMLP) asserts the package is there.
+            errors.append(
+                problem(
+                    "the local spec's grouped GEMM needs a GPU and the grouped_gemm package",
+                    got=True,
+                    allowed="false, or model.spec transformer_engine or native",
+                ).at("moe.grouped_gemm")
             )
     if errors:
         raise ConfigError(errors)
@@ -238,9 +249,16 @@ def _layer_spec(config: TrainConfig, spec: Spec, *, experts: bool = True):
     )
     layer.submodules.input_layernorm = SequenceParallelRMSNorm
     layer.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    if spec is Spec.NATIVE:
+        from moe_cdk.training.step.native import NativeCoreAttention, NativeExperts
+
+        layer.submodules.self_attention.submodules.core_attention = NativeCoreAttention
+        if experts:
+            layer.submodules.mlp.submodules.experts.module = NativeExperts
     if mla:
         attention = layer.submodules.self_attention.submodules
-        attention.core_attention = _latent_core_attention()
+        if spec is Spec.LOCAL:
+            attention.core_attention = _latent_core_attention()
         if qk_layernorm:
             # The query and key/value latents' norms (MLASelfAttention builds them with the latent widths).
             attention.q_layernorm = attention.kv_layernorm = SequenceParallelRMSNorm
@@ -294,7 +312,7 @@ def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[t
     vpp = config.parallel.virtual_pipeline
     for vp_stage in range(vpp) if vpp else [None]:
         block = layer
-        if spec is Spec.LOCAL:
+        if spec is not Spec.TRANSFORMER_ENGINE:
             # This stage's layers by their global index: the first model.dense_layers are dense.
             offset = get_transformer_layer_offset(transformer_config, vp_stage=vp_stage)
             count = get_num_layers_to_build(transformer_config, vp_stage=vp_stage)
