@@ -67,7 +67,7 @@ def test_a_construct_importing_the_trainer_breaks_the_layers(tmp_path):
 )
 def test_a_command_that_reads_a_configuration_loads_no_cdk(argv):
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "moe_cdk.cli.moe_cdk", *argv],
+        [sys.executable, "-X", "importtime", "-m", "moe_cdk.cli.main", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -33,7 +33,7 @@ def test_make_synth_installs_no_extra():
 
 def test_plan_runs_without_torch():
     done = _run(
-        "from moe_cdk.cli.moe_cdk import main; sys.exit(main(['plan', '--config', 'config/default.yaml', '--json']))"
+        "from moe_cdk.cli.main import main; sys.exit(main(['plan', '--config', 'config/default.yaml', '--json']))"
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

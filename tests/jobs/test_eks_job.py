@@ -19,7 +19,7 @@ from conftest import ROOT
 from kubeflow.training import ApiClient
 from trainer_runs import ENV, MEGATRON_REJECTS, TINY, data_prefix  # noqa: F401 (fixture)
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.jobs.eks_job import (
@@ -298,7 +298,7 @@ def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
         [
             sys.executable,
             "-m",
-            "moe_cdk.cli.moe_cdk",
+            "moe_cdk.cli.main",
             "eks",
             "render",
             "--config",
@@ -318,7 +318,7 @@ def test_cli_writes_the_job_and_refuses_a_slurm_configuration(tmp_path):
         [
             sys.executable,
             "-m",
-            "moe_cdk.cli.moe_cdk",
+            "moe_cdk.cli.main",
             "eks",
             "render",
             "--config",

@@ -16,7 +16,7 @@ import yaml
 from conftest import ROOT
 from kubeflow.training import ApiClient
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.jobs.eks_job import to_yaml
 from moe_cdk.jobs.neuron_job import (
     eks_spec,

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubeflow.training import ApiClient
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.jobs.preflight_job import NCCL_TESTS, preflight_job, render_preflight_sbatch
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
 from moe_cdk.rules.neuron import TrainingStack

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.jobs.profile import load_job_profile
 from moe_cdk.jobs.slurm_job import SlurmJobSpec, enroot_image, job_spec_from_config, render_sbatch, team_path
 from moe_cdk.schema.config import load_config

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT, SHIPPED_CONFIGS
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.schema.config import SCHEMA_FILE, config_schema
 from moe_cdk.training.config import SCHEMA_FILE as TRAINER_SCHEMA_FILE, train_config_schema
 

@@ -191,7 +191,7 @@ def test_records_are_parsed_as_lib_sh_writes_them():
 
 def test_the_command_refuses_a_training_job_configuration_by_key():
     out = subprocess.run(
-        [PYTHON, "-m", "moe_cdk.cli.moe_cdk", "status", "--config", "config/training-job.yaml"],
+        [PYTHON, "-m", "moe_cdk.cli.main", "status", "--config", "config/training-job.yaml"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT, SHIPPED_CONFIGS
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.schema.config import load_config, parse_config
 from moe_cdk.tools.plan import (

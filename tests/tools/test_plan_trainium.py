@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.core import catalog
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.schema.config import load_config

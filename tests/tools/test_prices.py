@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from moe_cdk.cli.moe_cdk import main
+from moe_cdk.cli.main import main
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.schema.config import load_config
 from moe_cdk.tools.plan import load_price_entries, plan, render_table, to_json
