@@ -391,10 +391,19 @@ class SlurmCluster:
             return Rejected(done.returncode, done.stdout, done.stderr)
         return done.stdout.strip().split(";")[0]
 
-    def job_state(self, job_id: str) -> JobState:
-        done = self.run("scontrol", "show", "job", "-o", str(job_id))
-        if done.returncode != 0:
-            raise RuntimeError(f"scontrol show job {job_id} failed: {done.stderr.strip()}")
+    def job_state(self, job_id: str, *, tries: int = 5) -> JobState:
+        """The job's state; a query that fails is asked again, up to ``tries`` times half a second apart (under
+        load a poll once failed with nothing on stderr while the job ran on)."""
+        for _ in range(tries):
+            done = self.run("scontrol", "show", "job", "-o", str(job_id))
+            if done.returncode == 0:
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(
+                f"scontrol show job {job_id} failed {tries} times, last with status {done.returncode}: "
+                f"{done.stderr.strip()!r} {done.stdout.strip()!r}\n{self.log_tail(20)}"
+            )
         fields = dict(re.findall(r"(?:^|\s)([A-Za-z:/]+)=(\S*)", done.stdout.strip()))
         return JobState(
             fields.get("JobState", "?"), int(fields.get("Restarts", "0")), fields.get("ExitCode", "?"), fields

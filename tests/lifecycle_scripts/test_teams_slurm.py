@@ -396,7 +396,14 @@ def members_on_this_machine(controller):
         yield box
     finally:
         for member in made_users:
-            subprocess.run(["userdel", member], check=False)
+            # A job left running by a failed test still runs as the member, and userdel refuses a user with
+            # processes: the next test would find the user without its team group.
+            subprocess.run(["pkill", "-KILL", "-u", member], check=False)
+            deadline = time.monotonic() + 10
+            while subprocess.run(["pgrep", "-u", member], capture_output=True).returncode == 0:
+                assert time.monotonic() < deadline, f"{member}'s processes outlived SIGKILL"
+                time.sleep(0.1)
+            subprocess.run(["userdel", member], check=True)
         for team in made_groups:
             subprocess.run(["groupdel", team], check=False)
 
