@@ -1,11 +1,11 @@
 """The native spec's two modules against the megatron modules they stand in for (a script, not a test file).
 
-Run as ``python tests/native_probe.py CONFIG``. In one process it builds the model of CONFIG under the native spec
-as the trainer does, takes the first layer's ``NativeCoreAttention`` and ``NativeExperts``, and runs each on the
-same random inputs twice: through its own forward, and through the forward of the megatron class it subclasses
-(``DotProductAttention``, ``SequentialMLP``) on the same weights. It does so in float32 and in bfloat16, backward
-too, and prints one JSON line: per case, the largest difference of the outputs and of the input and weight
-gradients, each with the reference's largest magnitude, and how many grouped GEMMs ran.
+Run as ``python tests/native_probe.py CONFIG [KEY=VALUE ...]``. In one process it builds the model of CONFIG, with
+the overrides, under the native spec as the trainer does, takes the first layer's ``NativeCoreAttention`` and
+``NativeExperts``, and runs each on the same random inputs twice: through its own forward, and through the forward
+of the megatron class it subclasses (``DotProductAttention``, ``SequentialMLP``) on the same weights. It does so in
+float32 and in bfloat16, backward too, and prints one JSON line: per case, the largest difference of the outputs
+and of the input and weight gradients, each with the reference's largest magnitude, and how many grouped GEMMs ran.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def compare(run, inputs: list[torch.Tensor], weights: list[torch.Tensor]) -> dic
 
 
 def main(argv: list[str]) -> None:
-    config = load_train_config(argv[0], ["model.spec=native"])
+    config = load_train_config(argv[0], ["model.spec=native", *argv[1:]])
     env = detect()
     trainer.setup(config, env)
     grouped = 0
@@ -74,6 +74,9 @@ def main(argv: list[str]) -> None:
         assert isinstance(attention, NativeCoreAttention) and isinstance(experts, NativeExperts)
         m = config.model
         s, b, heads, groups = m.seq_length, 2, m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+        qk_width = v_width = m.head_size
+        if m.multi_latent_attention:  # query and key heads wider than the value heads
+            qk_width, v_width = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
         generator = torch.Generator().manual_seed(0)
         mask = trainer.causal_mask(s, torch.device("cpu"))
         counts = torch.tensor(TOKENS_PER_EXPERT)
@@ -81,8 +84,9 @@ def main(argv: list[str]) -> None:
             name = str(dtype).removeprefix("torch.")
             experts.to(dtype)
             attention.to(dtype)
-            q = torch.randn(s, b, heads, m.head_size, generator=generator).to(dtype)
-            k, v = (torch.randn(s, b, groups, m.head_size, generator=generator).to(dtype) for _ in range(2))
+            q = torch.randn(s, b, heads, qk_width, generator=generator).to(dtype)
+            k = torch.randn(s, b, groups, qk_width, generator=generator).to(dtype)
+            v = torch.randn(s, b, groups, v_width, generator=generator).to(dtype)
 
             def attend(native, q, k, v):
                 forward = NativeCoreAttention.forward if native else DotProductAttention.forward

@@ -20,11 +20,23 @@ from moe_cdk.training.step.model import resolve_spec
 PROBE = ROOT / "tests/native_probe.py"
 TINY = ROOT / "training/configs/tiny.yaml"
 RELATIVE = {"float32": 16 * 2**-23, "bfloat16": 2 * 2**-7}
+# Grouped-query heads (two query heads per key/value head), and multi-latent attention's wider query/key heads.
+ATTENTION = {
+    "gqa": ["model.num_query_groups=2"],
+    "mla": [
+        "model.multi_latent_attention=true",
+        "model.num_query_groups=null",
+        "model.kv_lora_rank=32",
+        "model.qk_head_dim=16",
+        "model.qk_pos_emb_head_dim=8",
+        "model.v_head_dim=16",
+    ],
+}
 
 
-@pytest.fixture(scope="module")
-def report() -> dict:
-    return probe_result(PROBE, str(TINY))
+@pytest.fixture(scope="module", params=ATTENTION)
+def report(request) -> dict:
+    return probe_result(PROBE, str(TINY), *ATTENTION[request.param])
 
 
 def _within(case: dict, dtype: str) -> None:
