@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from moe_cdk.training.step import _megatron
 from moe_cdk.training.step._megatron import compile_on_first_call
 
 # `make test-image` runs this module again on the training image's Python, torch and megatron-core.
@@ -29,7 +31,12 @@ def test_model_code_imports_without_inductor_and_leaves_torch_compile_as_it_was(
     assert done.stdout.split() == ["True", "False", "compile_on_first_call"]
 
 
-def test_deferred_compile_compiles_once_at_the_first_call_with_the_same_options():
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    monkeypatch.setattr(_megatron, "compiles", lambda: True)
+
+
+def test_deferred_compile_compiles_once_at_the_first_call_with_the_same_options(on_a_gpu):
     calls = []
 
     def compile_now(model, **options):
@@ -42,7 +49,7 @@ def test_deferred_compile_compiles_once_at_the_first_call_with_the_same_options(
     assert calls == [{"dynamic": False}]
 
 
-def test_deferred_compile_as_a_decorator_with_options():
+def test_deferred_compile_as_a_decorator_with_options(on_a_gpu):
     calls = []
 
     def compile_now(model, **options):
@@ -57,10 +64,17 @@ def test_deferred_compile_as_a_decorator_with_options():
     assert double(5) == 10 and calls == [{"mode": "max-autotune"}]
 
 
-def test_deferred_compile_computes_what_torch_compile_computes():
+def test_deferred_compile_computes_what_torch_compile_computes(on_a_gpu):
     def gelu_like(x):
         return x * torch.sigmoid(1.702 * x)
 
     x = torch.linspace(-3, 3, 64)
     deferred = compile_on_first_call(torch.compile, gelu_like, backend="eager")
     assert torch.equal(deferred(x), torch.compile(gelu_like, backend="eager")(x))
+
+
+def test_without_cuda_a_deferred_function_runs_uncompiled(monkeypatch):
+    monkeypatch.setattr(_megatron, "compiles", lambda: False)
+    calls = []
+    square = compile_on_first_call(lambda model, **options: calls.append(options), lambda x: x * x, dynamic=False)
+    assert square(3) == 9 and calls == []
