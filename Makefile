@@ -122,7 +122,8 @@ hyperpod-chart: synth-setup
 # Slurm cluster, an imported model) are built once; the Slurm and trainer tests draw free ports
 # (tests/ports.py) and keep their files under their own tmp_path. 4, not one per core: much of
 # the suite waits (Slurm polls, a slurmctld started 60 s late, sleeps), and on the 2-core build
-# machine the whole suite took 642 s with 4 workers against 804 s with 2. `$(PY) -m pytest
+# machine the whole suite took 642 s with 4 workers against 804 s with 2; on 2026-12-05, 912 s with 4
+# against 1,010 s with 6, the load average at 16-19: more workers only share the 2 cores. `$(PY) -m pytest
 # tests/x.py` runs one file in this process, as before. --durations=30 ends each run with its slowest tests.
 TEST_WORKERS ?= 4
 test: test-setup
