@@ -431,6 +431,9 @@ def python_for_members():
             folder.chmod(mode)
 
 
+TEAM_JOB_STEPS = 60
+
+
 def test_a_job_of_each_teams_member_trains_and_resumes_in_the_teams_folder(
     controller, members_on_this_machine, python_for_members
 ):
@@ -440,18 +443,28 @@ def test_a_job_of_each_teams_member_trains_and_resumes_in_the_teams_folder(
     for member, team in (("alice", "research"), ("bob", "prod")):
         run = box.root / "fsx/teams" / team / "run"
         assert run_as(member, "mkdir", str(run), slurm=slurm).returncode == 0  # as the member, in the team's folder
-        job = TinyJob(run, max_steps=24, nodes=1, account=team, qos="urgent")
+        job = TinyJob(run, max_steps=TEAM_JOB_STEPS, nodes=1, account=team, qos="urgent")
         submitted = run_as(member, "sbatch", "--parsable", str(job.script), slurm=slurm)
         assert submitted.returncode == 0, submitted.stderr
         jobs[member] = (job, submitted.stdout.strip())
-    for job, job_id in jobs.values():
-        job.wait_for_steps(slurm, job_id, 12, timeout=180)
-        slurm.requeue(job_id)
+    # Each job is requeued as soon as it has trained 12 steps, and has many left then: waiting for one job after the
+    # other, at 24 steps, bob's job once finished while alice's was waited for, and saved no stop step.
+    running, deadline = dict(jobs), time.monotonic() + 180
+    while running:
+        for member, (job, job_id) in list(running.items()):
+            if len(job.steps()) >= 12:
+                slurm.requeue(job_id)
+                del running[member]
+            else:
+                state = slurm.job_state(job_id)
+                assert state.state in ("PENDING", "RUNNING"), f"job {job_id} is {state.state}:\n{job.log(job_id)}"
+        assert time.monotonic() < deadline, f"{sorted(running)}: fewer than 12 steps after 180 s"
+        time.sleep(0.2)
     for job, job_id in jobs.values():
         state = _wait_completed(slurm, job, job_id, timeout=180)
         assert (state.state, state.restart_count) == ("COMPLETED", 1)
         first_run, second_run = job.log(job_id).split("SLURM_RESTART_COUNT=1", 1)
-        assert _resumed_step(second_run) == _stopped_at(first_run) and job.steps() == list(range(1, 25))
+        assert _resumed_step(second_run) == _stopped_at(first_run) and job.steps() == list(range(1, TEAM_JOB_STEPS + 1))
         team_gid = job.root.parent.stat().st_gid
         assert {p.stat().st_gid for p in job.checkpoints.rglob("*")} == {team_gid}  # the team's, by setgid
 
