@@ -40,8 +40,8 @@ class NativeCoreAttention(DotProductAttention):
     def __init__(self, config, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs):
         super().__init__(config, *args, **kwargs)
         assert v_channels in (None, config.kv_channels), (v_channels, config.kv_channels)
-        # What DotProductAttention does beyond causal softmax attention is refused when the model is configured
-        # (training/step/model.py, resolve_spec); these guard the module's own contract.
+        # What DotProductAttention does beyond causal softmax attention (another mask type, softmax offsets, layer
+        # scaling) no moe-train configuration key sets; these guard the module's own contract.
         assert self.attn_mask_type is AttnMaskType.causal, self.attn_mask_type
         assert self.softmax_offset is None, "softmax_type other than vanilla"
         assert not self.config.apply_query_key_layer_scaling
