@@ -4,8 +4,9 @@ Run as ``python tests/native_probe.py CONFIG [KEY=VALUE ...]``. In one process i
 the overrides, under the native spec as the trainer does, takes the first layer's ``NativeCoreAttention`` and
 ``NativeExperts``, and runs each on the same random inputs twice: through its own forward, and through the forward
 of the megatron class it subclasses (``DotProductAttention``, ``SequentialMLP``) on the same weights. It does so in
-float32 and in bfloat16, backward too, and prints one JSON line: per case, the largest difference of the outputs
-and of the input and weight gradients, each with the reference's largest magnitude, and how many grouped GEMMs ran.
+float32 and in bfloat16, backward too. It also builds the trainer's optimizer and steps it once. It prints one JSON
+line: per case, the largest difference of the outputs and of the input and weight gradients, each with the
+reference's largest magnitude, and how many grouped GEMMs ran; and the optimizer's fused flags and kernel calls.
 """
 
 from __future__ import annotations
@@ -52,10 +53,41 @@ def compare(run, inputs: list[torch.Tensor], weights: list[torch.Tensor]) -> dic
     return found
 
 
+def optimizer_case(config, runtime) -> dict:
+    """The trainer's torch AdamWs under the native spec: whether each group is fused, how many fused kernels one
+    step of each runs, and whether the groups stay fused after loading a state whose groups are not."""
+    trainable = trainer.build(config, runtime, VOCAB)
+    optimizers = [w.optimizer for w in getattr(trainable.optimizer, "chained_optimizers", [trainable.optimizer])]
+    calls, original = 0, torch._fused_adamw_
+
+    def counted(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    torch._fused_adamw_ = counted
+    try:
+        for inner in optimizers:
+            for group in inner.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.ones_like(p)
+            inner.step()
+    finally:
+        torch._fused_adamw_ = original
+    fused = [group["fused"] for inner in optimizers for group in inner.param_groups]
+    for inner in optimizers:
+        state = inner.state_dict()
+        for group in state["param_groups"]:
+            group.update(fused=None, foreach=None)  # as the local spec's optimizer saves them
+        inner.load_state_dict(state)
+    reloaded = [group["fused"] for inner in optimizers for group in inner.param_groups]
+    return {"optimizers": len(optimizers), "fused": fused, "fused_kernels": calls, "fused_after_load": reloaded}
+
+
 def main(argv: list[str]) -> None:
     config = load_train_config(argv[0], ["model.spec=native", *argv[1:]])
     env = detect()
-    trainer.setup(config, env)
+    runtime = trainer.setup(config, env)
     grouped = 0
     original_grouped_mm = torch._grouped_mm
 
@@ -106,6 +138,7 @@ def main(argv: list[str]) -> None:
             before = grouped
             report[f"experts_{name}"] = compare(expert_run, [x, probs], [fc1])
             report[f"experts_{name}"]["grouped_gemms"] = grouped - before
+        report["optimizer"] = optimizer_case(config, runtime)
     finally:
         torch._grouped_mm = original_grouped_mm
         trainer.teardown()

@@ -337,10 +337,9 @@ def memory_per_device(
     element = BF16_BYTES if bf16 else FP32_BYTES
     stepped = dense / layout.data + expert / layout.expert_data if o.distributed_optimizer else dense + expert
     optimizer = element["optimizer"] * stepped
-    # Transformer Engine's and the native spec's attention kernels hold no s x s scores; only Transformer Engine
-    # brings a fused Adam.
-    fused_attention = m.spec in (Spec.TRANSFORMER_ENGINE, Spec.NATIVE)
-    fused = m.spec is Spec.TRANSFORMER_ENGINE
+    # Transformer Engine's and the native spec's attention kernels hold no s x s scores; both step a fused Adam
+    # (Transformer Engine's, and torch's under the native spec: training/step/trainer.py use_fused_adamw).
+    fused_attention = fused = m.spec in (Spec.TRANSFORMER_ENGINE, Spec.NATIVE)
     # Measured on an H200 (docs/benchmarks.md): without Transformer Engine the peak stayed at 93.4 to
     # 94.3 GiB from sequence 1,024 to 4,096, the weights' and optimizer's 77.5 GiB plus one fp32 copy of
     # the parameters (torch._foreach_sqrt of Adam's second moments), not plus the activations.

@@ -224,12 +224,13 @@ class MoEConfig:
     """Expert capacity as a multiple of the balanced load; tokens over it are dropped. Default: dropless."""
     token_dispatcher: Dispatcher = Dispatcher.ALLTOALL
     """alltoall or allgather."""
-    grouped_gemm: bool = False
-    """Run a rank's experts as one grouped GEMM (megatron's `moe_grouped_gemm`): TEGroupedMLP under the Transformer
-    Engine spec; the local spec needs the `grouped_gemm` package; the native spec groups its experts itself and
-    refuses it."""
-    permute_fusion: bool = False
-    """Fused token permutation (megatron's `moe_permute_fusion`; needs Transformer Engine)."""
+    grouped_gemm: Toggle = Toggle.AUTO
+    """Run a rank's experts as one grouped GEMM (megatron's `moe_grouped_gemm`). `auto`: on under the Transformer
+    Engine spec (TEGroupedMLP), off under the local spec (where `true` needs the `grouped_gemm` package) and the
+    native spec (which groups its experts itself and refuses `true`)."""
+    permute_fusion: Toggle = Toggle.AUTO
+    """Fused token permutation (megatron's `moe_permute_fusion`, a Transformer Engine kernel). `auto`: on under the
+    Transformer Engine spec, off elsewhere; `true` under another spec is refused."""
     router_dtype: RouterDtype = RouterDtype.DEFAULT
     """Router precision (megatron's `moe_router_dtype`): default (the compute dtype), fp32 or fp64."""
     score_function: ScoreFunction = ScoreFunction.SOFTMAX

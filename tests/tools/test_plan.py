@@ -416,7 +416,7 @@ def test_torchs_adam_step_is_counted_instead_of_the_activations_when_larger():
     assert memory_per_device(fused, world_size=16, vocab_size=32000, device_memory_gib=131.3).optimizer_step == 0
 
 
-def test_the_native_spec_holds_no_attention_scores_and_keeps_torchs_adam_step():
+def test_the_native_spec_holds_no_attention_scores_and_no_adam_step_temporary():
     no_recompute = ["recompute.granularity=none", "recompute.modules=[]"]
     local, native = (
         memory_per_device(
@@ -429,7 +429,9 @@ def test_the_native_spec_holds_no_attention_scores_and_keeps_torchs_adam_step():
     )
     assert (local.attention, native.attention) == ("unfused", "fused")
     assert native.activations < local.activations
-    assert native.optimizer_step == local.optimizer_step > 0
+    # torch's fused AdamW updates the parameters and moments in place, with no foreach sqrt copy (not yet
+    # measured on a GPU: docs/benchmarks.md).
+    assert native.optimizer_step == 0 < local.optimizer_step
 
 
 def test_trn2_is_sized_per_logical_neuroncore_and_per_chip():

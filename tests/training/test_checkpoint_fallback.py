@@ -7,8 +7,6 @@ from __future__ import annotations
 import pytest
 from trainer_runs import ROOT, probe_result
 
-# `make test-image` runs this module again on the training image's Python, torch and megatron-core.
-
 PROBE = ROOT / "tests/checkpoint_fallback_probe.py"
 SAVE_INTERNALS = 5
 LOAD_INTERNALS = 7

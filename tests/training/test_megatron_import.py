@@ -11,8 +11,6 @@ import torch
 from moe_cdk.training.step import _megatron
 from moe_cdk.training.step._megatron import compile_on_first_call
 
-# `make test-image` runs this module again on the training image's Python, torch and megatron-core.
-
 IMPORT_MODEL_CODE = """
 import sys
 import torch

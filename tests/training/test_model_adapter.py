@@ -13,8 +13,6 @@ from moe_cdk.training.step import cpu_compat, model as model_module
 from moe_cdk.training.step.model import build_transformer_config, transformer_config_kwargs
 from moe_cdk.training.step.sizes import parameter_counts
 
-# `make test-image` runs this module again on the training image's Python, torch and megatron-core.
-
 TINY = load_train_config(ROOT / "training/configs/tiny.yaml")
 
 
@@ -30,7 +28,7 @@ def test_a_value_megatron_would_rewrite_is_an_error(monkeypatch):
     monkeypatch.setattr(
         model_module,
         "transformer_config_kwargs",
-        lambda config, on_gpu: {**original(config, on_gpu=on_gpu), "num_query_groups": None},
+        lambda config, on_gpu, spec: {**original(config, on_gpu=on_gpu, spec=spec), "num_query_groups": None},
     )
     with pytest.raises(
         ConfigError,

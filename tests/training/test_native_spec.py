@@ -63,6 +63,13 @@ def test_float32_experts_take_the_per_expert_gemms(report):
     assert all(found["diff"] == 0 for found in case.values() if isinstance(found, dict))
 
 
+def test_the_optimizer_steps_with_torchs_fused_adamw_and_stays_fused_after_a_load(report):
+    case = report["optimizer"]
+    assert case["optimizers"] == 2  # megatron chains the dense and the expert parameters' optimizers
+    assert case["fused"] and all(case["fused"]) and all(case["fused_after_load"])
+    assert case["fused_kernels"] == len(case["fused"])  # one kernel per parameter group
+
+
 def test_the_native_spec_refuses_megatrons_grouped_gemm():
     config = load_train_config(TINY, ["model.spec=native", "moe.grouped_gemm=true"])
     with pytest.raises(ConfigError, match="moe.grouped_gemm: the native spec runs its experts as torch's grouped GEMM"):

@@ -9,7 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from moe_cdk.core.problems import ConfigError, problem
-from moe_cdk.training.config import RecomputeGranularity, RecomputeModule, RouterDtype, Spec, TrainConfig
+from moe_cdk.training.config import (
+    Dispatcher,
+    RecomputeGranularity,
+    RecomputeModule,
+    RouterDtype,
+    Spec,
+    Toggle,
+    TrainConfig,
+)
 from moe_cdk.training.step.sizes import padded_vocab_size, use_bf16
 
 
@@ -31,7 +39,7 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
             ).at("model.spec")
         )
     if spec in (Spec.LOCAL, Spec.NATIVE):
-        if config.moe.permute_fusion:
+        if config.moe.permute_fusion is Toggle.ON:
             errors.append(
                 problem(
                     "fused permutation is a Transformer Engine kernel",
@@ -48,7 +56,7 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
                     allowed=f"core_attn, moe_act under the {spec.value} spec",
                 ).at("recompute.modules")
             )
-    if spec is Spec.NATIVE and config.moe.grouped_gemm:
+    if spec is Spec.NATIVE and config.moe.grouped_gemm is Toggle.ON:
         errors.append(
             problem(
                 "the native spec runs its experts as torch's grouped GEMM itself",
@@ -57,7 +65,7 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
             ).at("moe.grouped_gemm")
         )
     if spec is Spec.LOCAL:
-        if config.moe.grouped_gemm and not (on_gpu and importlib.util.find_spec("grouped_gemm")):
+        if config.moe.grouped_gemm is Toggle.ON and not (on_gpu and importlib.util.find_spec("grouped_gemm")):
             # megatron/core/transformer/moe/experts.py (GroupedMLP) asserts the package is there.
             errors.append(
                 problem(
@@ -71,19 +79,67 @@ def resolve_spec(config: TrainConfig, *, on_gpu: bool) -> Spec:
     return spec
 
 
-def _fused_softmax_kernel_present() -> bool:
-    """Whether megatron's fused softmax kernel can load. The local spec's attention
-    (FusedScaleMaskSoftmax) imports ``scaled_masked_softmax_cuda`` at its first bf16 forward when
-    the fusion is on: a compiled extension that Megatron-LM builds and the megatron-core wheel does
-    not ship, so without it the fusion must stay off (seen on an H200, 2026-12-04)."""
-    return importlib.util.find_spec("scaled_masked_softmax_cuda") is not None
+def _kernel_present(extension: str) -> bool:
+    """Whether one of the compiled extensions Megatron-LM builds, and the megatron-core wheel does not ship, can load.
+
+    - ``scaled_masked_softmax_cuda``: the local spec's FusedScaleMaskSoftmax imports it at its first bf16 forward
+      when ``masked_softmax_fusion`` is on (seen failing without it on an H200, 2026-12-04);
+    - ``fused_weight_gradient_mlp_cuda`` (Apex): megatron's own ColumnParallelLinear, the output layer under every
+      spec, refuses ``gradient_accumulation_fusion`` without it (tensor_parallel/layers.py), and Megatron-LM's
+      arguments turn the fusion off where it is missing.
+    """
+    return importlib.util.find_spec(extension) is not None
 
 
-def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
-    """Every TransformerConfig field moe-cdk sets, in one place."""
-    m, moe, p, r = config.model, config.moe, config.parallel, config.recompute
+def _te_router_fusion_present() -> bool:
+    """Whether Transformer Engine brings the fused top-k router (2.7 and later; the image's is 2.8), which megatron's
+    router calls with ``moe_router_fusion`` (megatron/core/extensions/transformer_engine.py)."""
+    from megatron.core.extensions.transformer_engine import fused_topk_with_score_function
+
+    return fused_topk_with_score_function is not None
+
+
+def grouped_gemm(config: TrainConfig, spec: Spec) -> bool:
+    """``moe.grouped_gemm`` under ``spec``: ``auto`` is on under Transformer Engine only."""
+    toggle = config.moe.grouped_gemm
+    return spec is Spec.TRANSFORMER_ENGINE if toggle is Toggle.AUTO else toggle is Toggle.ON
+
+
+def recompute_modules(config: TrainConfig, spec: Spec) -> list[str]:
+    """What megatron recomputes under ``spec``: ``recompute.modules`` less ``core_attn`` outside the local spec.
+
+    Only the local spec's attention builds the s x s scores that core-attention recompute drops; Transformer
+    Engine's fused attention and the native spec's scaled_dot_product_attention hold none, so recomputing them
+    would only repeat the attention in the backward (megatron warns as much under Transformer Engine,
+    transformer_config.py). A profile can then name ``core_attn`` for the local spec and lose nothing elsewhere.
+    """
+    if config.recompute.granularity is not RecomputeGranularity.SELECTIVE:
+        return []
+    return [
+        module.value
+        for module in config.recompute.modules
+        if spec is Spec.LOCAL or module is not RecomputeModule.CORE_ATTN
+    ]
+
+
+def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool, spec: Spec | None = None) -> dict:
+    """Every TransformerConfig field moe-cdk sets, in one place, for ``spec`` (default: the one ``resolve_spec``
+    picks).
+
+    Under Transformer Engine it turns on the fusions megatron-core's MoE guide recommends for speed
+    (megatron/core/transformer/moe/README.md, "Performance Best Practice"; Megatron-LM's
+    examples/mixtral/train_mixtral_8x7b_distributed.sh): the grouped GEMM and the fused permutation (each
+    ``auto`` in the profile), the fused weight-gradient accumulation into DDP's main gradients (where Apex's
+    kernel is present, as Megatron-LM's arguments decide it), the fused
+    RoPE (not under multi-latent attention, where megatron-core 0.16.1 fuses YaRN RoPE only), the fused
+    bias-dropout-add and, from Transformer Engine 2.7, the fused router. On a GPU, shared experts run beside the
+    all-to-all dispatch (``moe_shared_expert_overlap``, which megatron allows with the alltoall dispatcher only).
+    """
+    spec = resolve_spec(config, on_gpu=on_gpu) if spec is None else spec
+    m, moe, p = config.model, config.moe, config.parallel
+    te = spec is Spec.TRANSFORMER_ENGINE
     dtype = torch.bfloat16 if use_bf16(config, on_gpu=on_gpu) else torch.float32
-    selective = r.granularity is RecomputeGranularity.SELECTIVE
+    recomputed = recompute_modules(config, spec)
     return dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -127,8 +183,8 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         moe_z_loss_coeff=moe.z_loss_coeff or None,
         moe_expert_capacity_factor=moe.capacity_factor,
         moe_token_dispatcher_type=moe.token_dispatcher.value,
-        moe_grouped_gemm=moe.grouped_gemm,
-        moe_permute_fusion=moe.permute_fusion,
+        moe_grouped_gemm=grouped_gemm(config, spec),
+        moe_permute_fusion=te if moe.permute_fusion is Toggle.AUTO else moe.permute_fusion is Toggle.ON,
         moe_router_dtype=None if moe.router_dtype is RouterDtype.DEFAULT else moe.router_dtype.value,
         moe_router_score_function=moe.score_function.value,
         moe_router_pre_softmax=not moe.normalize_top_k,
@@ -136,6 +192,10 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         moe_router_bias_update_rate=moe.bias_update_rate,
         moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size,
         moe_shared_expert_gate=moe.shared_expert_gate,
+        moe_router_fusion=te and _te_router_fusion_present(),
+        moe_shared_expert_overlap=on_gpu
+        and moe.shared_expert_ffn_hidden_size is not None
+        and moe.token_dispatcher is Dispatcher.ALLTOALL,
         moe_router_num_groups=moe.num_groups,
         moe_router_group_topk=moe.group_top_k,
         moe_router_topk_scaling_factor=moe.top_k_scaling_factor,
@@ -143,13 +203,13 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool) -> dict:
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype is torch.bfloat16,
-        recompute_granularity="selective" if selective else None,
-        recompute_modules=[module.value for module in r.modules] if selective else ["core_attn"],
+        recompute_granularity="selective" if recomputed else None,
+        recompute_modules=recomputed or ["core_attn"],  # megatron's default, unread without selective
         use_cpu_initialization=not on_gpu,
-        gradient_accumulation_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        masked_softmax_fusion=on_gpu and _fused_softmax_kernel_present(),
+        gradient_accumulation_fusion=te and _kernel_present("fused_weight_gradient_mlp_cuda"),
+        bias_dropout_fusion=te,
+        apply_rope_fusion=te and not m.multi_latent_attention,
+        masked_softmax_fusion=on_gpu and _kernel_present("scaled_masked_softmax_cuda"),
         persist_layer_norm=False,
         # No CUDA graphs. megatron-core 0.16's default scope, "full", is its deprecated spelling of the
         # whole layer and warns at every construction; the empty list is the same scope.
@@ -173,7 +233,7 @@ def _mla_kwargs(m) -> dict:
     )
 
 
-def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
+def build_transformer_config(config: TrainConfig, *, on_gpu: bool, spec: Spec | None = None):
     """megatron-core's TransformerConfig for ``config``.
 
     Raises ConfigError when megatron rejects the configuration (its ``__post_init__``
@@ -182,7 +242,7 @@ def build_transformer_config(config: TrainConfig, *, on_gpu: bool):
     """
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    kwargs = transformer_config_kwargs(config, on_gpu=on_gpu)
+    kwargs = transformer_config_kwargs(config, on_gpu=on_gpu, spec=spec)
     try:
         built = (MLATransformerConfig if config.model.multi_latent_attention else TransformerConfig)(**kwargs)
     except (ValueError, AssertionError, TypeError) as error:
@@ -236,13 +296,13 @@ def _layer_spec(config: TrainConfig, spec: Spec, *, experts: bool = True):
     if spec is Spec.TRANSFORMER_ENGINE:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts,
-            moe_grouped_gemm=moe.grouped_gemm,
+            moe_grouped_gemm=grouped_gemm(config, spec),
             qk_layernorm=qk_layernorm,
             multi_latent_attention=mla,
         )
     layer = gpt_layer_specs.get_gpt_layer_local_spec(
         num_experts=num_experts,
-        moe_grouped_gemm=moe.grouped_gemm,
+        moe_grouped_gemm=grouped_gemm(config, spec),
         normalization="RMSNorm",
         qk_layernorm=qk_layernorm,
         multi_latent_attention=mla,
@@ -304,7 +364,7 @@ def build_model(config: TrainConfig, vocab_size: int, *, on_gpu: bool) -> list[t
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     spec = resolve_spec(config, on_gpu=on_gpu)
-    transformer_config = build_transformer_config(config, on_gpu=on_gpu)
+    transformer_config = build_transformer_config(config, on_gpu=on_gpu, spec=spec)
     layer = _layer_spec(config, spec)
     dense = config.model.dense_layers
     dense_layer = _layer_spec(config, spec, experts=False) if dense else None

@@ -20,13 +20,13 @@ import torch.distributed as dist
 
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.checkpoints.manager import CheckpointManager
-from moe_cdk.training.config import TrainConfig
+from moe_cdk.training.config import Spec, TrainConfig
 from moe_cdk.training.exit_codes import EXIT_OK
 from moe_cdk.training.launch_env import LaunchEnv
 from moe_cdk.training.metrics import MetricsSink, MoEProbe, default_peak_tflops, peak_memory_gib
 from moe_cdk.training.profiler import StepProfiler, check_profile, phase, ranged
 from moe_cdk.training.step import cpu_compat, parallel
-from moe_cdk.training.step.model import build_model
+from moe_cdk.training.step.model import build_model, resolve_spec
 from moe_cdk.training.step.parallel import Layout
 from moe_cdk.training.step.sizes import flops_per_token, model_vocab_size, use_bf16
 from moe_cdk.training.stop import StopRequested, exit_code_for
@@ -149,6 +149,8 @@ def build(config: TrainConfig, runtime: Runtime, vocab_size: int) -> Trainable:
                 ).at("model build")
             ]
         ) from error
+    if resolve_spec(config, on_gpu=on_gpu) is Spec.NATIVE:
+        use_fused_adamw(optimizer)
     transformer_config.finalize_model_grads_func = ranged("grad_reduce", finalize_model_grads)
     transformer_config.grad_scale_func = optimizer.scale_loss
     no_sync = [chunk.no_sync for chunk in chunks]
@@ -168,6 +170,30 @@ def build(config: TrainConfig, runtime: Runtime, vocab_size: int) -> Trainable:
         wd_incr_style="constant",
     )
     return Trainable(chunks=chunks, optimizer=optimizer, scheduler=scheduler)
+
+
+def use_fused_adamw(optimizer) -> None:
+    """Step megatron's torch AdamW with torch's fused kernel, under the native spec.
+
+    Without Transformer Engine or Apex, megatron-core 0.16.1 builds ``torch.optim.AdamW`` with neither
+    ``fused`` nor ``foreach`` (megatron/core/optimizer/__init__.py), so torch takes its foreach path, whose
+    ``_foreach_sqrt`` of the second moments holds an fp32 copy of the parameters at the step's peak
+    (docs/benchmarks.md). torch reads ``fused`` from each parameter group at every step, so the groups are
+    switched here, and again after each ``load_state_dict``: a checkpoint's groups (one the local spec saved,
+    for one) carry their own flags. TE's and Apex's Adam classes are left as they are. torch checks at the
+    first step that every parameter is a floating-point tensor on a device its fused kernel supports (CPU and
+    CUDA both are).
+    """
+
+    def fuse(inner, *_):
+        for group in [inner.defaults, *inner.param_groups]:
+            group.update(fused=True, foreach=False)
+
+    for wrapper in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = wrapper.optimizer
+        if type(inner) is torch.optim.AdamW:
+            fuse(inner)
+            inner.register_load_state_dict_post_hook(fuse)
 
 
 # -- the step ----------------------------------------------------------------------------
