@@ -96,6 +96,15 @@ $(KARPENTER_MODELS):
 	npm install --prefix $(VENV)/k8s-models --no-audit --no-fund --no-save --loglevel=error \
 	  @kubernetes-models/karpenter@$(KARPENTER_MODELS_VERSION)
 
+# AWS's InferenceEndpointConfig model: the pydantic classes of the sagemaker-hyperpod package (the hyp CLI), which
+# the tests validate `moe-cdk serve render`'s output with. Without its dependencies: it pins pytest, ruff and
+# requests to versions the suite does not run, and the model module imports pydantic alone (tests/jobs/test_serve.py
+# loads that file by its path).
+HYPERPOD_MODELS_VERSION := 3.12.0
+HYPERPOD_MODELS := $(VENV)/hyperpod-models/sagemaker/hyperpod/inference/config/hp_endpoint_config.py
+$(HYPERPOD_MODELS): | $(SYNTH_STAMP)
+	$(PY) -m pip install -q --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
+
 $(CDK):
 	@echo "$$(date '+%H:%M:%S') installing the CDK CLI $(CDK_CLI_VERSION)"
 	npm install --prefix $(VENV)/cdk-cli --no-audit --no-fund --no-save --loglevel=error aws-cdk@$(CDK_CLI_VERSION)
@@ -131,7 +140,7 @@ test: test-setup
 
 # pip, apt and npm do not depend on one another, so a fresh machine runs them side by side.
 test-setup:
-	@$(MAKE) --no-print-directory -j3 setup system-packages $(KARPENTER_MODELS)
+	@$(MAKE) --no-print-directory -j3 setup system-packages $(KARPENTER_MODELS) $(HYPERPOD_MODELS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -25,6 +25,13 @@ Sources (checked 2026-11-30):
 - [HP-TG] SageMaker Developer Guide, "Task governance" setup: the ``amazon-sagemaker-hyperpod-taskgovernance``
   add-on (Kueue inside; an existing Kueue must be removed first; Kubernetes 1.30 or later), then the cluster's
   ``AWS::SageMaker::ClusterSchedulerConfig`` and one ``AWS::SageMaker::ComputeQuota`` per team.
+- [HP-INF] SageMaker Developer Guide, "Setting up your HyperPod clusters for model deployment": the
+  ``amazon-sagemaker-hyperpod-inference`` add-on (it installs the AWS Load Balancer Controller and KEDA itself) needs
+  ``aws-mountpoint-s3-csi-driver`` v1.14.1, ``aws-fsx-csi-driver`` v1.6.0, ``metrics-server`` v0.7.2 and
+  ``cert-manager`` v1.18.2 or later first. The builds pinned here are the ones AWS's Helm-to-add-on migration
+  installs (aws/sagemaker-hyperpod-cli@011ca92, helm_chart/HyperPodHelmChart/charts/inference-operator/migration/
+  helm_to_addon.sh) and the inference add-on's default in AWS's CloudFormation
+  (aws/sagemaker-hyperpod-cluster-setup, eks/cloudformation/inference-operator-addon-template.yaml).
 - [EFA-CHART] aws/eks-charts stable/aws-efa-k8s-device-plugin templates/daemonset.yaml: a
   required node affinity on ``supportedInstanceLabels.keys`` In ``supportedInstanceLabels.values``.
 - [NEURON] AWS Neuron docs, "Kubernetes environment setup" (k8s-neuron-device-plugin) and
@@ -166,6 +173,52 @@ TASK_GOVERNANCE = Addon(
     "Task governance (Kueue): the teams' quotas, priority classes and fair share (config `teams`)",
     "HP-TG",
 )
+
+# Serving (config `serving`, [HP-INF]): installed after the HyperPod cluster, the inference add-on last.
+S3_CSI_DRIVER = Addon(
+    "aws-mountpoint-s3-csi-driver",
+    "v1.14.1-eksbuild.1",
+    "Mounts models from S3 into inference pods (`serving`)",
+    "HP-INF",
+)
+METRICS_SERVER = Addon(
+    "metrics-server", "v0.7.2-eksbuild.4", "Pod metrics for the endpoints' autoscaling (`serving`)", "HP-INF"
+)
+INFERENCE_OPERATOR = Addon(
+    "amazon-sagemaker-hyperpod-inference",
+    "v1.0.0-eksbuild.1",
+    "InferenceEndpointConfig: endpoints with a load balancer, TLS and KEDA autoscaling (`serving`)",
+    "HP-INF",
+)
+SERVING_ADDONS = (S3_CSI_DRIVER, METRICS_SERVER, INFERENCE_OPERATOR)
+SERVING_PINS = {"cert-manager": "v1.18.2-eksbuild.2", "aws-fsx-csi-driver": "v1.6.0-eksbuild.1"}
+"""With `serving`, the builds of two add-ons every cluster has, at the inference operator's minimum ([HP-INF]), where
+`eks.addon_versions` pins none (EKS's default for an older Kubernetes version may be below it)."""
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    match = re.match(r"^v(\d+)\.(\d+)\.(\d+)", version)
+    return tuple(int(part) for part in match.groups()) if match else None
+
+
+def serving_addon_versions(addon_versions: Mapping[str, str]) -> dict[str, str]:
+    """The add-on versions of a cluster with `serving`: the pins given, else the serving minimums."""
+    return {**SERVING_PINS, **{a.name: a.version for a in SERVING_ADDONS}, **addon_versions}
+
+
+def serving_version_problems(addon_versions: Mapping[str, str]) -> list[Problem]:
+    """A pinned add-on below the version the inference operator needs, named by its key."""
+    minimums = {**SERVING_PINS, **{a.name: a.version for a in SERVING_ADDONS if a is not INFERENCE_OPERATOR}}
+    found = []
+    for name, version in addon_versions.items():
+        if name in minimums and (got := _release(version)) is not None and got < _release(minimums[name]):
+            found.append(
+                problem(
+                    "below the version the inference operator needs", got=version, allowed=f"{minimums[name]} or later"
+                ).at(f"addon_versions.{name}")
+            )
+    return found
+
 
 NVIDIA_DEVICE_PLUGIN = Chart(
     "nvidia-device-plugin",
@@ -331,7 +384,7 @@ def reference_table() -> str:
         "| Add-on | Version | Purpose | Source |",
         "| --- | --- | --- | --- |",
     ]
-    for addon in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR, TASK_GOVERNANCE):
+    for addon in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR, TASK_GOVERNANCE, *SERVING_ADDONS):
         version = addon.version or "EKS default for the cluster version (pin with `eks.addon_versions`)"
         lines.append(f"| `{addon.name}` | {version} | {addon.purpose} | {addon.source} |")
     lines += [
@@ -428,7 +481,7 @@ def kubernetes_version_problem(version: str) -> Problem | None:
 
 
 def addon_version_problems(addon_versions: Mapping[str, str]) -> list[Problem]:
-    known = [a.name for a in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR, TASK_GOVERNANCE)]
+    known = [a.name for a in (*ADDONS, CONTAINER_INSIGHTS, TRAINING_OPERATOR, TASK_GOVERNANCE, *SERVING_ADDONS)]
     return [
         problem("not an add-on moe-cdk installs", got=name, allowed=", ".join(known)).at(f"addon_versions.{name}")
         for name in addon_versions

@@ -576,6 +576,46 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
+class ServingConfig:
+    """Serving trained models on the EKS cluster through HyperPod's inference operator (docs/serving.md): the
+    operator's add-on and the ones it needs, their roles, and the bucket for the endpoints' TLS certificates."""
+
+    tls_bucket_name: str | None = None
+    """The bucket the operator writes each endpoint's TLS certificate to. AWS's managed policy lets the operator write
+    only to buckets named `hyperpod-tls*`. Default: `hyperpod-tls-<name>-<account>-<region>`."""
+    execution_role_name: str | None = None
+    """The operator's execution role. The operator's chart and the managed policy
+    AmazonSageMakerHyperPodInferenceAccess accept only names starting with `SageMakerHyperPodInference`. Default:
+    `SageMakerHyperPodInference-<name>-<region>`."""
+    model_prefixes: tuple[str, ...] = ("checkpoints/",)
+    """Prefixes of the data bucket that endpoints may load models from (`moe-cdk serve render --source s3`): the S3
+    CSI driver's role reads these only. Default: the checkpoints association's export."""
+
+    def problems(self) -> Problems:
+        if self.tls_bucket_name is not None and not re.match(
+            r"^hyperpod-tls[a-z0-9.-]{0,51}[a-z0-9]$", self.tls_bucket_name
+        ):
+            yield problem(
+                "the operator may write certificates only to buckets named hyperpod-tls* (a valid bucket name)",
+                got=self.tls_bucket_name,
+                allowed="hyperpod-tls followed by lowercase letters, digits, '.' and '-', 63 characters at most",
+            ).at("tls_bucket_name")
+        if self.execution_role_name is not None and not re.match(
+            r"^SageMakerHyperPodInference[\w+=,.@-]{0,38}$", self.execution_role_name
+        ):
+            yield problem(
+                "the operator's chart and its managed policy accept only roles named SageMakerHyperPodInference*",
+                got=self.execution_role_name,
+                allowed="SageMakerHyperPodInference followed by letters, digits and +=,.@_-, 64 characters at most",
+            ).at("execution_role_name")
+        for i, prefix in enumerate(self.model_prefixes):
+            if not re.match(r"^[A-Za-z0-9!_.*'()/-]+/$", prefix) or prefix.startswith("/"):
+                yield problem(
+                    "not an S3 prefix ending in /", got=prefix, allowed="e.g. checkpoints/, without a leading /"
+                ).at(f"model_prefixes[{i}]")
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class Config:
     """A whole deployment."""
 
@@ -599,6 +639,14 @@ class Config:
     teams: TeamsConfig | None = None
     """Teams sharing a HyperPod cluster, and the QoS tiers their jobs run at (docs/teams.md). Default: none, one team
     runs with no setup."""
+    serving: ServingConfig | None = None
+    """Serve trained models on the HyperPod EKS cluster (docs/serving.md); `serving: {}` takes every default. Default:
+    none."""
+
+    @property
+    def execution_role_name(self) -> str:
+        """The serving execution role's name (``serving`` must be set)."""
+        return self.serving.execution_role_name or f"SageMakerHyperPodInference-{self.name}-{self.region}"
 
     @property
     def lustre_availability_zone(self) -> str:
@@ -788,6 +836,12 @@ class Config:
                 yield problem("only used with orchestrator eks", got=self.cluster.orchestrator.value, allowed="eks").at(
                     "eks"
                 )
+            if self.serving is not None:
+                yield problem(
+                    "the inference operator serves on HyperPod EKS clusters",
+                    got=self.cluster.orchestrator.value,
+                    allowed="orchestrator eks (an EKS cluster can serve what a Slurm one trained: docs/serving.md)",
+                ).at("serving")
             return
         if second is None:
             yield problem(
@@ -806,6 +860,29 @@ class Config:
         if self.teams is not None:  # what task governance cannot give these teams on these groups (rules/teams.py)
             groups = [g.to_eks_props() for g in self.cluster.instance_groups]
             yield from eks_team_problems(self.teams, groups, groups_key="cluster.instance_groups")
+        if self.serving is not None:
+            yield from self._serving_problems()
+
+    def _serving_problems(self) -> Problems:
+        for p in eks_rules.serving_version_problems(self.eks.addon_versions):
+            yield p.at("eks")
+        if self.network.existing_vpc is not None:
+            yield problem(
+                "the endpoints' load balancer needs public subnets, and an adopted VPC names private subnets only",
+                got="network.existing_vpc",
+                allowed="a VPC moe-cdk creates (public subnets tagged for load balancers)",
+            ).at("serving")
+        # A bucket name has at most 63 characters, a role name 64; an account ID has 12 digits.
+        bucket = len(f"hyperpod-tls-{self.name}--{self.region}") + 12
+        if self.serving.tls_bucket_name is None and bucket > 63:
+            yield problem(
+                f"the default bucket name would have {bucket} characters", got=None, allowed="a name of 63 at most"
+            ).at("serving.tls_bucket_name")
+        role = len(self.execution_role_name)
+        if self.serving.execution_role_name is None and role > 64:
+            yield problem(
+                f"the default role name would have {role} characters", got=None, allowed="a name of 64 at most"
+            ).at("serving.execution_role_name")
 
 
 def parse_config(data: object) -> Config:

@@ -47,7 +47,9 @@ class EksStack(Stack):
                 endpoint_access=eks_config.endpoint_access,
                 public_access_cidrs=eks_config.public_access_cidrs,
                 admin_role_arns=eks_config.admin_role_arns,
-                addon_versions=eks_config.addon_versions,
+                addon_versions=eks_rules.serving_addon_versions(eks_config.addon_versions)
+                if config.serving is not None
+                else eks_config.addon_versions,
                 container_insights=eks_config.container_insights,
                 hyperpod_chart_directory=str(eks_config.hyperpod_chart_path),
             ),

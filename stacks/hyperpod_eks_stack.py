@@ -8,11 +8,12 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_eks_cluster import HyperPodEksCluster, HyperPodEksClusterProps, provisioning_parameters
+from moe_cdk.constructs.hyperpod_inference import HyperPodInference, HyperPodInferenceProps
 from moe_cdk.constructs.lustre_volume import LustreVolume, LustreVolumeProps
 from moe_cdk.rules import eks as eks_rules
 from moe_cdk.rules.teams import team_namespace
 from moe_cdk.schema.config import Config
-from moe_cdk.stacks._shared import hyperpod_synthesizer, lifecycle_scripts
+from moe_cdk.stacks._shared import data_bucket_name, hyperpod_synthesizer, lifecycle_scripts
 
 if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
     from moe_cdk.stacks.eks_stack import EksStack
@@ -63,6 +64,25 @@ class HyperPodEksStack(Stack):
         # The nodes need the CNI, DNS and device plugins in place when they join.
         self.add_stack_dependency(eks_stack)
         self.team_volumes = self._team_volumes(config, storage, eks_stack)
+        self.inference = None
+        if config.serving is not None:
+            # After the HyperPod cluster: the add-on names it, and its controllers need the nodes.
+            observability = eks_stack.observability
+            self.inference = HyperPodInference(
+                self,
+                "Inference",
+                HyperPodInferenceProps(
+                    eks_cluster=eks_stack.training_cluster.cluster,
+                    hyperpod_cluster_arn=self.cluster.cluster_arn,
+                    execution_role_name=config.execution_role_name,
+                    tls_bucket_name=storage.tls_bucket_name,
+                    model_bucket_name=data_bucket_name(config).replace("${AWS::AccountId}", self.account),
+                    model_prefixes=config.serving.model_prefixes,
+                    addon_versions=config.eks.addon_versions,
+                    prometheus_workspace_arn=observability.workspace.attr_arn if observability else None,
+                ),
+            )
+            self.inference.addon.node.add_dependency(self.cluster)
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
 

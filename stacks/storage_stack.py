@@ -97,6 +97,7 @@ class StorageStack(Stack):
             )
             for statement in lifecycle_bucket_statements(self, self.lifecycle_bucket):
                 self.lifecycle_bucket.add_to_resource_policy(statement)
+        self.tls_bucket = self._tls_bucket(config) if config.serving is not None else None
         # One image per configuration: the one its compute trains with (rules/neuron.py, training.stack).
         dockerfile = (
             "training/Dockerfile.neuron" if config.training_stack is TrainingStack.NXDT else "training/Dockerfile"
@@ -114,6 +115,33 @@ class StorageStack(Stack):
         CfnOutput(self, "DataBucketName", value=self.data_repository.bucket.bucket_name)
         CfnOutput(self, "LifecycleBucketName", value=self.lifecycle_bucket.bucket_name)
         CfnOutput(self, "TrainingImageUri", value=self.training_image.image_uri)
+        if self.tls_bucket is not None:
+            CfnOutput(self, "TlsBucketName", value=self.tls_bucket.bucket_name)
+
+    def _tls_bucket(self, config: Config) -> s3.IBucket:
+        """The bucket the inference operator writes the endpoints' TLS certificates to: encrypted, TLS only, never
+        public, logged, and kept on destroy like the other buckets (its name is fixed, so a new deployment adopts it
+        with storage.adopt_retained_buckets). AWS's templates make it the same way (aws/sagemaker-hyperpod-cluster-
+        setup, eks/cloudformation/tls-certificates-s3-bucket-template.yaml)."""
+        name = config.serving.tls_bucket_name or f"hyperpod-tls-{config.name.lower()}-{self.account}-{config.region}"
+        self.tls_bucket_name = name
+        if config.storage.adopt_retained_buckets:
+            bucket = s3.Bucket.from_bucket_name(self, "AdoptedTlsBucket", name)
+            policy = s3.BucketPolicy(self, "AdoptedTlsBucketPolicy", bucket=bucket)
+            policy.document.add_statements(_tls_only(bucket))
+            return bucket
+        return s3.Bucket(
+            self,
+            "TlsBucket",
+            bucket_name=name,
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.data_repository.access_logs_bucket,
+            server_access_logs_prefix="tls-bucket/",
+            removal_policy=RemovalPolicy.RETAIN,
+        )
 
 
 def _tls_only(bucket: s3.IBucket) -> iam.PolicyStatement:

@@ -26,6 +26,7 @@ from hf_models import CORPUS, VOCAB_SIZE, configs, save
 from trainer_runs import ENV, ROOT, TINY, python, records
 
 from moe_cdk.cli import checkpoint as checkpoint_cli
+from moe_cdk.training.checkpoints.export_marker import EXPORT_MARKER, read_export
 from moe_cdk.training.config import load_train_config
 from moe_cdk.training.step.sizes import padded_vocab_size, parameter_counts
 
@@ -194,6 +195,20 @@ def test_export_without_the_imported_config_json_writes_the_one_transformers_wro
         )
     }
     assert disagree == {} and written["torch_dtype"] == "float32"
+
+
+def test_an_export_ends_with_a_marker_that_lists_every_file_it_wrote(imported, expert_parallel_2):
+    out = imported.root / "exported-from-ep2"
+    if not out.exists():
+        _checkpoint_cli(
+            "export-hf", str(expert_parallel_2.saved), "--config", str(imported.profile), "--output", str(out),
+            "--family", imported.family,
+        )  # fmt: skip
+    export = read_export(out, key="--model")
+    written = {p.name: p.stat().st_size for p in out.iterdir() if p.name != EXPORT_MARKER}
+    assert export.files == written and "model.safetensors" in written
+    assert (export.family, export.dtype) == (imported.family, "float32")
+    assert export.weight_bytes == written["model.safetensors"]
 
 
 TRAINING_LAYOUTS = {

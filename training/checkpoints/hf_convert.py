@@ -28,6 +28,7 @@ import yaml
 from moe_cdk.core.names import umask
 from moe_cdk.core.problems import ConfigError, problem
 from moe_cdk.training.checkpoints import hf_checkpoint as hf
+from moe_cdk.training.checkpoints.export_marker import write_marker
 from moe_cdk.training.checkpoints.manager import MARKER, CheckpointManager, shape_problems, step_dirs
 from moe_cdk.training.config import ParallelConfig, Precision, Spec, TrainConfig, train_config_from
 
@@ -293,8 +294,8 @@ def export_hf(
     step: int | None = None,
     dtype_name: str | None = None,
 ) -> Path:
-    """Write ``output`` (safetensors and config.json) from a moe-train checkpoint; returns ``output``.
-    The folder appears whole or not at all."""
+    """Write ``output`` (safetensors and config.json, then the completion marker ``moe-export.json``) from a
+    moe-train checkpoint; returns ``output``. The folder appears whole or not at all."""
     from megatron.core import dist_checkpointing
 
     from moe_cdk.training.checkpoints.format import load_strategy
@@ -360,6 +361,13 @@ def export_hf(
         for name in SIDE_FILES[1:]:
             if (folder.parent / HF_SUBDIR / name).is_file():
                 shutil.copyfile(folder.parent / HF_SUBDIR / name, staging / name)
+        write_marker(
+            staging,
+            family=family.model_type,
+            architecture=family.architecture,
+            dtype=hf_config["torch_dtype"],
+            step=int(folder.name.removeprefix("step-")) if folder.name.removeprefix("step-").isdigit() else None,
+        )
         for written in staging.iterdir():  # safetensors writes its files 0600, whatever the umask
             written.chmod(0o666 & ~umask())
         if output.exists():

@@ -1,0 +1,173 @@
+"""Serving a trained model on HyperPod EKS through AWS's inference operator: the endpoint's resource, the
+workers moe-cdk knows, and the memory a model needs per accelerator. Plain data and arithmetic; no CDK.
+
+Sources (read 2026-12-05):
+
+- [HP-INF-CRD] aws/sagemaker-hyperpod-cli@011ca92, config/crd/inference.sagemaker.aws.amazon.com_
+  inferenceendpointconfigs.yaml: ``InferenceEndpointConfig`` v1 requires ``modelName`` (at most 63 letters, digits
+  and inner hyphens), ``modelSourceConfig`` and ``worker`` (``image``, ``modelInvocationPort.containerPort``,
+  ``modelVolumeMount.name``, ``resources``); ``instanceType`` matches ``^ml\\.``; ``metrics.modelMetrics.port`` is
+  1024 to 65535; ``metrics.metricsScrapeIntervalSeconds`` 5 to 300; ``loadBalancer.healthCheckPath`` starts with
+  ``/``; ``tlsConfig.tlsCertificateOutputS3Uri`` matches ``^s3://``.
+- [HP-INF-PY] The same fields as the ``sagemaker-hyperpod`` package's pydantic model (PyPI 3.12.0,
+  sagemaker/hyperpod/inference/config/hp_endpoint_config.py, ``_HPEndpoint``), which the tests validate with.
+- [VLLM] vLLM's OpenAI-compatible server (``vllm.entrypoints.openai.api_server``): ``/health``, ``/metrics`` and
+  ``/v1/chat/completions`` on one port; ``--gpu-memory-utilization`` (default 0.9) is the share of each GPU it
+  takes for the weights, the activations and the KV cache. The image ``vllm/vllm-openai:v0.12.0`` is on Docker
+  Hub (sha256:f2309d91..., the tag cited in SemiAnalysisAI/InferenceX#303).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from moe_cdk.core.catalog import InstanceSpec
+from moe_cdk.core.problems import Problem, problem
+
+API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
+KIND = "InferenceEndpointConfig"
+NAMESPACE = "default"
+"""Where ``serve render`` puts the endpoint unless told otherwise (the operator watches every namespace)."""
+ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+MODEL_VOLUME = "model-weights"
+MODEL_MOUNT_PATH = "/opt/ml/model"
+"""Where the operator mounts the model, its default ([HP-INF-CRD])."""
+ACTIVATION_RESERVE_GIB = 2.0
+"""Kept per accelerator for the server's activations and CUDA graphs, out of its memory share: an estimate, not
+measured here (vLLM measures the real peak in a profiling run at start-up and sizes its KV cache from what is
+left)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Worker:
+    """An inference server image the endpoint can run, and how it is called."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    port: int
+    health_path: str
+    metrics_path: str
+    invocation_path: str
+    """The path the load balancer forwards requests to (``invocationEndpoint``)."""
+    memory_utilization: float
+    """The share of each accelerator's memory the server takes."""
+
+    def args(self, *, served_name: str, tensor: int, context_tokens: int, sequences: int) -> list[str]:
+        return [
+            f"--model={MODEL_MOUNT_PATH}",
+            f"--served-model-name={served_name}",
+            f"--port={self.port}",
+            f"--tensor-parallel-size={tensor}",
+            f"--max-model-len={context_tokens}",
+            f"--max-num-seqs={sequences}",
+            f"--gpu-memory-utilization={self.memory_utilization}",
+        ]
+
+
+WORKERS = {
+    "vllm": Worker(
+        name="vllm",
+        image="vllm/vllm-openai:v0.12.0",
+        command=("python3", "-m", "vllm.entrypoints.openai.api_server"),
+        port=8000,
+        health_path="/health",
+        metrics_path="/metrics",
+        invocation_path="v1/chat/completions",
+        memory_utilization=0.9,
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceMemory:
+    """What one accelerator holds to serve a model at tensor parallelism ``tensor``, in GiB."""
+
+    tensor: int
+    weights_gib: float
+    kv_cache_gib: float
+    """The KV cache for ``sequences`` sequences of ``context_tokens`` tokens each."""
+    reserve_gib: float
+    capacity_gib: float
+    """The server's share of the accelerator's memory."""
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.kv_cache_gib + self.reserve_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.capacity_gib
+
+
+def kv_bytes_per_token(config: dict, *, tensor: int, element_bytes: int) -> float:
+    """KV-cache bytes one token takes on one accelerator, from a Hugging Face ``config.json``.
+
+    Multi-latent attention (DeepSeek-V3: ``kv_lora_rank``) caches one latent of ``kv_lora_rank +
+    qk_rope_head_dim`` per token and layer, which every tensor-parallel rank keeps whole. Otherwise each layer
+    caches a key and a value per key/value head; tensor parallelism splits the heads, and a rank holds at least one
+    (vLLM replicates key/value heads when there are fewer than ranks).
+    """
+    layers = config["num_hidden_layers"]
+    if config.get("kv_lora_rank"):
+        return layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * element_bytes
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return 2 * layers * max(1, kv_heads // tensor) * head_dim * element_bytes
+
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def inference_memory(
+    config: dict,
+    *,
+    weight_bytes: int,
+    dtype: str,
+    tensor: int,
+    context_tokens: int,
+    sequences: int,
+    spec: InstanceSpec,
+    worker: Worker,
+) -> InferenceMemory:
+    """The memory per accelerator to serve a model whose weights take ``weight_bytes`` (the export's safetensors)
+    at tensor parallelism ``tensor``, with room in the KV cache for ``sequences`` sequences of ``context_tokens``."""
+    element = ELEMENT_BYTES[dtype]
+    kv = kv_bytes_per_token(config, tensor=tensor, element_bytes=element) * context_tokens * sequences
+    return InferenceMemory(
+        tensor=tensor,
+        weights_gib=weight_bytes / tensor / 2**30,
+        kv_cache_gib=kv / 2**30,
+        reserve_gib=ACTIVATION_RESERVE_GIB,
+        capacity_gib=spec.accelerator_memory_gib * worker.memory_utilization,
+    )
+
+
+def tensor_sizes(config: dict, spec: InstanceSpec) -> list[int]:
+    """The tensor-parallel sizes a server can use on one instance: powers of two up to its accelerators that divide
+    the attention heads (vLLM's requirement)."""
+    sizes, t = [], 1
+    while t <= spec.accelerator_count:
+        if config["num_attention_heads"] % t == 0:
+            sizes.append(t)
+        t *= 2
+    return sizes
+
+
+def choose_tensor(
+    config: dict, *, spec: InstanceSpec, **sizing
+) -> tuple[InferenceMemory | None, list[InferenceMemory]]:
+    """The smallest tensor-parallel size whose memory fits one instance's accelerators (None when none does), and
+    the figures of every size tried."""
+    tried = [inference_memory(config, tensor=t, spec=spec, **sizing) for t in tensor_sizes(config, spec)]
+    return next((m for m in tried if m.fits), None), tried
+
+
+def endpoint_name_problem(name: str) -> Problem | None:
+    if ENDPOINT_NAME.match(name):
+        return None
+    return problem(
+        "not an endpoint name", got=name, allowed="1 to 63 letters, digits and inner hyphens ([HP-INF-CRD] modelName)"
+    )
