@@ -590,6 +590,11 @@ class ServingConfig:
     model_prefixes: tuple[str, ...] = ("checkpoints/",)
     """Prefixes of the data bucket that endpoints may load models from (`moe-cdk serve render --source s3`): the S3
     CSI driver's role reads these only. Default: the checkpoints association's export."""
+    models_from: str | None = None
+    """Serve what another moe-cdk deployment trained, in the same account and Region (a HyperPod Slurm cluster, say:
+    config/hybrid-serve-eks.yaml): its `name`. The S3 CSI driver's role then reads `model_prefixes` of that
+    deployment's data bucket (`moe-data-<account>-<region>-<name>`), where its data repository association exports
+    the checkpoints. Default: this deployment's own data bucket."""
 
     def problems(self) -> Problems:
         if self.tls_bucket_name is not None and not re.match(
@@ -608,6 +613,10 @@ class ServingConfig:
                 got=self.execution_role_name,
                 allowed="SageMakerHyperPodInference followed by letters, digits and +=,.@_-, 64 characters at most",
             ).at("execution_role_name")
+        if self.models_from is not None and not _NAME.match(self.models_from):
+            yield problem("not a deployment name", got=self.models_from, allowed="the name of a moe-cdk deployment").at(
+                "models_from"
+            )
         for i, prefix in enumerate(self.model_prefixes):
             if not re.match(r"^[A-Za-z0-9!_.*'()/-]+/$", prefix) or prefix.startswith("/"):
                 yield problem(

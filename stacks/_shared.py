@@ -21,13 +21,13 @@ def lifecycle_bucket_name(config: Config) -> str:
     return f"sagemaker-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
 
 
-def data_bucket_name(config: Config) -> str:
+def data_bucket_name(config: Config, *, deployment: str | None = None) -> str:
     """The data bucket: ``storage.data_repository.bucket_name``, or ``moe-data-<account>-<region>-<name>``
-    (with CDK's account placeholder), so that other stacks can scope permissions to it by name."""
-    return (
-        config.storage.data_repository.bucket_name
-        or f"moe-data-${{AWS::AccountId}}-{config.region}-{config.name.lower()}"
-    )
+    (with CDK's account placeholder), so that other stacks can scope permissions to it by name. With
+    ``deployment``, the default name of that other deployment's bucket in the same Region."""
+    if deployment is None and config.storage.data_repository.bucket_name:
+        return config.storage.data_repository.bucket_name
+    return f"moe-data-${{AWS::AccountId}}-{config.region}-{(deployment or config.name).lower()}"
 
 
 def fsx_parameter_names(config: Config) -> tuple[str, str]:

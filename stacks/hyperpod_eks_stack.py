@@ -76,7 +76,10 @@ class HyperPodEksStack(Stack):
                     hyperpod_cluster_arn=self.cluster.cluster_arn,
                     execution_role_name=config.execution_role_name,
                     tls_bucket_name=storage.tls_bucket_name,
-                    model_bucket_name=data_bucket_name(config).replace("${AWS::AccountId}", self.account),
+                    # This deployment's data bucket, or the one of the deployment that trained the models.
+                    model_bucket_name=data_bucket_name(config, deployment=config.serving.models_from).replace(
+                        "${AWS::AccountId}", self.account
+                    ),
                     model_prefixes=config.serving.model_prefixes,
                     addon_versions=config.eks.addon_versions,
                     prometheus_workspace_arn=observability.workspace.attr_arn if observability else None,

@@ -248,3 +248,13 @@ def test_serve_render_refuses_a_slurm_configuration(mixtral, fsx):
                 "--file-system-id", FS_ID, "--tls-bucket", TLS)  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "serve render needs an EKS configuration" in done.stderr
+
+
+def test_the_hybrid_serving_cluster_reads_an_export_of_the_training_cluster_from_its_bucket(aws_model, mixtral, fsx):
+    # Rendered on the Slurm cluster, where export-hf wrote the folder; the bucket is moe-train's DataBucketName.
+    config = parse_config(yaml.safe_load((ROOT / "config/hybrid-serve-eks.yaml").read_text()))
+    bucket = "moe-data-123456789012-us-east-2-moe-train"
+    endpoint = _render(mixtral, fsx, config=config, source="s3", bucket=bucket)
+    source = endpoint["spec"]["modelSourceConfig"]
+    assert (source["s3Storage"]["bucketName"], source["modelLocation"]) == (bucket, "checkpoints/mixtral/hf-9")
+    aws_model.model_validate(endpoint["spec"])

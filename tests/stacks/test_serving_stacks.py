@@ -178,3 +178,10 @@ def test_serving_in_an_adopted_vpc_is_refused_for_its_missing_public_subnets():
     }
     with pytest.raises(ConfigError, match=r"serving: the endpoints' load balancer needs public subnets"):
         parse_config(data)
+
+
+def test_the_hybrid_serving_cluster_reads_the_training_deployments_bucket(tmp_path):
+    templates = synth(parse_config(yaml.safe_load((ROOT / "config/hybrid-serve-eks.yaml").read_text())), tmp_path)
+    _, policy = _one(templates["moe-serve-cluster"], "AWS::IAM::Policy", "InferenceS3CsiRole")
+    grants = json.dumps(policy["Properties"]["PolicyDocument"]["Statement"])
+    assert "-us-east-2-moe-train/checkpoints/*" in grants and "moe-serve" not in grants
