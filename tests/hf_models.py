@@ -13,7 +13,9 @@ VOCAB_SIZE = 300
 
 _COMMON = dict(
     vocab_size=VOCAB_SIZE,
-    hidden_size=64,
+    # Heads of 32: vLLM's CPU attention has no kernel for 16 ("Unsupported CPU attention configuration: head_dim=16"),
+    # and tests/training/test_hf_checkpoint.py serves the trained exports with it.
+    hidden_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,

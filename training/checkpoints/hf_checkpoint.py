@@ -331,6 +331,11 @@ def hf_config(config, family: Family, vocab_size: int, dtype: torch.dtype, base:
                 "norm_topk_prob": True,
                 "first_k_dense_replace": m.dense_layers,
                 "rope_interleave": True,
+                # DeepSeek-V3's own config.json names its router so (deepseek-ai/DeepSeek-V3): sigmoid scores with
+                # the correction bias. transformers routes so regardless; vLLM builds the bias only for noaux_tc
+                # (without it, loading stops at "KeyError: 'layers.1.mlp.gate.e_score_correction_bias'").
+                "topk_method": "noaux_tc",
+                "scoring_func": "sigmoid",
             }
         )
         if m.dense_layers:

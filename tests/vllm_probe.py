@@ -1,0 +1,101 @@
+"""vLLM serves an export-hf folder; its greedy tokens against transformers' (a script run in .venv-vllm).
+
+Run as ``python tests/vllm_probe.py EXPORT_DIR``. It starts vLLM's OpenAI-compatible server on a free local port
+(the command the endpoint's worker runs), and asks it twice for 8 greedy tokens: ``/v1/completions`` with a prompt
+of token ids, and ``/v1/chat/completions`` through the ``openai`` client, each with the ids of its prompt and answer
+returned (``return_token_ids``). transformers' ``generate`` then continues each prompt greedily from the same
+folder. It prints one JSON line: per request, the prompt ids, vLLM's answer and transformers'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+MAX_TOKENS = 8
+PROMPT_IDS = [5, 17, 42, 99, 7, 120, 64]
+# The export's tokenizer has no chat template; this one joins the messages' text.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(folder: str, port: int, log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", f"--model={folder}", "--served-model-name=probe",
+         f"--port={port}", "--host=127.0.0.1", "--dtype=float32", "--max-model-len=64", "--max-num-seqs=2",
+         "--enforce-eager", f"--chat-template={CHAT_TEMPLATE}"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )  # fmt: skip
+
+
+def wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"vLLM exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"vLLM not healthy after {timeout_s} s")
+
+
+def transformers_continuation(folder: str, prompts: list[list[int]]) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    out = []
+    for ids in prompts:
+        generated = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+        out.append(generated[0, len(ids) :].tolist())
+    return out
+
+
+def main(folder: str) -> None:
+    from openai import OpenAI
+
+    port = free_port()
+    with open(os.path.join(os.environ.get("VLLM_PROBE_LOG_DIR", "."), "vllm-server.log"), "wb") as log:
+        server = serve(folder, port, log)
+        try:
+            wait_healthy(port, server)
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+            completion = client.completions.create(
+                model="probe", prompt=PROMPT_IDS, max_tokens=MAX_TOKENS, temperature=0,
+                extra_body={"return_token_ids": True},
+            )  # fmt: skip
+            chat = client.chat.completions.create(
+                model="probe", messages=[{"role": "user", "content": "The experts"}], max_tokens=MAX_TOKENS,
+                temperature=0, extra_body={"return_token_ids": True},
+            )  # fmt: skip
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    requests = {
+        "completions": (completion.choices[0].prompt_token_ids or PROMPT_IDS, completion.choices[0].token_ids),
+        "chat": (chat.prompt_token_ids, chat.choices[0].token_ids),
+    }
+    ours = transformers_continuation(folder, [prompt for prompt, _ in requests.values()])
+    report = {
+        name: {"prompt": prompt, "vllm": list(answer), "transformers": reference}
+        for (name, (prompt, answer)), reference in zip(requests.items(), ours)
+    }
+    report["chat"]["text"] = chat.choices[0].message.content
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
