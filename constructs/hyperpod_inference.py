@@ -29,7 +29,7 @@ from constructs import Construct
 
 from moe_cdk.constructs.nag import managed_policy_finding, nag_text
 from moe_cdk.constructs.validation import Problem, problem, raise_if_any
-from moe_cdk.rules import eks as eks_rules
+from moe_cdk.rules import eks as eks_rules, serving
 
 NAMESPACE = "hyperpod-inference-system"
 # The service accounts AWS's templates trust (aws/sagemaker-hyperpod-cli@011ca92, helm_chart/HyperPodHelmChart/charts/
@@ -40,9 +40,6 @@ ALB_SERVICE_ACCOUNT = "aws-load-balancer-controller"
 KEDA_SERVICE_ACCOUNT = "keda-operator"
 S3_CSI_SERVICE_ACCOUNT = ("kube-system", "s3-csi-driver-sa")
 EXECUTION_POLICY = "AmazonSageMakerHyperPodInferenceAccess"
-EXECUTION_ROLE_PREFIX = "SageMakerHyperPodInference"
-"""The chart refuses any other execution role (templates/_validateRequiredValues.tpl), and the managed policy passes
-only roles named so (iam:PassRole on role/SageMakerHyperPodInference*)."""
 CLUSTER_TAG = "elbv2.k8s.aws/cluster"
 """The tag the load balancer controller puts on what it creates, and its role's writes are limited to."""
 
@@ -359,22 +356,10 @@ class HyperPodInference(Construct):
     @staticmethod
     def _problems(props: HyperPodInferenceProps) -> list[Problem]:
         found: list[Problem] = []
-        if not props.execution_role_name.startswith(EXECUTION_ROLE_PREFIX):
-            found.append(
-                problem(
-                    "the inference operator's chart and managed policy accept only SageMakerHyperPodInference* roles",
-                    got=props.execution_role_name,
-                    allowed=f"{EXECUTION_ROLE_PREFIX}...",
-                ).at("execution_role_name")
-            )
-        if not props.tls_bucket_name.startswith("hyperpod-tls"):
-            found.append(
-                problem(
-                    "the operator may write certificates only to hyperpod-tls* buckets",
-                    got=props.tls_bucket_name,
-                    allowed="hyperpod-tls...",
-                ).at("tls_bucket_name")
-            )
+        if p := serving.execution_role_problem(props.execution_role_name):
+            found.append(p.at("execution_role_name"))
+        if p := serving.tls_bucket_problem(props.tls_bucket_name):
+            found.append(p.at("tls_bucket_name"))
         if not props.model_prefixes:
             found.append(problem("needs a prefix", got=[], allowed="e.g. checkpoints/").at("model_prefixes"))
         return found

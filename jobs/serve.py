@@ -25,9 +25,6 @@ from moe_cdk.training.checkpoints.export_marker import Export
 
 FSX_ROOT = PurePosixPath("/fsx")
 SOURCES = ("fsx", "s3")
-TLS_BUCKET_PREFIX = "hyperpod-tls"
-"""The managed policy AmazonSageMakerHyperPodInferenceAccess lets the operator write certificates only to buckets
-named ``hyperpod-tls*`` (its S3 statements' resources)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,21 +120,10 @@ def serve_spec(
         found.append(
             problem("needed for an s3 source", got=None, allowed="the storage stack's DataBucketName").at("--bucket")
         )
-    if not tls_bucket.startswith(TLS_BUCKET_PREFIX):
-        found.append(
-            problem(
-                "the operator may write certificates only to buckets named hyperpod-tls* "
-                "(AmazonSageMakerHyperPodInferenceAccess)",
-                got=tls_bucket,
-                allowed="the cluster stack's TlsBucketName",
-            ).at("--tls-bucket")
-        )
-    for key, value, least in (
-        ("--context", context_tokens, 1),
-        ("--sequences", sequences, 1),
-        ("--replicas", replicas, 1),
-    ):
-        if value < least:
+    if p := serving.tls_bucket_problem(tls_bucket):
+        found.append(p.at("--tls-bucket"))
+    for key, value in (("--context", context_tokens), ("--sequences", sequences), ("--replicas", replicas)):
+        if value < 1:
             found.append(problem("must be at least 1", got=value, allowed="1 or more").at(key))
     max_replicas = replicas if max_replicas is None else max_replicas
     if max_replicas < replicas:

@@ -11,6 +11,10 @@ Sources (read 2026-12-05):
   ``/``; ``tlsConfig.tlsCertificateOutputS3Uri`` matches ``^s3://``.
 - [HP-INF-PY] The same fields as the ``sagemaker-hyperpod`` package's pydantic model (PyPI 3.12.0,
   sagemaker/hyperpod/inference/config/hp_endpoint_config.py, ``_HPEndpoint``), which the tests validate with.
+- [HP-INF-ACCESS] The managed policy AmazonSageMakerHyperPodInferenceAccess (AWS Managed Policy Reference, v4): S3
+  access only to buckets named ``hyperpod-tls*``, and ``iam:PassRole`` only on roles named
+  ``SageMakerHyperPodInference*``; the operator's chart refuses any other execution role (aws/sagemaker-hyperpod-cli
+  @011ca92, helm_chart/HyperPodHelmChart/charts/inference-operator/templates/_validateRequiredValues.tpl).
 - [VLLM] vLLM's OpenAI-compatible server (``vllm.entrypoints.openai.api_server``): ``/health``, ``/metrics`` and
   ``/v1/chat/completions`` on one port; ``--gpu-memory-utilization`` (default 0.9) is the share of each GPU it
   takes for the weights, the activations and the KV cache. The image ``vllm/vllm-openai:v0.12.0`` is on Docker
@@ -33,6 +37,8 @@ ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 MODEL_VOLUME = "model-weights"
 MODEL_MOUNT_PATH = "/opt/ml/model"
 """Where the operator mounts the model, its default ([HP-INF-CRD])."""
+TLS_BUCKET_PREFIX = "hyperpod-tls"
+EXECUTION_ROLE_PREFIX = "SageMakerHyperPodInference"
 ACTIVATION_RESERVE_GIB = 2.0
 """Kept per accelerator for the server's activations and CUDA graphs, out of its memory share: an estimate, not
 measured here (vLLM measures the real peak in a profiling run at start-up and sizes its KV cache from what is
@@ -170,4 +176,27 @@ def endpoint_name_problem(name: str) -> Problem | None:
         return None
     return problem(
         "not an endpoint name", got=name, allowed="1 to 63 letters, digits and inner hyphens ([HP-INF-CRD] modelName)"
+    )
+
+
+def tls_bucket_problem(name: str) -> Problem | None:
+    """Why the operator cannot write certificates to bucket ``name`` ([HP-INF-ACCESS]), or None."""
+    if name.startswith(TLS_BUCKET_PREFIX):
+        return None
+    return problem(
+        "the operator may write certificates only to buckets named hyperpod-tls* "
+        "(AmazonSageMakerHyperPodInferenceAccess)",
+        got=name,
+        allowed=f"a bucket name starting with {TLS_BUCKET_PREFIX}",
+    )
+
+
+def execution_role_problem(name: str) -> Problem | None:
+    """Why the operator's chart and managed policy refuse execution role ``name`` ([HP-INF-ACCESS]), or None."""
+    if name.startswith(EXECUTION_ROLE_PREFIX):
+        return None
+    return problem(
+        "the operator's chart and its managed policy accept only roles named SageMakerHyperPodInference*",
+        got=name,
+        allowed=f"a role name starting with {EXECUTION_ROLE_PREFIX}",
     )

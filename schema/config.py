@@ -21,7 +21,7 @@ from moe_cdk.core import catalog
 from moe_cdk.core.loader import SECTION, json_schema, parse, render_docs
 from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
-from moe_cdk.rules import eks as eks_rules
+from moe_cdk.rules import eks as eks_rules, serving as serving_rules
 from moe_cdk.rules.ec2 import availability_zone_problem, cidr_problems, subnet_capacity_problem
 from moe_cdk.rules.eks import (
     KUBERNETES_NAME,
@@ -597,22 +597,24 @@ class ServingConfig:
     the checkpoints. Default: this deployment's own data bucket."""
 
     def problems(self) -> Problems:
-        if self.tls_bucket_name is not None and not re.match(
-            r"^hyperpod-tls[a-z0-9.-]{0,51}[a-z0-9]$", self.tls_bucket_name
-        ):
-            yield problem(
-                "the operator may write certificates only to buckets named hyperpod-tls* (a valid bucket name)",
-                got=self.tls_bucket_name,
-                allowed="hyperpod-tls followed by lowercase letters, digits, '.' and '-', 63 characters at most",
-            ).at("tls_bucket_name")
-        if self.execution_role_name is not None and not re.match(
-            r"^SageMakerHyperPodInference[\w+=,.@-]{0,38}$", self.execution_role_name
-        ):
-            yield problem(
-                "the operator's chart and its managed policy accept only roles named SageMakerHyperPodInference*",
-                got=self.execution_role_name,
-                allowed="SageMakerHyperPodInference followed by letters, digits and +=,.@_-, 64 characters at most",
-            ).at("execution_role_name")
+        if self.tls_bucket_name is not None:
+            if p := serving_rules.tls_bucket_problem(self.tls_bucket_name):
+                yield p.at("tls_bucket_name")
+            elif not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", self.tls_bucket_name):
+                yield problem(
+                    "not a valid S3 bucket name",
+                    got=self.tls_bucket_name,
+                    allowed="3 to 63 lowercase letters, digits, '.' and '-'",
+                ).at("tls_bucket_name")
+        if self.execution_role_name is not None:
+            if p := serving_rules.execution_role_problem(self.execution_role_name):
+                yield p.at("execution_role_name")
+            elif not re.match(r"^[\w+=,.@-]{1,64}$", self.execution_role_name):
+                yield problem(
+                    "not a valid IAM role name",
+                    got=self.execution_role_name,
+                    allowed="up to 64 letters, digits and +=,.@_-",
+                ).at("execution_role_name")
         if self.models_from is not None and not _NAME.match(self.models_from):
             yield problem("not a deployment name", got=self.models_from, allowed="the name of a moe-cdk deployment").at(
                 "models_from"
@@ -655,7 +657,7 @@ class Config:
     @property
     def execution_role_name(self) -> str:
         """The serving execution role's name (``serving`` must be set)."""
-        return self.serving.execution_role_name or f"SageMakerHyperPodInference-{self.name}-{self.region}"
+        return self.serving.execution_role_name or f"{serving_rules.EXECUTION_ROLE_PREFIX}-{self.name}-{self.region}"
 
     @property
     def lustre_availability_zone(self) -> str:
@@ -882,7 +884,7 @@ class Config:
                 allowed="a VPC moe-cdk creates (public subnets tagged for load balancers)",
             ).at("serving")
         # A bucket name has at most 63 characters, a role name 64; an account ID has 12 digits.
-        bucket = len(f"hyperpod-tls-{self.name}--{self.region}") + 12
+        bucket = len(f"{serving_rules.TLS_BUCKET_PREFIX}-{self.name}--{self.region}") + 12
         if self.serving.tls_bucket_name is None and bucket > 63:
             yield problem(
                 f"the default bucket name would have {bucket} characters", got=None, allowed="a name of 63 at most"
