@@ -41,13 +41,16 @@ def _render(args: argparse.Namespace) -> int:
         )
     except ConfigError as error:
         return report(args.config, error)
+    endpoint = render_endpoint(spec)
+    if found := serving.crd_problems(endpoint):  # what AWS's CRD would refuse at kubectl apply
+        return report(args.config, ConfigError(found))
     m = spec.memory
     summary = (
         f"InferenceEndpointConfig {spec.name} on {spec.instance_type}, tensor parallel {m.tensor}: "
         f"{m.weights_gib:.1f} GiB of weights + {m.kv_cache_gib:.1f} GiB of KV cache + {m.reserve_gib:.1f} GiB reserve "
         f"of {m.capacity_gib:.1f} GiB per GPU"
     )
-    return emit(to_yaml(render_endpoint(spec)), args.output, summary)
+    return emit(to_yaml(endpoint), args.output, summary)
 
 
 def add_parser(subcommands) -> argparse.ArgumentParser:

@@ -9,6 +9,9 @@ Sources (read 2026-12-05):
   ``modelVolumeMount.name``, ``resources``); ``instanceType`` matches ``^ml\\.``; ``metrics.modelMetrics.port`` is
   1024 to 65535; ``metrics.metricsScrapeIntervalSeconds`` 5 to 300; ``loadBalancer.healthCheckPath`` starts with
   ``/``; ``tlsConfig.tlsCertificateOutputS3Uri`` matches ``^s3://``.
+  ``modelSourceConfig.modelSourceType`` is one of fsx, s3, huggingface, kubernetesVolume; ``fsxStorage`` needs
+  ``fileSystemId``, ``s3Storage`` needs ``bucketName`` and ``region``; ``metrics.modelMetrics.path`` matches
+  ``^/[a-zA-Z0-9\\-_./]*$``. (Read at that commit on 2026-12-05; the file is on GitHub only.)
 - [HP-INF-PY] The same fields as the ``sagemaker-hyperpod`` package's pydantic model (PyPI 3.12.0,
   sagemaker/hyperpod/inference/config/hp_endpoint_config.py, ``_HPEndpoint``), which the tests validate with.
 - [HP-INF-ACCESS] The managed policy AmazonSageMakerHyperPodInferenceAccess (AWS Managed Policy Reference, v4): S3
@@ -200,3 +203,124 @@ def execution_role_problem(name: str) -> Problem | None:
         got=name,
         allowed=f"a role name starting with {EXECUTION_ROLE_PREFIX}",
     )
+
+
+_MODEL_METRICS_PATH = re.compile(r"^/[a-zA-Z0-9\-_./]*$")
+MODEL_SOURCE_TYPES = ("fsx", "s3", "huggingface", "kubernetesVolume")
+
+
+def crd_problems(endpoint: dict) -> list[Problem]:
+    """What the ``InferenceEndpointConfig`` CRD's schema ([HP-INF-CRD]) refuses in ``endpoint``, each at its path: the
+    constraints of the fields moe-cdk writes that the pydantic model ([HP-INF-PY]) does not check. The CRD itself is
+    published on GitHub only, which the build cannot reach, so its constraints are restated here."""
+    found: list[Problem] = []
+
+    def need(ok: bool, path: str, what: str, got: object, allowed: str) -> None:
+        if not ok:
+            found.append(problem(what, got=got, allowed=allowed).at(path))
+
+    need(
+        endpoint.get("apiVersion") == API_VERSION,
+        "apiVersion",
+        "not the CRD's version",
+        endpoint.get("apiVersion"),
+        API_VERSION,
+    )
+    need(endpoint.get("kind") == KIND, "kind", "not the CRD's kind", endpoint.get("kind"), KIND)
+    spec = endpoint.get("spec") or {}
+    for key in ("modelName", "modelSourceConfig", "worker"):
+        need(key in spec, f"spec.{key}", "required", None, "a value")
+    name = spec.get("modelName", "")
+    need(
+        bool(ENDPOINT_NAME.match(str(name))),
+        "spec.modelName",
+        "not a model name",
+        name,
+        "1 to 63 letters, digits, inner hyphens",
+    )
+    if "instanceType" in spec:
+        need(
+            str(spec["instanceType"]).startswith("ml."),
+            "spec.instanceType",
+            "not an ml. instance type",
+            spec["instanceType"],
+            "^ml\\.",
+        )
+    source = spec.get("modelSourceConfig") or {}
+    kind = source.get("modelSourceType")
+    need(
+        kind in MODEL_SOURCE_TYPES,
+        "spec.modelSourceConfig.modelSourceType",
+        "unknown source type",
+        kind,
+        ", ".join(MODEL_SOURCE_TYPES),
+    )
+    if "fsxStorage" in source:
+        need(
+            "fileSystemId" in source["fsxStorage"],
+            "spec.modelSourceConfig.fsxStorage.fileSystemId",
+            "required",
+            None,
+            "fs-...",
+        )
+    for key in ("bucketName", "region") if "s3Storage" in source else ():
+        need(key in source["s3Storage"], f"spec.modelSourceConfig.s3Storage.{key}", "required", None, "a value")
+    worker = spec.get("worker") or {}
+    for key in ("image", "modelInvocationPort", "modelVolumeMount", "resources"):
+        need(key in worker, f"spec.worker.{key}", "required", None, "a value")
+    port = (worker.get("modelInvocationPort") or {}).get("containerPort")
+    need(
+        isinstance(port, int) and 1 <= port <= 65535,
+        "spec.worker.modelInvocationPort.containerPort",
+        "not a port",
+        port,
+        "1 to 65535",
+    )
+    need(
+        "name" in (worker.get("modelVolumeMount") or {}),
+        "spec.worker.modelVolumeMount.name",
+        "required",
+        None,
+        "a name",
+    )
+    uri = (spec.get("tlsConfig") or {}).get("tlsCertificateOutputS3Uri")
+    if uri is not None:
+        need(
+            bool(re.match(r"^s3://([^/]+)/?(.*)$", uri)),
+            "spec.tlsConfig.tlsCertificateOutputS3Uri",
+            "not an S3 URI",
+            uri,
+            "s3://bucket/prefix",
+        )
+    health = (spec.get("loadBalancer") or {}).get("healthCheckPath")
+    if health is not None:
+        need(
+            str(health).startswith("/"),
+            "spec.loadBalancer.healthCheckPath",
+            "not a path",
+            health,
+            "a path starting with /",
+        )
+    metrics = spec.get("metrics") or {}
+    if "metricsScrapeIntervalSeconds" in metrics:
+        every = metrics["metricsScrapeIntervalSeconds"]
+        need(5 <= every <= 300, "spec.metrics.metricsScrapeIntervalSeconds", "out of range", every, "5 to 300")
+    model_metrics = metrics.get("modelMetrics") or {}
+    if "port" in model_metrics:
+        need(
+            1024 <= model_metrics["port"] <= 65535,
+            "spec.metrics.modelMetrics.port",
+            "out of range",
+            model_metrics["port"],
+            "1024 to 65535",
+        )
+    if "path" in model_metrics:
+        path = model_metrics["path"]
+        need(
+            bool(_MODEL_METRICS_PATH.match(path)),
+            "spec.metrics.modelMetrics.path",
+            "not a metrics path",
+            path,
+            "/ and letters, digits, -_./",
+        )
+    return found

@@ -137,6 +137,31 @@ def test_a_broken_endpoint_fails_awss_model_with_its_message(aws_model, mixtral,
         aws_model.model_validate(spec)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"source": "s3", "bucket": "moe-data-bucket"}, {"max_replicas": 4, "prometheus_url": AMP}],
+    ids=["fsx", "s3", "autoscaled"],
+)
+def test_the_endpoint_meets_the_crds_constraints(mixtral, fsx, options):
+    assert serving.crd_problems(_render(mixtral, fsx, **options)) == []
+
+
+CRD_BROKEN = {
+    "instance type": (lambda s: s.update(instanceType="p5en.48xlarge"), "spec.instanceType"),
+    "tls uri": (lambda s: s["tlsConfig"].update(tlsCertificateOutputS3Uri="https://certs"), "spec.tlsConfig"),
+    "source type": (lambda s: s["modelSourceConfig"].update(modelSourceType="nfs"), "spec.modelSourceConfig"),
+    "metrics port": (lambda s: s["metrics"]["modelMetrics"].update(port=80), "spec.metrics.modelMetrics.port"),
+}
+
+
+@pytest.mark.parametrize("case", CRD_BROKEN)
+def test_what_the_crd_refuses_is_named_by_its_path(mixtral, fsx, case):
+    change, path = CRD_BROKEN[case]
+    endpoint = _render(mixtral, fsx)
+    change(endpoint["spec"])
+    assert any(p.key.startswith(path) for p in serving.crd_problems(endpoint))
+
+
 def test_the_model_source_is_its_path_on_the_file_system(mixtral, fsx):
     source = _render(mixtral, fsx)["spec"]["modelSourceConfig"]
     assert source == {
