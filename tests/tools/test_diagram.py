@@ -130,7 +130,7 @@ def test_the_eks_stack_is_connected_to_the_cluster_its_nodes_join(eks_dot):
     eks = "EKS cluster moe-eks, Kubernetes 1.32"
     assert ("HyperPod cluster moe-eks (Eks)", eks, "nodes join") in found
     assert (eks, "Private subnets ×2", "control plane ENIs in") in found
-    assert (eks, "EKS add-ons ×8", "installs") in found
+    assert (eks, "EKS add-ons ×11", "installs") in found  # 7 of its own, the training operator, 3 for serving
     assert ("EKS access entry: AmazonEKSClusterAdminPolicy", eks, "may use") in found
     assert (eks, "Managed scraper, every 30s", "scrapes pods") in found
     assert ("Managed scraper, every 30s", "Managed Prometheus workspace moe-eks-training", "remote write") in found
