@@ -28,6 +28,7 @@ from aws_cdk import aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
 from moe_cdk.constructs.nag import managed_policy_finding, nag_text
+from moe_cdk.constructs.training_eks_cluster import eks_addon
 from moe_cdk.constructs.validation import Problem, problem, raise_if_any
 from moe_cdk.rules import eks as eks_rules, serving
 
@@ -87,8 +88,15 @@ class HyperPodInference(Construct):
         self.s3_csi_role = self._s3_csi_role()
         self.load_balancer_role = self._load_balancer_role()
         self.keda_role = self._keda_role()
-        s3_csi = self._addon(eks_rules.S3_CSI_DRIVER, versions, service_account_role_arn=self.s3_csi_role.role_arn)
-        metrics_server = self._addon(eks_rules.METRICS_SERVER, versions)
+        cluster = props.eks_cluster.cluster_name
+        s3_csi = eks_addon(
+            self,
+            cluster,
+            eks_rules.S3_CSI_DRIVER,
+            versions[eks_rules.S3_CSI_DRIVER.name],
+            service_account_role_arn=self.s3_csi_role.role_arn,
+        )
+        metrics_server = eks_addon(self, cluster, eks_rules.METRICS_SERVER, versions[eks_rules.METRICS_SERVER.name])
         configuration = {
             "executionRoleArn": self.execution_role.role_arn,
             "tlsCertificateS3Bucket": props.tls_bucket_name,
@@ -96,9 +104,11 @@ class HyperPodInference(Construct):
             "alb": {"enabled": True, "serviceAccount": {"create": True, "roleArn": self.load_balancer_role.role_arn}},
             "keda": {"enabled": True, "auth": {"aws": {"irsa": {"enabled": True, "roleArn": self.keda_role.role_arn}}}},
         }
-        self.addon = self._addon(
+        self.addon = eks_addon(
+            self,
+            cluster,
             eks_rules.INFERENCE_OPERATOR,
-            versions,
+            versions[eks_rules.INFERENCE_OPERATOR.name],
             configuration_values=self._stack.to_json_string(configuration),
         )
         self.addon.node.add_dependency(
@@ -338,20 +348,6 @@ class HyperPodInference(Construct):
         cdk.Validations.of(policy).acknowledge(
             *(cdk.Acknowledgment(id=f"AwsSolutions-IAM5[{finding}]", reason=reason) for finding in findings)
         )
-
-    # -- add-ons -------------------------------------------------------------------------------------
-
-    def _addon(self, addon: eks_rules.Addon, versions: Mapping[str, str], **extra) -> eks.CfnAddon:
-        resource = eks.CfnAddon(
-            self,
-            f"Addon-{addon.name}",
-            cluster_name=self.props.eks_cluster.cluster_name,
-            addon_name=addon.name,
-            addon_version=versions.get(addon.name),
-            resolve_conflicts="OVERWRITE",
-            **extra,
-        )
-        return resource
 
     @staticmethod
     def _problems(props: HyperPodInferenceProps) -> list[Problem]:

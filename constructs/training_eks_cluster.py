@@ -36,6 +36,7 @@ __all__ = [
     "TrainingEksCluster",
     "TrainingEksClusterProps",
     "EndpointAccess",
+    "eks_addon",
     "pod_identity_role",
 ]
 
@@ -232,15 +233,8 @@ class TrainingEksCluster(Construct):
         )
 
     def _addon(self, addon: eks_rules.Addon, **extra) -> eks.CfnAddon:
-        resource = eks.CfnAddon(
-            self,
-            f"Addon-{addon.name}",
-            cluster_name=self.cluster.cluster_name,
-            addon_name=addon.name,
-            addon_version=self.props.addon_versions.get(addon.name, addon.version),
-            resolve_conflicts="OVERWRITE",
-            **extra,
-        )
+        version = self.props.addon_versions.get(addon.name, addon.version)
+        resource = eks_addon(self, self.cluster.cluster_name, addon, version, **extra)
         resource.node.add_dependency(self.cluster)
         return resource
 
@@ -353,6 +347,21 @@ class TrainingEksCluster(Construct):
         if p := eks_rules.hyperpod_chart_problem(props.hyperpod_chart_directory):
             found.append(p.at("hyperpod_chart_directory"))
         return found
+
+
+def eks_addon(
+    scope: Construct, cluster_name: str, addon: eks_rules.Addon, version: str | None, **extra
+) -> eks.CfnAddon:
+    """``addon`` on the cluster at ``version`` (None: EKS's default), overwriting what an earlier install left."""
+    return eks.CfnAddon(
+        scope,
+        f"Addon-{addon.name}",
+        cluster_name=cluster_name,
+        addon_name=addon.name,
+        addon_version=version,
+        resolve_conflicts="OVERWRITE",
+        **extra,
+    )
 
 
 def pod_identity_role(scope: Construct, id: str, managed_policy: str, *, reason: str) -> iam.Role:

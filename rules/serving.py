@@ -182,6 +182,11 @@ def endpoint_name_problem(name: str) -> Problem | None:
     )
 
 
+def default_tls_bucket_name(deployment: str, *, account: str, region: str) -> str:
+    """The serving TLS bucket of ``deployment`` when ``serving.tls_bucket_name`` names none."""
+    return f"{TLS_BUCKET_PREFIX}-{deployment.lower()}-{account}-{region}"
+
+
 def tls_bucket_problem(name: str) -> Problem | None:
     """Why the operator cannot write certificates to bucket ``name`` ([HP-INF-ACCESS]), or None."""
     if name.startswith(TLS_BUCKET_PREFIX):

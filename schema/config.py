@@ -884,7 +884,7 @@ class Config:
                 allowed="a VPC moe-cdk creates (public subnets tagged for load balancers)",
             ).at("serving")
         # A bucket name has at most 63 characters, a role name 64; an account ID has 12 digits.
-        bucket = len(f"{serving_rules.TLS_BUCKET_PREFIX}-{self.name}--{self.region}") + 12
+        bucket = len(serving_rules.default_tls_bucket_name(self.name, account="0" * 12, region=self.region))
         if self.serving.tls_bucket_name is None and bucket > 63:
             yield problem(
                 f"the default bucket name would have {bucket} characters", got=None, allowed="a name of 63 at most"

@@ -14,6 +14,7 @@ from moe_cdk.constructs.training_image import TrainingImage, TrainingImageProps
 from moe_cdk.constructs.training_network import TrainingNetwork
 from moe_cdk.core.names import project_root
 from moe_cdk.rules.neuron import TrainingStack
+from moe_cdk.rules.serving import default_tls_bucket_name
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import data_bucket_name, fsx_parameter_names, lifecycle_bucket_name
 
@@ -123,7 +124,9 @@ class StorageStack(Stack):
         public, logged, and kept on destroy like the other buckets (its name is fixed, so a new deployment adopts it
         with storage.adopt_retained_buckets). AWS's templates make it the same way (aws/sagemaker-hyperpod-cluster-
         setup, eks/cloudformation/tls-certificates-s3-bucket-template.yaml)."""
-        name = config.serving.tls_bucket_name or f"hyperpod-tls-{config.name.lower()}-{self.account}-{config.region}"
+        name = config.serving.tls_bucket_name or default_tls_bucket_name(
+            config.name, account=self.account, region=config.region
+        )
         self.tls_bucket_name = name
         if config.storage.adopt_retained_buckets:
             bucket = s3.Bucket.from_bucket_name(self, "AdoptedTlsBucket", name)
