@@ -289,8 +289,7 @@ def test_on_create_closes_imds_after_the_teams_step(tmp_path):
     base.chmod(0o755)
     try:
         box = make_box(base)
-        for name in ("passwd", "group", "shadow", "gshadow"):
-            box.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
+        box.copy_system_accounts()
         (box.root / "fsx").mkdir(mode=0o755)
         result = succeeded(box.on_create())
         steps = [r["step"] for r in box.records(result)]

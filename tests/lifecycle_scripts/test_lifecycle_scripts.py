@@ -295,6 +295,22 @@ class Sandbox:
         path.write_text(text)
         return path
 
+    def copy_system_accounts(self) -> None:
+        """This machine's system accounts (ids below 1000, and nobody) as the sandbox's user database: an AMI's own.
+        Users and groups above them are left out: the real-Slurm teams tests add members to this machine's database
+        while other tests run beside them, and a sandbox that copied them would start with a team already made."""
+
+        def rows(name: str) -> list[list[str]]:
+            return [line.split(":") for line in Path(f"/etc/{name}").read_text().splitlines()]
+
+        users = {row[0] for row in rows("passwd") if int(row[2]) < 1000 or int(row[2]) == 65534}
+        groups = {row[0] for row in rows("group") if int(row[2]) < 1000 or int(row[2]) == 65534}
+        for name, names in (("passwd", users), ("shadow", users), ("group", groups), ("gshadow", groups)):
+            table = [row for row in rows(name) if row[0] in names]
+            if name in ("group", "gshadow"):  # the last field lists the group's members
+                table = [[*row[:-1], ",".join(m for m in row[-1].split(",") if m in users)] for row in table]
+            self.write(f"etc/{name}", "".join(":".join(row) + "\n" for row in table))
+
     def pin_packages(self, *, enroot=None, pyxis=None, enroot_check: str | None = None) -> None:
         """The sandbox's node_packages.txt: the stand-ins given (node_packages.py), the rest absent."""
         (self.lc / "node_packages.txt").write_text(

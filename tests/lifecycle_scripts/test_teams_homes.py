@@ -41,14 +41,13 @@ if os.geteuid() != 0:  # pragma: no cover - the suite runs as root
 
 @contextmanager
 def teams_node(teams: TeamsConfig) -> Iterator[Sandbox]:
-    """A compute node's sandbox with ``teams`` and a copy of this machine's user database, not yet run, in a
+    """A compute node's sandbox with ``teams`` and this machine's system accounts, not yet run, in a
     folder the members may walk through (pytest's tmp folders are root's alone); removed after."""
     base = Path(tempfile.mkdtemp(prefix="moeci-teams-"))
     base.chmod(0o755)
     try:
         sandbox = Sandbox(base, instance_id="i-0456", params=copy.deepcopy(PARAMS) | {"teams": teams_parameters(teams)})
-        for name in ("passwd", "group", "shadow", "gshadow"):
-            sandbox.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
+        sandbox.copy_system_accounts()
         (sandbox.root / "fsx").mkdir(mode=0o755)
         yield sandbox
     finally:

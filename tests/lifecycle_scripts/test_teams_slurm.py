@@ -83,8 +83,7 @@ def controller():
     box = Sandbox(base, instance_id=CONTROLLER, params=params)
     for name in ("scontrol", "strigger", "sacctmgr"):
         (box.bin / name).unlink(missing_ok=True)
-    for name in ("passwd", "group", "shadow", "gshadow"):
-        box.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
+    box.copy_system_accounts()
     (box.root / "fsx").mkdir(exist_ok=True)
     slurm = GpuAccountingCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc")
     try:
@@ -125,8 +124,7 @@ def controller_as_slurm_with_systemd():
     for name in ("scontrol", "strigger", "sacctmgr"):
         (box.bin / name).unlink(missing_ok=True)
     (box.bin / "systemctl").write_text(SYSTEMCTL_WITH_SLURMCTLD)
-    for name in ("passwd", "group", "shadow", "gshadow"):
-        box.write(f"etc/{name}", Path(f"/etc/{name}").read_text())
+    box.copy_system_accounts()
     (box.root / "fsx").mkdir(exist_ok=True)
     slurm = GpuAccountingCluster(accounting=True, etc_dir=box.root / "opt/slurm/etc", slurm_user="slurm")
     try:
