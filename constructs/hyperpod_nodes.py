@@ -352,10 +352,7 @@ def publish_lifecycle(
     AMI-based configuration (Slurm only); otherwise as ``OnCreate``, which EKS requires."""
     # The Asset copies its source into the cloud assembly as it is constructed, so the staging folders go at once
     # (each synthesis used to leave two folders in the temporary directory).
-    with tempfile.TemporaryDirectory(prefix="moe-cdk-lifecycle-") as staging:
-        bundle = s3_assets.Asset(
-            scope, "LifecycleBundle", path=str(_stage_bundle(directory, parameters, Path(staging)))
-        )
+    bundle = lifecycle_bundle_asset(scope, directory, parameters)
     with tempfile.TemporaryDirectory(prefix="moe-cdk-entry-") as staging:
         entry = s3_assets.Asset(
             scope, "LifecycleEntry", path=str(_stage_entry_script(bundle.asset_hash, Path(staging)))
@@ -388,6 +385,12 @@ def publish_lifecycle(
             on_create=None if after_hyperpod_setup else script,
         ),
     )
+
+
+def lifecycle_bundle_asset(scope: Construct, directory: str, parameters: dict) -> s3_assets.Asset:
+    """``directory`` plus ``provisioning_parameters.json`` as one file asset (a zip), ``LifecycleBundle``."""
+    with tempfile.TemporaryDirectory(prefix="moe-cdk-lifecycle-") as staging:
+        return s3_assets.Asset(scope, "LifecycleBundle", path=str(_stage_bundle(directory, parameters, Path(staging))))
 
 
 def _stage_bundle(directory: str, parameters: dict, staging: Path) -> Path:

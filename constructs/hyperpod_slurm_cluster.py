@@ -137,11 +137,14 @@ def provisioning_parameters(
     fsx: FsxMount | None,
     observability: NodeObservability | None = None,
     teams: TeamsConfig | None = None,
+    parallelcluster: bool = False,
 ) -> dict:
-    """What the lifecycle scripts read, built from the cluster's own props: no value is typed twice."""
+    """What the lifecycle scripts read, built from the cluster's own props: no value is typed twice.
+    ``parallelcluster``: the nodes are ParallelCluster's, which mounts the file system itself."""
     groups = list(instance_groups)
     by_type = {t: [g for g in groups if g.node_type is t] for t in NodeType}
     return {
+        **({"cluster_manager": "parallelcluster"} if parallelcluster else {}),
         "version": "1.0.0",
         "workload_manager": "slurm",
         "region": region,

@@ -25,6 +25,8 @@
 #   MOE_LC_PARAMS              provisioning_parameters.json (default: next to this file)
 #   MOE_LC_RESOURCE_CONFIG     HyperPod's resource_config.json
 #                              (default ${MOE_LC_ROOT}/opt/ml/config/resource_config.json)
+#   MOE_LC_NODE_GROUP          this node's instance group, when its launcher tells it (ParallelCluster:
+#                              on_create.sh --group); resource_config.json is then not read
 #   MOE_LC_RETRY_DELAY_SCALE   integer multiplier for retry delays (default 1; 0 in tests)
 #   MOE_LC_POLL_S              seconds between the polls of wait_until (default 5)
 #   MOE_LC_SLURM_WAIT_S        how long wait_for_slurmctld/wait_for_slurmd wait for Slurm to come up (default 600)
@@ -363,16 +365,23 @@ MOE_NODE_GROUP="" MOE_NODE_ROLE="" MOE_PARTITION="" MOE_FEATURES="" MOE_INSTANCE
 # shellcheck disable=SC2034
 MOE_LUSTRE_EFA_INTERFACES=0
 load_node_facts() {
-  load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" "${MOE_LC_RESOURCE_CONFIG}" "${MOE_LC_PARAMS}"
+  if [[ -n "${MOE_LC_NODE_GROUP:-}" ]]; then
+    load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" --group "${MOE_LC_NODE_GROUP}" "${MOE_LC_PARAMS}"
+  else
+    load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" "${MOE_LC_RESOURCE_CONFIG}" "${MOE_LC_PARAMS}"
+  fi
 }
 
-# Sets MOE_WORKLOAD_MANAGER (slurm or eks), MOE_REGION, MOE_FSX_ENABLED,
+# Sets MOE_CLUSTER_MANAGER (hyperpod or parallelcluster), MOE_WORKLOAD_MANAGER (slurm or eks),
+# MOE_REGION, MOE_FSX_ENABLED,
 # MOE_FSX_DNS_NAME_PARAMETER, MOE_FSX_MOUNT_NAME_PARAMETER, MOE_FSX_MOUNT_POINT, and
 # MOE_ENROOT_DATA_DIR, MOE_PYXIS (Slurm) or MOE_CONTAINERD_DATA_DIR, MOE_CONTAINERD_FALLBACK_DIR (EKS),
 # and MOE_OBSERVABILITY_ENABLED (true or false), MOE_OBSERVABILITY_REMOTE_WRITE_URL_PARAMETER,
 # MOE_OBSERVABILITY_SCRAPE_INTERVAL_S, MOE_OBSERVABILITY_TRAINER_METRICS_PORT (empty: no trainer target).
 # shellcheck disable=SC2034 # read by the scripts that source this file
-MOE_REGION="" MOE_FSX_ENABLED="" MOE_FSX_DNS_NAME_PARAMETER="" MOE_FSX_MOUNT_NAME_PARAMETER=""
+MOE_CLUSTER_MANAGER="" MOE_REGION="" MOE_FSX_ENABLED=""
+# shellcheck disable=SC2034
+MOE_FSX_DNS_NAME_PARAMETER="" MOE_FSX_MOUNT_NAME_PARAMETER=""
 # shellcheck disable=SC2034
 MOE_FSX_MOUNT_POINT="" MOE_ENROOT_DATA_DIR="" MOE_PYXIS=""
 # shellcheck disable=SC2034

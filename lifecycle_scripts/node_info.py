@@ -12,8 +12,13 @@ Standard library only, Python 3.8+ (the Python on HyperPod's AMI).
         FEATURES lists its worker group's features. LUSTRE_EFA_INTERFACES is how many EFA
         interfaces the node sets up for an EFA-enabled file system (fsx_lustre.efa_interfaces
         of its group), 0 for TCP.
+    node_info.py --group GROUP PROVISIONING_PARAMETERS
+        The same facts for a node told its instance group (ParallelCluster passes it as an argument of the
+        node's custom action; there is no resource_config.json). INSTANCE_TYPE is the worker group's, or
+        empty on the head and login nodes.
     node_info.py --params PROVISIONING_PARAMETERS
-        Prints the cluster-wide settings the scripts need: WORKLOAD_MANAGER (slurm|eks),
+        Prints the cluster-wide settings the scripts need: CLUSTER_MANAGER (hyperpod|parallelcluster),
+        WORKLOAD_MANAGER (slurm|eks),
         REGION, FSX_ENABLED (true|false), FSX_DNS_NAME_PARAMETER, FSX_MOUNT_NAME_PARAMETER,
         FSX_MOUNT_POINT, then ENROOT_DATA_DIR and PYXIS (true|false) on Slurm, or
         CONTAINERD_DATA_DIR and CONTAINERD_FALLBACK_DIR on EKS, then OBSERVABILITY_ENABLED
@@ -91,8 +96,9 @@ TOP_LEVEL_KEYS = (
     "fsx_lustre",
     "container_runtime",
 )
-# Keys a file may lack; a missing one reads as null.
-OPTIONAL_TOP_LEVEL_KEYS = ("observability", "teams")
+# Keys a file may lack; a missing one reads as null (cluster_manager as "hyperpod").
+OPTIONAL_TOP_LEVEL_KEYS = ("observability", "teams", "cluster_manager")
+CLUSTER_MANAGERS = ("hyperpod", "parallelcluster")
 WORKER_KEYS = ("instance_group_name", "partition_name", "instance_type", "features")
 FSX_KEYS = ("dns_name_parameter", "mount_name_parameter", "mount_point")
 FSX_OPTIONAL_KEYS = ("efa_interfaces",)
@@ -214,6 +220,10 @@ def validate(params: object) -> dict:
     version = params.get("version")
     if "version" in params and (not isinstance(version, str) or not VERSION.match(version)):
         check.add("version", "unsupported", show(version), "1.x.y")
+    manager = params.get("cluster_manager", "hyperpod")
+    if manager not in CLUSTER_MANAGERS or (manager == "parallelcluster" and eks):
+        check.add("cluster_manager", "unsupported", show(manager),
+                  "'hyperpod', or 'parallelcluster' with workload_manager 'slurm'")
     if "workload_manager" in params and params["workload_manager"] not in WORKLOAD_MANAGERS:
         check.add("workload_manager", "unsupported", show(params["workload_manager"]), DESCRIPTIONS["workload_manager"])
     check.string(params, "", "region", REGION, DESCRIPTIONS["region"])
@@ -448,6 +458,18 @@ def find_node(groups: list) -> tuple:
 def node_facts(resource_config_path: str, params_path: str) -> dict:
     params = load_params(params_path)
     group, instance = find_node(instance_groups(load_json(resource_config_path, "resource_config.json")))
+    return group_facts(params, group, instance)
+
+
+def told_node_facts(name: str, params_path: str) -> dict:
+    """The facts of a node of instance group ``name``, as its launcher says (--group)."""
+    params = load_params(params_path)
+    if not GROUP_NAME.match(name):
+        raise Invalid([problem("--group", "not an instance group name", show(name), GROUP_ALLOWED)])
+    return group_facts(params, {"Name": name}, {"InstanceId": own_instance_id()})
+
+
+def group_facts(params: dict, group: dict, instance: dict) -> dict:
     name = group["Name"]
     workers = {w["instance_group_name"]: w for w in params["worker_groups"]}
     facts = {"NODE_GROUP": name, "NODE_ROLE": "", "PARTITION": "", "FEATURES": ""}
@@ -485,6 +507,7 @@ def cluster_settings(params_path: str) -> dict:
     fsx = params["fsx_lustre"] or {}
     runtime = params["container_runtime"]
     settings = {
+        "CLUSTER_MANAGER": params.get("cluster_manager", "hyperpod"),
         "WORKLOAD_MANAGER": params["workload_manager"],
         "REGION": params["region"],
         "FSX_ENABLED": "true" if fsx else "false",
@@ -517,6 +540,7 @@ def emit(values: dict) -> None:
 
 USAGE = (
     "usage: node_info.py RESOURCE_CONFIG PROVISIONING_PARAMETERS\n"
+    "       node_info.py --group GROUP PROVISIONING_PARAMETERS\n"
     "       node_info.py --params PROVISIONING_PARAMETERS\n"
     "       node_info.py --check PROVISIONING_PARAMETERS\n"
 )
@@ -529,6 +553,8 @@ def main(argv: list) -> int:
             print(f"OK: {argv[1]}")
         elif len(argv) == 2 and argv[0] == "--params":
             emit(cluster_settings(argv[1]))
+        elif len(argv) == 3 and argv[0] == "--group":
+            emit(told_node_facts(argv[1], argv[2]))
         elif len(argv) == 2 and not argv[0].startswith("-"):
             emit(node_facts(argv[0], argv[1]))
         else:

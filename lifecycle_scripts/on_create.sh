@@ -9,13 +9,17 @@
 # yet, as which user it runs, whether enroot and pyxis are there) is handled in each step
 # (README.md, "What AWS's sources leave open"). These steps do the rest.
 # EKS: HyperPod requires OnCreate there, and runs it before the node joins the cluster.
+# ParallelCluster: parallelcluster_entry.sh runs it as `on_create.sh --group NAME` from each node's
+# OnNodeConfigured action (and the head node's OnNodeUpdated), telling it the node's instance group
+# (there is no resource_config.json); ParallelCluster has mounted the file system by then.
 #
 # Steps, in order (README.md has the details and each step's source):
 #   validate         node_info.py --check provisioning_parameters.json
 #   node_info        which instance group this node is in, its role, the cluster-wide settings
 #   efa_env          install efa_env.sh as /etc/profile.d/moe-cdk-efa.sh   (all nodes)
 # then, with "workload_manager": "slurm":
-#   mount_fsx        mount_fsx.sh                                          (all nodes)
+#   mount_fsx        mount_fsx.sh                 (all nodes; not on ParallelCluster, whose
+#                                                 SharedStorage mounts the file system)
 #   setup_enroot     setup_enroot.sh                                       (login and compute)
 #   setup_pyxis      setup_pyxis.sh                                        (all nodes)
 #   slurm_features   slurm_features.sh           (compute: set; controller: the trigger)
@@ -42,6 +46,12 @@ main() {
   source ./lib.sh
   install_err_trap
   local started="${SECONDS}"
+  case "$#:${1:-}" in
+    0:) ;;
+    # Every step that asks node_info.py for the node's facts (lib.sh load_node_facts) is told the group.
+    2:--group) export MOE_LC_NODE_GROUP="$2" ;;
+    *) die "usage: on_create.sh [--group INSTANCE_GROUP] (got: $*)" ;;
+  esac
   log "on_create.sh started in $(pwd) (log file ${MOE_LC_LOG})"
 
   run_step validate python3 ./node_info.py --check "${MOE_LC_PARAMS}"
@@ -65,7 +75,11 @@ load_node() {
 
 slurm_steps() {
   local teams
-  run_step mount_fsx bash ./mount_fsx.sh
+  if [[ "${MOE_CLUSTER_MANAGER}" == parallelcluster ]]; then
+    log "skipping mount_fsx on ParallelCluster: its SharedStorage has mounted the file system"
+  else
+    run_step mount_fsx bash ./mount_fsx.sh
+  fi
   case "${MOE_NODE_ROLE}" in
     login | compute) run_step setup_enroot bash ./setup_enroot.sh ;;
     *) log "skipping setup_enroot on a ${MOE_NODE_ROLE} node" ;;

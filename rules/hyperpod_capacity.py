@@ -47,6 +47,9 @@ class CapacityType(enum.Enum):
     """On-Demand capacity (the property is omitted, as for every group before Spot existed)."""
     SPOT = "spot"
     """Spot capacity: up to 90 % cheaper, taken back with at most 2 minutes' notice (``{"Spot": {}}``)."""
+    CAPACITY_BLOCK = "capacity-block"
+    """An EC2 Capacity Block for ML (ParallelCluster only, with ``capacity_reservation_id``; HyperPod reserves
+    capacity through training plans)."""
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from moe_cdk.core import catalog
 from moe_cdk.core.loader import SECTION, json_schema, parse, render_docs
 from moe_cdk.core.names import project_root
 from moe_cdk.core.problems import ConfigError, Problem, problem
-from moe_cdk.rules import eks as eks_rules, serving as serving_rules
+from moe_cdk.rules import eks as eks_rules, parallelcluster as pcluster_rules, serving as serving_rules
 from moe_cdk.rules.ec2 import availability_zone_problem, cidr_problems, subnet_capacity_problem
 from moe_cdk.rules.eks import (
     KUBERNETES_NAME,
@@ -42,6 +42,7 @@ from moe_cdk.rules.hyperpod_capacity import CapacityType, TieredStorage, fallbac
 from moe_cdk.rules.hyperpod_updates import AutoPatch, ScheduledUpdate
 from moe_cdk.rules.logs import retention_problem
 from moe_cdk.rules.neuron import TrainingStack, resolve, stack_problem
+from moe_cdk.rules.parallelcluster import DeletionPolicy, OperatingSystem, QueueUpdateStrategy
 from moe_cdk.rules.sagemaker import (
     AccountingDatabase,
     EksInstanceGroup,
@@ -74,6 +75,7 @@ class Orchestrator(enum.Enum):
     SLURM = "slurm"
     EKS = "eks"
     TRAINING_JOB = "training-job"
+    PARALLELCLUSTER = "parallelcluster"
 
 
 class NodeRole(enum.Enum):
@@ -141,7 +143,8 @@ class InstanceGroupConfig:
     compute groups: as many accelerators as `instance_type`). Default: none. docs/capacity.md."""
     capacity: CapacityType = CapacityType.ON_DEMAND
     """EKS, continuous provisioning: on-demand or spot. Spot nodes can be taken back with 2 minutes' notice; the
-    trainer resumes from its last checkpoint. Default: on-demand. docs/capacity.md."""
+    trainer resumes from its last checkpoint. ParallelCluster compute groups: on-demand, spot or capacity-block (with
+    `capacity_reservation_id`). Default: on-demand. docs/capacity.md."""
     autoscale: bool = False
     """EKS, continuous provisioning, compute groups: Karpenter starts the group at 0 nodes and adds nodes, up to
     `instance_count`, while training pods wait for them (`moe-cdk eks node-pools` writes its objects). Default:
@@ -155,7 +158,12 @@ class InstanceGroupConfig:
     min_instance_count: int | None = None
     """Slurm, continuous provisioning: the nodes the group must have before HyperPod puts it in service; not reached
     within 3 hours, the group rolls back. 0 to `instance_count`. Default: unset, in service from the first node.
-    docs/capacity.md."""
+    ParallelCluster compute groups: the nodes kept running (MinCount); the rest, up to `instance_count`, start when
+    jobs wait for them. Default there: `instance_count`. docs/capacity.md."""
+    capacity_reservation_id: str | None = None
+    """ParallelCluster compute groups: the EC2 capacity reservation the nodes launch into (`cr-...`): a Capacity Block
+    with `capacity: capacity-block`, or an On-Demand Capacity Reservation with `capacity: on-demand`. Default: none.
+    docs/parallelcluster.md."""
 
     @property
     def specs(self) -> list[catalog.InstanceSpec]:
@@ -210,7 +218,8 @@ class ClusterConfig:
     """The training capacity and who orchestrates it."""
 
     orchestrator: Orchestrator = Orchestrator.SLURM
-    """slurm (HyperPod Slurm), eks (HyperPod EKS) or training-job (SageMaker Training Jobs)."""
+    """slurm (HyperPod Slurm), eks (HyperPod EKS), training-job (SageMaker Training Jobs) or parallelcluster (AWS
+    ParallelCluster's Slurm: docs/parallelcluster.md)."""
     availability_zone: str
     """The zone the capacity is in, e.g. `us-east-2a`. Subnets and the file system follow it."""
     require_efa: bool = True
@@ -234,6 +243,19 @@ class ClusterConfig:
     checkpoints. Default: off. docs/capacity.md."""
 
     def problems(self) -> Problems:
+        if self.orchestrator is Orchestrator.PARALLELCLUSTER:
+            yield from self._parallelcluster_problems()
+            return
+        for i, g in enumerate(self.instance_groups):
+            for key, value in (("capacity", g.capacity is CapacityType.CAPACITY_BLOCK),
+                               ("capacity_reservation_id", g.capacity_reservation_id is not None)):  # fmt: skip
+                if value:
+                    yield problem(
+                        "only ParallelCluster groups launch into an EC2 capacity reservation; HyperPod reserves "
+                        "capacity through training plans (training_plan_arn)",
+                        got=getattr(g, key) if key == "capacity_reservation_id" else g.capacity.value,
+                        allowed="orchestrator parallelcluster",
+                    ).at(f"instance_groups[{i}].{key}")
         if self.orchestrator is not Orchestrator.SLURM:
             for key, default in (("slurm_config_strategy", None), ("accounting_database", None)):
                 if getattr(self, key) != default:
@@ -310,6 +332,94 @@ class ClusterConfig:
                     got=[(g.name, g.role.value) for g in self.instance_groups],
                     allowed="one group with role: compute",
                 ).at("instance_groups")
+
+    def _parallelcluster_problems(self) -> Problems:
+        """ParallelCluster's own Slurm: the head node is the controller group, a login group is a login node pool,
+        each compute group a queue of one compute resource (docs/parallelcluster.md)."""
+        hyperpod_only = "a HyperPod setting; ParallelCluster has no such setting"
+        for key in ("slurm_config_strategy", "accounting_database", "tiered_storage"):
+            if getattr(self, key) is not None:
+                yield problem(hyperpod_only, got="set", allowed="unset with orchestrator parallelcluster").at(key)
+        if self.node_provisioning_mode is not NodeProvisioningMode.STANDARD:
+            yield problem(
+                hyperpod_only, got=self.node_provisioning_mode.value, allowed="unset with orchestrator parallelcluster"
+            ).at("node_provisioning_mode")
+        roles = Counter(g.role for g in self.instance_groups)
+        controllers = [g for g in self.instance_groups if g.role is NodeRole.CONTROLLER]
+        if len(controllers) != 1 or controllers[0].instance_count != 1:
+            yield problem(
+                "ParallelCluster has one head node: exactly one controller group with instance_count 1",
+                got=[(g.name, g.instance_count) for g in controllers],
+                allowed="one controller node",
+            ).at("instance_groups")
+        if roles[NodeRole.LOGIN] > 1 or roles[NodeRole.COMPUTE] == 0:
+            yield problem(
+                "at most one login group and at least one compute group",
+                got={role.value: n for role, n in roles.items()},
+                allowed="login 0 or 1, compute 1 or more",
+            ).at("instance_groups")
+        yield from fallback_group_problems(self.instance_groups, eks=False)
+        for i, g in enumerate(self.instance_groups):
+            yield from (p.at(f"instance_groups[{i}]") for p in self._parallelcluster_group_problems(g, hyperpod_only))
+
+    def _parallelcluster_group_problems(self, g: InstanceGroupConfig, hyperpod_only: str) -> Problems:
+        if g.role is NodeRole.SYSTEM:
+            yield problem(
+                "system groups are for EKS clusters", got=g.role.value, allowed="controller, login or compute"
+            ).at("role")
+        if p := pcluster_rules.name_problem(g.name):
+            yield p.at("name")
+        spec = catalog.lookup(g.instance_type)
+        if spec is None:
+            yield catalog.unknown_instance_type(g.instance_type).at("instance_type")
+        elif g.role is NodeRole.COMPUTE and self.require_efa and not spec.supports_efa:
+            yield problem("has no EFA, and EFA is required", got=g.instance_type, allowed="an EFA-capable type").at(
+                "instance_type"
+            )
+        if g.partition is not None:
+            yield problem(
+                "ParallelCluster names each queue's partition after the queue", got=g.partition, allowed="unset"
+            ).at("partition")
+        for key in ("training_plan_arn", "scheduled_update", "auto_patch", "labels", "taints",
+                    "fallback_instance_types"):  # fmt: skip
+            if getattr(g, key):
+                yield problem(hyperpod_only, got="set", allowed="unset with orchestrator parallelcluster").at(key)
+        if g.role is not NodeRole.COMPUTE:
+            for key, value in (("capacity", g.capacity is not CapacityType.ON_DEMAND),
+                               ("capacity_reservation_id", g.capacity_reservation_id),
+                               ("min_instance_count", g.min_instance_count is not None)):  # fmt: skip
+                if value:
+                    yield problem("only compute groups have this", got="set", allowed="unset").at(key)
+            return
+        if g.capacity is CapacityType.CAPACITY_BLOCK and g.capacity_reservation_id is None:
+            yield problem(
+                "a Capacity Block group names its reservation", got=None, allowed="cr- followed by 17 hex digits"
+            ).at("capacity_reservation_id")
+        if g.capacity_reservation_id is not None:
+            if not re.match(r"^cr-[0-9a-f]{17}$", g.capacity_reservation_id):
+                yield problem(
+                    "not a capacity reservation ID",
+                    got=g.capacity_reservation_id,
+                    allowed="cr- followed by 17 hex digits",
+                ).at("capacity_reservation_id")
+            if g.capacity is CapacityType.SPOT:
+                yield problem(
+                    "Spot nodes do not launch into a capacity reservation",
+                    got="spot",
+                    allowed="capacity-block or on-demand with capacity_reservation_id",
+                ).at("capacity")
+        minimum = g.min_instance_count
+        if minimum is not None and not 0 <= minimum <= g.instance_count:
+            yield problem("out of range", got=minimum, allowed=f"0 to instance_count ({g.instance_count})").at(
+                "min_instance_count"
+            )
+        elif minimum is not None and g.capacity is CapacityType.CAPACITY_BLOCK and minimum != g.instance_count:
+            # [PC-CB] in rules/parallelcluster.py: a Capacity Block's queue has MinCount = MaxCount.
+            yield problem(
+                "a Capacity Block's nodes are all started with it (ParallelCluster: MinCount = MaxCount)",
+                got=minimum,
+                allowed=f"unset or {g.instance_count}",
+            ).at("min_instance_count")
 
     @property
     def construct_slurm_config_strategy(self) -> SlurmConfigStrategy | None:
@@ -421,6 +531,46 @@ class EksConfig:
     def hyperpod_chart_path(self) -> Path:
         """Where the staged chart is (or should be)."""
         return project_root() / self.hyperpod_chart_directory
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
+class ParallelClusterConfig:
+    """AWS ParallelCluster's cluster (orchestrator `parallelcluster` only): docs/parallelcluster.md."""
+
+    version: str = pcluster_rules.VERSION
+    """The ParallelCluster release that creates and updates the cluster. moe-cdk pins one (it validates the cluster's
+    configuration with that release's own code); a cluster is updated only by the release that created it."""
+    service_token: str | None = None
+    """The ServiceToken (a Lambda function ARN) of a ParallelCluster provider stack already in the account, at
+    `version`. Default: the deployment adds AWS's provider stack for `version` as a nested stack."""
+    deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
+    """What happens to the cluster when it leaves the stack (`cdk destroy`): Retain keeps it running, Delete deletes
+    it. Default: Retain, as for the file system."""
+    os: OperatingSystem = OperatingSystem.UBUNTU_2204
+    """The operating system of ParallelCluster's official AMI: ubuntu2204 or ubuntu2404 (the lifecycle scripts use
+    apt). A group's `image_id` replaces the AMI (built from ParallelCluster's for this system)."""
+    queue_update_strategy: QueueUpdateStrategy = QueueUpdateStrategy.DRAIN
+    """What an update does to the running nodes of a changed queue: DRAIN (jobs finish first) or TERMINATE (jobs are
+    requeued and resume from their last checkpoint). CloudFormation never stops the compute fleet, so
+    ParallelCluster's COMPUTE_FLEET_STOP is not offered."""
+    ssh_key_name: str | None = None
+    """An EC2 key pair for SSH to the head node. Default: none; reach it through Session Manager."""
+    log_retention_days: int = 365
+    """Days CloudWatch Logs keeps the cluster's node logs, a CloudWatch Logs retention value."""
+
+    def problems(self) -> Problems:
+        if p := pcluster_rules.version_problem(self.version):
+            yield p.at("version")
+        if self.service_token is not None and not re.match(
+            r"^arn:aws[a-z-]*:lambda:[a-z0-9-]+:\d{12}:function:[A-Za-z0-9_-]+$", self.service_token
+        ):
+            yield problem(
+                "not a Lambda function ARN",
+                got=self.service_token,
+                allowed="the ServiceToken output of a ParallelCluster provider stack",
+            ).at("service_token")
+        if p := retention_problem(self.log_retention_days):
+            yield p.at("log_retention_days")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -645,6 +795,8 @@ class Config:
     """The training run."""
     eks: EksConfig = EksConfig()
     """The EKS control plane, with orchestrator `eks`."""
+    parallelcluster: ParallelClusterConfig = ParallelClusterConfig()
+    """AWS ParallelCluster, with orchestrator `parallelcluster`."""
     observability: ObservabilityConfig = ObservabilityConfig()
     """Managed Prometheus and Grafana for a HyperPod cluster."""
     teams: TeamsConfig | None = None
@@ -696,6 +848,7 @@ class Config:
                     allowed=self.cluster.availability_zone,
                 ).at("storage.lustre.availability_zone")
         yield from self._eks_problems()
+        yield from self._parallelcluster_problems()
         yield from self._observability_problems()
         yield from self._stack_problems()
         c = self.cluster
@@ -874,6 +1027,26 @@ class Config:
         if self.serving is not None:
             yield from self._serving_problems()
 
+    def _parallelcluster_problems(self) -> Problems:
+        if self.cluster.orchestrator is not Orchestrator.PARALLELCLUSTER:
+            if self.parallelcluster != ParallelClusterConfig():
+                yield problem(
+                    "only used with orchestrator parallelcluster", got=self.cluster.orchestrator.value,
+                    allowed="parallelcluster",
+                ).at("parallelcluster")  # fmt: skip
+            return
+        # Not yet on ParallelCluster: each is refused rather than deployed untested (docs/parallelcluster.md).
+        for key, value, why in (
+            ("teams", self.teams is not None, "teams need Slurm accounting, which ParallelCluster gets only from an "
+             "external database moe-cdk does not yet configure"),
+            ("observability.enabled", self.observability.enabled, "the exporters and the agent are not yet set up "
+             "on ParallelCluster's nodes"),
+            ("storage.lustre.efa_enabled", self.storage.lustre.efa_enabled, "ParallelCluster mounts the file system "
+             "itself, over TCP"),
+        ):  # fmt: skip
+            if value:
+                yield problem(why, got="set", allowed="unset with orchestrator parallelcluster").at(key)
+
     def _serving_problems(self) -> Problems:
         for p in eks_rules.serving_version_problems(self.eks.addon_versions):
             yield p.at("eks")
@@ -948,6 +1121,8 @@ def require_orchestrator(config: Config, refusal: str, *allowed: Orchestrator) -
 
 HYPERPOD = (Orchestrator.SLURM, Orchestrator.EKS)
 """The orchestrators of a HyperPod cluster (``require_orchestrator(config, refusal, *HYPERPOD)``)."""
+SLURM_CLUSTERS = (Orchestrator.SLURM, Orchestrator.PARALLELCLUSTER)
+"""The orchestrators whose cluster runs Slurm: HyperPod's and ParallelCluster's."""
 
 
 def nodes_of(group: InstanceGroupConfig, nodes: int | None) -> int:

@@ -5,13 +5,18 @@ never each other (an import contract in pyproject.toml holds them to it)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aws_cdk import CfnOutput, IStackSynthesizer, Stack
 
 from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
+from moe_cdk.constructs.hyperpod_slurm_cluster import FsxMount
 from moe_cdk.constructs.training_observability import TrainingObservability, TrainingObservabilityProps
 from moe_cdk.core.names import project_root
 from moe_cdk.schema.config import Config
+
+if TYPE_CHECKING:  # the storage stack is passed in
+    from moe_cdk.stacks.storage_stack import StorageStack
 
 
 def lifecycle_bucket_name(config: Config) -> str:
@@ -33,6 +38,18 @@ def data_bucket_name(config: Config, *, deployment: str | None = None) -> str:
 def fsx_parameter_names(config: Config) -> tuple[str, str]:
     """SSM parameters with the file system's DNS and mount names, which nodes read at boot."""
     return f"/moe-cdk/{config.name}/fsx/dns-name", f"/moe-cdk/{config.name}/fsx/mount-name"
+
+
+def fsx_mount(config: Config, storage: StorageStack) -> FsxMount:
+    """The storage stack's file system as the Slurm nodes mount it."""
+    dns_parameter, mount_parameter = fsx_parameter_names(config)
+    return FsxMount(
+        file_system_id=storage.lustre.file_system_id,
+        availability_zone=config.lustre_availability_zone,
+        efa_enabled=config.storage.lustre.efa_enabled,
+        dns_name_parameter=dns_parameter,
+        mount_name_parameter=mount_parameter,
+    )
 
 
 def remote_write_parameter_name(config: Config) -> str:

@@ -8,7 +8,6 @@ from aws_cdk import CfnOutput, Stack, aws_ssm as ssm
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
-    FsxMount,
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
     NodeObservability,
@@ -17,7 +16,7 @@ from moe_cdk.constructs.hyperpod_slurm_cluster import (
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import (
     add_observability,
-    fsx_parameter_names,
+    fsx_mount,
     hyperpod_synthesizer,
     lifecycle_scripts,
     remote_write_parameter_name,
@@ -27,17 +26,6 @@ from moe_cdk.training.config import load_train_config
 if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
     from moe_cdk.stacks.network_stack import NetworkStack
     from moe_cdk.stacks.storage_stack import StorageStack
-
-
-def _fsx_mount(config: Config, storage: StorageStack) -> FsxMount:
-    dns_parameter, mount_parameter = fsx_parameter_names(config)
-    return FsxMount(
-        file_system_id=storage.lustre.file_system_id,
-        availability_zone=config.lustre_availability_zone,
-        efa_enabled=config.storage.lustre.efa_enabled,
-        dns_name_parameter=dns_parameter,
-        mount_name_parameter=mount_parameter,
-    )
 
 
 def _node_observability(config: Config) -> NodeObservability | None:
@@ -59,7 +47,7 @@ class SlurmClusterStack(Stack):
         self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack, **kwargs
     ) -> None:
         groups = [g.to_props() for g in config.cluster.instance_groups]
-        fsx = _fsx_mount(config, storage)
+        fsx = fsx_mount(config, storage)
         observability = _node_observability(config)
         parameters = provisioning_parameters(
             instance_groups=groups, region=config.region, fsx=fsx, observability=observability, teams=config.teams

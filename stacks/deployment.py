@@ -14,6 +14,7 @@ from moe_cdk.stacks.cluster_stack import SlurmClusterStack
 from moe_cdk.stacks.eks_stack import EksStack
 from moe_cdk.stacks.hyperpod_eks_stack import HyperPodEksStack
 from moe_cdk.stacks.network_stack import NetworkStack
+from moe_cdk.stacks.parallelcluster_stack import ParallelClusterStack
 from moe_cdk.stacks.storage_stack import StorageStack
 from moe_cdk.stacks.training_job_stack import TrainingJobStack
 
@@ -83,6 +84,16 @@ def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
             storage=storage,
             eks_stack=stacks["eks"],
             description="moe-cdk: SageMaker HyperPod cluster orchestrated by EKS",
+        )
+    elif config.cluster.orchestrator is Orchestrator.PARALLELCLUSTER:
+        stacks["cluster"] = ParallelClusterStack(
+            app,
+            f"{config.name}-cluster",
+            config=config,
+            env=env,
+            network=network,
+            storage=storage,
+            description="moe-cdk: AWS ParallelCluster cluster orchestrated by Slurm",
         )
     elif config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
         stacks["training-job"] = TrainingJobStack(

@@ -160,8 +160,8 @@ def test_slurm_render_refuses_a_configuration_without_slurm(config, orchestrator
     result = moe_cdk("slurm", "render", "--config", config, "--local")
     assert result.returncode == 2 and not result.stdout
     assert (
-        f"  cluster.orchestrator: slurm render needs a HyperPod Slurm configuration (got '{orchestrator}'; "
-        "allowed slurm)" in result.stderr
+        f"  cluster.orchestrator: slurm render needs a Slurm configuration (got '{orchestrator}'; "
+        "allowed slurm or parallelcluster)" in result.stderr
     )
 
 
@@ -233,3 +233,11 @@ def test_a_failed_output_leaves_no_partial_file(tmp_path, monkeypatch):
     target = tmp_path / "x.sbatch"
     assert report_module.emit("#!/bin/bash\n", str(target)) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_slurm_render_writes_a_parallelcluster_job_for_its_queue(tmp_path):
+    out = tmp_path / "train.sbatch"
+    result = moe_cdk("slurm", "render", "--config", "config/parallelcluster.yaml", "--local", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = out.read_text().splitlines()
+    assert "#SBATCH --partition=gpu" in lines and "#SBATCH --nodes=2" in lines and "#SBATCH --requeue" in lines

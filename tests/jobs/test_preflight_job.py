@@ -350,4 +350,4 @@ def test_eks_training_job_can_check_each_node_first_with_an_init_container(tmp_p
 def test_training_job_configuration_has_no_fleet_to_verify(capsys):
     assert main(["verify", "render", "--config", str(ROOT / "config/training-job.yaml")]) == 2
     err = capsys.readouterr().err
-    assert "cluster.orchestrator: verify render needs a HyperPod configuration" in err and "slurm or eks" in err
+    assert "cluster.orchestrator: verify render needs a cluster" in err and "slurm or eks or parallelcluster" in err

@@ -132,7 +132,7 @@ INVALID = [
     ),
     pytest.param(
         _set("cluster.orchestrator", "pbs"),
-        "cluster.orchestrator: unknown value (got 'pbs'; allowed slurm, eks, training-job)",
+        "cluster.orchestrator: unknown value (got 'pbs'; allowed slurm, eks, training-job, parallelcluster)",
         id="orchestrator",
     ),
     pytest.param(

@@ -1,0 +1,108 @@
+"""The lifecycle scripts on a ParallelCluster node: parallelcluster_entry.sh, run as the node's OnNodeConfigured action
+with the bundle's URI, the Region and the node's instance group, fetches the bundle and runs ``on_create.sh --group``.
+There is no resource_config.json, and ParallelCluster has mounted the file system."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_lifecycle_scripts import PARAMS, Sandbox, succeeded  # noqa: E402
+
+BUNDLE = "s3://sagemaker-123456789012-us-east-2-moe-pc/lifecycle/0123456789abcdef/bundle.zip"
+# s3 cp answered from the sandbox's state folder, as the node's role would read the object.
+AWS_S3_STUB = r"""#!/usr/bin/env bash
+echo "aws $*" >>"${MOE_STUB_CALLS}"
+args=("$@")
+[ "${args[0]} ${args[1]}" = "s3 cp" ] || exit 254
+source="${args[-2]#s3://}" target="${args[-1]}"
+cp -- "${MOE_STUB_STATE}/s3/${source}" "${target}"
+"""
+
+
+def parallelcluster_node(base: Path) -> Sandbox:
+    """A ParallelCluster node: its parameters say so, and HyperPod's resource_config.json is absent."""
+    box = Sandbox(base, params=copy.deepcopy(PARAMS) | {"cluster_manager": "parallelcluster"})
+    (box.root / "opt/ml/config/resource_config.json").unlink()
+    return box
+
+
+@pytest.fixture(scope="module")
+def compute(tmp_path_factory) -> tuple[Sandbox, subprocess.CompletedProcess]:
+    """The entry script run once on a compute node of queue gpu, with the bundle published to the stub S3."""
+    box = parallelcluster_node(tmp_path_factory.mktemp("pcluster"))
+    (box.bin / "aws").write_text(AWS_S3_STUB)
+    published = box.state / "s3" / BUNDLE.removeprefix("s3://")
+    published.parent.mkdir(parents=True)
+    shutil.make_archive(str(published.with_suffix("")), "zip", box.lc)
+    run = box.run(
+        "bash", str(box.lc / "parallelcluster_entry.sh"), BUNDLE, "us-east-2", "gpu",
+        MOE_LC_TARGET=str(box.base / "opt/moe-cdk/lifecycle"),
+    )  # fmt: skip
+    return box, succeeded(run)
+
+
+def test_the_entry_script_fetches_the_bundle_with_the_nodes_role_in_the_region(compute):
+    box, _ = compute
+    (call,) = box.calls("aws s3")
+    assert call.startswith(f"aws s3 cp --only-show-errors --region us-east-2 {BUNDLE} ")
+
+
+def test_the_node_is_told_its_group_and_role(compute):
+    _, run = compute
+    assert "in group gpu: role compute" in run.stdout
+
+
+def test_the_file_system_parallelcluster_mounted_is_left_alone(compute):
+    box, run = compute
+    assert "skipping mount_fsx on ParallelCluster" in run.stdout
+    assert box.calls("mount -t") == [] and box.read("etc/fstab").count("lustre") == 0
+
+
+def test_the_other_slurm_steps_run(compute):
+    box, run = compute
+    steps = [r["step"] for r in box.records(run) if r["outcome"] == "ok"]
+    assert steps == ["validate", "node_info", "efa_env", "setup_enroot", "setup_pyxis", "slurm_features", "teams",
+                     "observability"]  # fmt: skip
+
+
+def test_the_entry_script_refuses_missing_arguments_in_one_line(tmp_path):
+    box = parallelcluster_node(tmp_path)
+    run = box.run("bash", str(box.lc / "parallelcluster_entry.sh"), BUNDLE, "us-east-2")
+    assert run.returncode == 2
+    assert run.stdout.strip().endswith(
+        "ERROR: usage: parallelcluster_entry.sh BUNDLE_S3_URI REGION INSTANCE_GROUP (got: " + BUNDLE + " us-east-2)"
+    )
+
+
+def test_a_group_the_parameters_do_not_name_stops_the_node_with_the_groups_they_do(tmp_path):
+    box = parallelcluster_node(tmp_path)
+    run = box.run("bash", str(box.lc / "on_create.sh"), "--group", "cpu")
+    assert run.returncode != 0
+    assert "instance group: not in provisioning_parameters.json (got 'cpu'; allowed controller, login, gpu)" in (
+        run.stdout + run.stderr
+    )
+
+
+def test_node_info_tells_the_head_nodes_facts_without_resource_config(tmp_path):
+    box = parallelcluster_node(tmp_path)
+    run = box.node_info("--group", "controller", str(box.lc / "provisioning_parameters.json"))
+    assert run.returncode == 0, run.stderr
+    facts = dict(line.split("=", 1) for line in run.stdout.splitlines())
+    assert (facts["NODE_ROLE"], facts["INSTANCE_ID"], facts["PARTITION"]) == ("controller", "i-0456", "")
+
+
+def test_parallelcluster_parameters_with_eks_are_refused(tmp_path):
+    params = copy.deepcopy(PARAMS) | {"cluster_manager": "parallelcluster", "workload_manager": "eks"}
+    box = Sandbox(tmp_path, params=params)
+    run = box.node_info("--check", str(box.lc / "provisioning_parameters.json"))
+    assert run.returncode == 2
+    assert "cluster_manager: unsupported (got 'parallelcluster'; allowed 'hyperpod', or 'parallelcluster' with" in (
+        run.stderr
+    )

@@ -1,0 +1,161 @@
+"""config/parallelcluster.yaml synthesized: the ParallelCluster custom resource, its provider, the nodes' policy and
+the lifecycle scripts as each node's custom action."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zipfile
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from conftest import ROOT, synth
+
+from moe_cdk.constructs.parallelcluster_cluster import (
+    CapacityType,
+    ParallelClusterCluster,
+    ParallelClusterNodes,
+    ParallelClusterProps,
+    ParallelClusterQueue,
+)
+from moe_cdk.core.problems import ConfigError
+from moe_cdk.rules.parallelcluster import DeletionPolicy
+from moe_cdk.schema.config import load_config
+
+CONFIG = load_config(ROOT / "config/parallelcluster.yaml")
+
+
+def resources(template: dict, kind: str) -> dict[str, dict]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == kind}
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory) -> tuple[Path, dict]:
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    return outdir, synth(CONFIG, outdir)["moe-pc-cluster"]
+
+
+@pytest.fixture(scope="module")
+def cluster(synthesized) -> dict:
+    (resource,) = resources(synthesized[1], "Custom::PclusterCluster").values()
+    return resource["Properties"]
+
+
+def test_the_cluster_is_named_apart_from_its_stack_and_retained_by_default(cluster):
+    assert cluster["ClusterName"] == "moe-pc" and cluster["DeletionPolicy"] == "Retain"
+
+
+def test_the_provider_is_aws_template_at_the_pinned_release(synthesized, cluster):
+    (provider_id, provider), *others = resources(synthesized[1], "AWS::CloudFormation::Stack").items()
+    assert not others
+    url = "".join(
+        p if isinstance(p, str) else "amazonaws.com" for p in provider["Properties"]["TemplateURL"]["Fn::Join"][1]
+    )
+    assert url == (
+        "https://us-east-2-aws-parallelcluster.s3.us-east-2.amazonaws.com/parallelcluster/3.16.1"
+        "/templates/custom_resource/cluster.yaml"
+    )
+    assert cluster["ServiceToken"] == {"Fn::GetAtt": [provider_id, "Outputs.ServiceToken"]}
+
+
+def test_a_given_service_token_replaces_the_provider_stack(tmp_path):
+    token = "arn:aws:lambda:us-east-2:123456789012:function:pcluster-provider"
+    settings = dataclasses.replace(CONFIG.parallelcluster, service_token=token, deletion_policy=DeletionPolicy.DELETE)
+    template = synth(dataclasses.replace(CONFIG, parallelcluster=settings), tmp_path)["moe-pc-cluster"]
+    (resource,) = resources(template, "Custom::PclusterCluster").values()
+    assert not resources(template, "AWS::CloudFormation::Stack")
+    assert resource["Properties"]["ServiceToken"] == token and resource["Properties"]["DeletionPolicy"] == "Delete"
+
+
+def test_every_node_gets_only_the_policy_the_provider_may_attach(synthesized, cluster):
+    ((policy_id, policy),) = resources(synthesized[1], "AWS::IAM::ManagedPolicy").items()
+    assert policy["Properties"]["ManagedPolicyName"] == "parallelcluster-moe-pc-us-east-2-nodes"
+    config = cluster["ClusterConfiguration"]
+    nodes = [config["HeadNode"], *config["LoginNodes"]["Pools"], *config["Scheduling"]["SlurmQueues"]]
+    assert all(n["Iam"]["AdditionalIamPolicies"] == [{"Policy": {"Ref": policy_id}}] for n in nodes)
+
+
+def test_each_node_runs_the_entry_script_told_its_group(cluster):
+    config = cluster["ClusterConfiguration"]
+    actions = {
+        "head": config["HeadNode"]["CustomActions"],
+        "login": config["LoginNodes"]["Pools"][0]["CustomActions"],
+        "gpu": config["Scheduling"]["SlurmQueues"][0]["CustomActions"],
+    }
+    for group, action in actions.items():
+        script, args = action["OnNodeConfigured"]["Script"]["Fn::Sub"], action["OnNodeConfigured"]["Args"]
+        assert script.startswith("s3://sagemaker-${AWS::AccountId}-us-east-2-moe-pc/lifecycle/") and script.endswith(
+            ".sh"
+        )
+        assert args[0]["Fn::Sub"].endswith(".zip") and args[1:] == ["us-east-2", group], group
+    assert actions["head"]["OnNodeUpdated"] == actions["head"]["OnNodeConfigured"]
+    assert "OnNodeUpdated" not in actions["gpu"]
+
+
+def test_the_capacity_block_queue_starts_every_node_in_its_reservation_without_a_placement_group(cluster):
+    (queue,) = cluster["ClusterConfiguration"]["Scheduling"]["SlurmQueues"]
+    (resource,) = queue["ComputeResources"]
+    assert queue["CapacityType"] == "CAPACITY_BLOCK" and queue["Networking"]["PlacementGroup"] == {"Enabled": False}
+    assert (resource["MinCount"], resource["MaxCount"], resource["Efa"]) == (2, 2, {"Enabled": True})
+    assert resource["CapacityReservationTarget"] == {"CapacityReservationId": "cr-0123456789abcdef0"}
+
+
+def test_the_file_system_is_shared_at_fsx(cluster):
+    (storage,) = cluster["ClusterConfiguration"]["SharedStorage"]
+    assert (storage["MountDir"], storage["StorageType"]) == ("/fsx", "FsxLustre")
+    assert "moe-pc-storage" in json.dumps(storage["FsxLustreSettings"]["FileSystemId"])  # the storage stack's
+
+
+def test_the_bundle_tells_the_scripts_they_run_on_parallelcluster(synthesized, cluster):
+    outdir, _ = synthesized
+    key = cluster["ClusterConfiguration"]["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"][0]["Fn::Sub"]
+    bundle = next(outdir.glob(f"asset.{Path(key).stem}*"))
+    params = (
+        json.loads((bundle / "provisioning_parameters.json").read_text())
+        if bundle.is_dir()
+        else json.loads(zipfile.ZipFile(bundle).read("provisioning_parameters.json"))
+    )
+    assert params["cluster_manager"] == "parallelcluster" and params["controller_group"] == "head"
+
+
+def construct_props(**changes) -> tuple[cdk.Stack, ParallelClusterProps]:
+    """A stack named pc and the props of a cluster in it, with ``changes``."""
+    stack = cdk.Stack(cdk.App(), "pc", env=cdk.Environment(region="us-east-2"))
+    props = ParallelClusterProps(
+        cluster_name="pc-1",
+        head_node=ParallelClusterNodes(name="head", instance_type="m5.8xlarge"),
+        queues=[ParallelClusterQueue(name="gpu", instance_type="p5en.48xlarge", max_count=2, min_count=2, efa=True)],
+        subnet=ec2.Subnet.from_subnet_attributes(stack, "Subnet", subnet_id="subnet-0123456789abcdef0"),
+        security_group=ec2.SecurityGroup.from_security_group_id(stack, "Nodes", "sg-0123456789abcdef0"),
+        file_system_id="fs-0123456789abcdef0",
+        lifecycle_scripts_directory=str(ROOT / "lifecycle_scripts"),
+        lifecycle_parameters={},
+        region="us-east-2",
+    )
+    return stack, dataclasses.replace(props, **changes)
+
+
+def test_a_cluster_named_like_its_stack_is_refused():
+    stack, props = construct_props(cluster_name="pc")
+    with pytest.raises(ConfigError, match="cluster_name: must differ from the stack's name"):
+        ParallelClusterCluster(stack, "Cluster", props)
+
+
+def test_a_capacity_block_queue_without_its_reservation_and_with_dynamic_nodes_is_refused_with_both():
+    queue = ParallelClusterQueue(
+        name="gpu",
+        instance_type="p5en.48xlarge",
+        max_count=2,
+        min_count=1,
+        efa=True,
+        capacity=CapacityType.CAPACITY_BLOCK,
+    )
+    stack, props = construct_props(queues=[queue])
+    with pytest.raises(ConfigError) as caught:
+        ParallelClusterCluster(stack, "Cluster", props)
+    assert [e.split(":")[0] for e in caught.value.errors] == [
+        "queues[0].capacity_reservation_id",
+        "queues[0].min_count",
+    ]
