@@ -28,7 +28,7 @@ export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup synth-setup system-packages synth test test-setup lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean
+.PHONY: help setup synth-setup system-packages synth test test-setup lint docs diagram validate deploy destroy hyperpod-chart bench gpu-check-prepare clean parallelcluster
 
 help:
 	@echo "make synth [CONFIG=config/x.yaml]  set up, then synthesize into cdk.out"
@@ -37,6 +37,7 @@ help:
 	@echo "make validate [CONFIG=...]         check a configuration file"
 	@echo "make docs                          regenerate the generated references and JSON Schemas"
 	@echo "make diagram                       render docs/architecture.png from the default configuration"
+	@echo "make parallelcluster               set up AWS ParallelCluster's own code (.venv-pcluster) for moe-cdk diff"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
 	@echo "make destroy [CONFIG=...]          delete the stacks; what is kept: docs/operations.md"
 	@echo "make hyperpod-chart [CONFIG=...]   stage AWS's HyperPod dependencies chart for an EKS configuration (needs GitHub)"
@@ -112,6 +113,8 @@ $(HYPERPOD_MODELS): | $(SYNTH_STAMP)
 PCLUSTER_VENV := .venv-pcluster
 PCLUSTER_VERSION := 3.16.1
 PCLUSTER_STAMP := $(PCLUSTER_VENV)/.installed-aws-parallelcluster-$(PCLUSTER_VERSION)
+# `moe-cdk diff` asks it whether a change to a ParallelCluster cluster applies in place (cli/parallelcluster_patch.py).
+parallelcluster: $(PCLUSTER_STAMP)
 $(PCLUSTER_STAMP): | $(SYNTH_STAMP)
 	rm -rf $(PCLUSTER_VENV) && $(PY) -m venv $(PCLUSTER_VENV)
 	$(PCLUSTER_VENV)/bin/python -m pip install -q --no-deps aws-parallelcluster==$(PCLUSTER_VERSION)

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.config}: synth failed\n{error}", file=sys.stderr)
             return 1
     diff = synth_diff.diff_templates(base, head)
+    synth_diff.parallelcluster_notes(diff, base, head, repo)
     return emit(synth_diff.render_markdown(diff, f"{args.base_ref} ({commit[:12]})", "working tree"), args.output)
 
 

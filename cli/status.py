@@ -1,4 +1,4 @@
-"""``moe-cdk status``: the deployed HyperPod cluster of a configuration, node by node."""
+"""``moe-cdk status``: the deployed cluster of a configuration (HyperPod or ParallelCluster), node by node."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from moe_cdk.cli.report import report
 from moe_cdk.core.problems import ConfigError
-from moe_cdk.schema.config import HYPERPOD, load_config, require_orchestrator
-from moe_cdk.tools.cluster_status import cluster_status, printable, render_status, to_json
+from moe_cdk.schema.config import HYPERPOD, Orchestrator, load_config, require_orchestrator
+from moe_cdk.tools.cluster_status import cluster_status, parallelcluster_status, printable, render_status, to_json
 
 EXIT_UNHEALTHY = 1
 
@@ -22,18 +22,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         require_orchestrator(
-            config, "status reads a HyperPod cluster; a training-job configuration has none", *HYPERPOD
+            config,
+            "status reads a cluster; a training-job configuration has none",
+            *HYPERPOD,
+            Orchestrator.PARALLELCLUSTER,
         )
     except ConfigError as error:
         return report(args.config, error)
     import boto3
 
+    def client(service: str):
+        return boto3.client(service, region_name=config.region)
+
     try:
-        status = cluster_status(
-            config,
-            boto3.client("sagemaker", region_name=config.region),
-            boto3.client("logs", region_name=config.region),
-        )
+        if config.cluster.orchestrator is Orchestrator.PARALLELCLUSTER:
+            status = parallelcluster_status(config, client("cloudformation"), client("ec2"))
+        else:
+            status = cluster_status(config, client("sagemaker"), client("logs"))
     except NoCredentialsError:
         print(
             f"{args.config}: no AWS credentials were found: set AWS_PROFILE or run `aws configure` "
@@ -65,10 +70,12 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subcommands) -> argparse.ArgumentParser:
     parser = subcommands.add_parser(
         "status",
-        help="the deployed HyperPod cluster and each node; for a failed node, its first failed lifecycle step "
-        "and what to do; exit 1 unless InService with every node Running",
+        help="the deployed cluster and each node; for a failed HyperPod node, its first failed lifecycle step "
+        "and what to do; exit 1 unless in service with every node Running",
     )
-    parser.add_argument("--config", required=True, help="infrastructure YAML of a HyperPod cluster (slurm or eks)")
+    parser.add_argument(
+        "--config", required=True, help="infrastructure YAML of a cluster (slurm, eks or parallelcluster)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of lines")
     parser.set_defaults(run=run)
     return parser

@@ -22,6 +22,7 @@ from moe_cdk.constructs.hyperpod_nodes import (
 from moe_cdk.constructs.nag import nag_text
 from moe_cdk.constructs.validation import Problem, is_unresolved, problem, raise_if_any
 from moe_cdk.rules.fsx import efa_client_interfaces
+from moe_cdk.rules.parallelcluster import SCRATCH
 from moe_cdk.rules.sagemaker import (
     AccountingDatabase,
     NodeProvisioningMode,
@@ -164,7 +165,12 @@ def provisioning_parameters(
                 if fsx.efa_enabled and (n := efa_client_interfaces(g.instance_type))
             },
         },
-        "container_runtime": {"enroot_data_dir": "/opt/dlami/nvme/enroot", "pyxis": True},
+        # HyperPod's DLAMI mounts the instance NVMe at /opt/dlami/nvme; ParallelCluster mounts it at the queue's
+        # EphemeralVolume.MountDir (constructs/parallelcluster_cluster.py).
+        "container_runtime": {
+            "enroot_data_dir": f"{SCRATCH}/enroot" if parallelcluster else "/opt/dlami/nvme/enroot",
+            "pyxis": True,
+        },
         "observability": None
         if observability is None
         else {

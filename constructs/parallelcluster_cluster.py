@@ -7,9 +7,17 @@ Lustre file system, CloudWatch logs, and the lifecycle scripts as each node's ``
 
 The lifecycle bundle (lifecycle_scripts/ and provisioning_parameters.json) is a file asset in the stack's asset
 bucket, as for HyperPod. ParallelCluster downloads only the action's script, so the script is
-lifecycle_scripts/parallelcluster_entry.sh, published on its own: it takes the bundle's S3 URI, the Region and the
-node's instance group as arguments, fetches and unpacks the bundle and runs ``on_create.sh --group``. The node is
-never looked up in ParallelCluster's internal files.
+lifecycle_scripts/parallelcluster_entry.sh, published on its own: it takes the bundle, the Region and the node's
+instance group as arguments, fetches and unpacks the bundle and runs ``on_create.sh --group``. The node is never
+looked up in ParallelCluster's internal files.
+
+ParallelCluster refuses to update a running cluster whose head node's or login nodes' ``OnNodeConfigured`` changed
+(aws-parallelcluster 3.16.1, pcluster/schemas/cluster_schema.py: ``UpdatePolicy.UNSUPPORTED``), and the bundle's
+key changes with every change of a script or a parameter. So those two actions name the bundle through an SSM
+parameter that holds its URI, and the entry script's own key depends only on its content (the stack's assets go to
+one folder, not one per bundle). A new bundle then reaches the head and login nodes through ``OnNodeUpdated``
+(updates allowed), which names it directly, and the compute nodes through their queue's ``OnNodeConfigured``,
+which ParallelCluster applies by the queue update strategy.
 
 Sources: ParallelCluster User Guide, "AWS CloudFormation custom resource", "Provider stack", "Cluster configuration
 file" (HeadNode, LoginNodes, Scheduling, SharedStorage, Monitoring, CustomActions); rules/parallelcluster.py.
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
-from aws_cdk import aws_ec2 as ec2, aws_ecr as ecr, aws_iam as iam, aws_s3_assets as s3_assets
+from aws_cdk import aws_ec2 as ec2, aws_ecr as ecr, aws_iam as iam, aws_s3_assets as s3_assets, aws_ssm as ssm
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_asset
@@ -177,16 +185,24 @@ class ParallelClusterCluster(Construct):
         entry = s3_assets.Asset(
             self, "LifecycleEntry", path=str(Path(props.lifecycle_scripts_directory) / ENTRY_SCRIPT)
         )
+        bundle_parameter = f"/moe-cdk/{props.cluster_name}/lifecycle/bundle"
+        self.bundle_parameter = ssm.StringParameter(
+            self,
+            "LifecycleBundleUri",
+            parameter_name=bundle_parameter,
+            string_value=bundle.s3_object_url,
+            description=f"The lifecycle bundle the nodes of ParallelCluster cluster {props.cluster_name} run",
+        )
         self.node_policy = self._node_policy(props, bundle, entry)
         self.service_token = props.service_token or self._provider(props)
 
-        def action(group: str) -> dict:
-            return {
-                "OnNodeConfigured": {
-                    "Script": entry.s3_object_url,
-                    "Args": [bundle.s3_object_url, props.region, group],
-                }
-            }
+        def run(bundle_reference: str, group: str) -> dict:
+            return {"Script": entry.s3_object_url, "Args": [bundle_reference, props.region, group]}
+
+        def action(group: str, *, updated: bool) -> dict:
+            """A head or login node's actions: a stable OnNodeConfigured, and an OnNodeUpdated naming the bundle."""
+            configured = {"OnNodeConfigured": run(bundle_parameter, group)}
+            return {**configured, "OnNodeUpdated": run(bundle.s3_object_url, group)} if updated else configured
 
         policies = [{"Policy": self.node_policy.managed_policy_arn}]
         # ParallelCluster's own security groups, plus the nodes' EFA group, which the file system admits.
@@ -197,7 +213,7 @@ class ParallelClusterCluster(Construct):
             "Networking": {"SubnetId": props.subnet.subnet_id, **networking},
             "LocalStorage": {"RootVolume": {"Size": head.root_volume_gib, "Encrypted": True}},
             "Iam": {"AdditionalIamPolicies": policies},
-            "CustomActions": {**action(head.name), "OnNodeUpdated": action(head.name)["OnNodeConfigured"]},
+            "CustomActions": action(head.name, updated=True),
             "Imds": {"Secured": True},
         }
         if head.custom_ami:
@@ -211,7 +227,10 @@ class ParallelClusterCluster(Construct):
             "Scheduling": {
                 "Scheduler": "slurm",
                 "SlurmSettings": {"QueueUpdateStrategy": props.queue_update_strategy.value},
-                "SlurmQueues": [self._queue(q, props, networking, policies, action(q.name)) for q in props.queues],
+                "SlurmQueues": [
+                    self._queue(q, props, networking, policies, {"OnNodeConfigured": run(bundle.s3_object_url, q.name)})
+                    for q in props.queues
+                ],
             },
             "SharedStorage": [
                 {
@@ -236,7 +255,7 @@ class ParallelClusterCluster(Construct):
                         "InstanceType": login.instance_type,
                         "Networking": {"SubnetIds": [props.subnet.subnet_id], **networking},
                         "Iam": {"AdditionalIamPolicies": policies},
-                        "CustomActions": action(login.name),
+                        "CustomActions": action(login.name, updated=True),
                         # No Ssh.KeyName: ParallelCluster 3.15 and later refuse it on login nodes, which take the
                         # head node's.
                         **({"Image": {"CustomAmi": login.custom_ami}} if login.custom_ami else {}),
@@ -255,7 +274,7 @@ class ParallelClusterCluster(Construct):
                 "DeletionPolicy": props.deletion_policy.value,
             },
         )
-        self.resource.node.add_dependency(self.node_policy)
+        self.resource.node.add_dependency(self.node_policy, self.bundle_parameter)
 
     def _queue(self, q: ParallelClusterQueue, props, networking: dict, policies: list, actions: dict) -> dict:
         resource = {
@@ -278,7 +297,13 @@ class ParallelClusterCluster(Construct):
                 "PlacementGroup": {"Enabled": q.efa and q.capacity_reservation_id is None},
             },
             "ComputeResources": [resource],
-            "ComputeSettings": {"LocalStorage": {"RootVolume": {"Size": q.root_volume_gib, "Encrypted": True}}},
+            "ComputeSettings": {
+                "LocalStorage": {
+                    "RootVolume": {"Size": q.root_volume_gib, "Encrypted": True},
+                    # The instance NVMe, where enroot keeps images and containers (provisioning_parameters).
+                    "EphemeralVolume": {"MountDir": rules.SCRATCH},
+                }
+            },
             "Iam": {"AdditionalIamPolicies": policies},
             "CustomActions": actions,
         }
@@ -310,7 +335,8 @@ class ParallelClusterCluster(Construct):
                     bundle.bucket.arn_for_objects(bundle.s3_object_key),
                     entry.bucket.arn_for_objects(entry.s3_object_key),
                 ],
-            )  # fmt: skip
+            ),
+            iam.PolicyStatement(actions=["ssm:GetParameter"], resources=[self.bundle_parameter.parameter_arn]),
         )
         if props.image_repository is not None:
             policy.add_statements(

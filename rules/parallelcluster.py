@@ -35,6 +35,9 @@ POLICY_PREFIX = "parallelcluster"
 """The provider's Lambda may attach to the nodes' roles only customer-managed policies whose names start with this
 [PC-PROVIDER]."""
 MOUNT_DIR = "/fsx"
+SCRATCH = "/scratch"
+"""Where ParallelCluster mounts a compute node's instance store volumes (its default
+``SlurmQueues/ComputeSettings/LocalStorage/EphemeralVolume/MountDir``), which moe-cdk also sets explicitly."""
 
 
 class OperatingSystem(enum.Enum):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
+from moe_cdk.constructs.hyperpod_nodes import lifecycle_synthesizer
 from moe_cdk.constructs.hyperpod_slurm_cluster import provisioning_parameters
 from moe_cdk.constructs.parallelcluster_cluster import (
     ParallelClusterCluster,
@@ -16,7 +17,7 @@ from moe_cdk.constructs.parallelcluster_cluster import (
 )
 from moe_cdk.core import catalog
 from moe_cdk.schema.config import Config, InstanceGroupConfig, NodeRole
-from moe_cdk.stacks._shared import fsx_mount, hyperpod_synthesizer, lifecycle_scripts
+from moe_cdk.stacks._shared import fsx_mount, lifecycle_bucket_name, lifecycle_scripts
 
 if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
     from moe_cdk.stacks.network_stack import NetworkStack
@@ -53,7 +54,8 @@ def _queue(group: InstanceGroupConfig) -> ParallelClusterQueue:
 
 class ParallelClusterStack(Stack):
     """ParallelClusterCluster from ``config.cluster`` and ``config.parallelcluster``. Its file assets (the lifecycle
-    bundle and the entry script) are published into the storage stack's lifecycle bucket, as for HyperPod."""
+    bundle and the entry script) are published into the storage stack's lifecycle bucket, under
+    ``lifecycle/parallelcluster/``."""
 
     def __init__(
         self, scope: Construct, id: str, *, config: Config, network: NetworkStack, storage: StorageStack, **kwargs
@@ -65,7 +67,10 @@ class ParallelClusterStack(Stack):
             fsx=fsx_mount(config, storage),
             parallelcluster=True,
         )
-        super().__init__(scope, id, synthesizer=hyperpod_synthesizer(config, parameters), **kwargs)
+        # One folder for every version of the assets: the entry script's key then changes only with its content,
+        # which the head and login nodes' OnNodeConfigured names (constructs/parallelcluster_cluster.py).
+        synthesizer = lifecycle_synthesizer(lifecycle_bucket_name(config), "parallelcluster")
+        super().__init__(scope, id, synthesizer=synthesizer, **kwargs)
         self.add_stack_dependency(storage)
         login = [g for g in groups if g.role is NodeRole.LOGIN]
         settings = config.parallelcluster

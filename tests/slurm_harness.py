@@ -134,7 +134,7 @@ def _hardware() -> dict[str, int]:
 
 
 class SlurmCluster:
-    """A private Slurm cluster (``ClusterName=moeci``, partition ``ci`` of ``node1`` and ``node2``).
+    """A private Slurm cluster (``ClusterName=moeci``, partition ``ci`` (or ``partition``) of ``node1`` and ``node2``).
 
     Use it as a context manager, or call ``start()`` and ``stop()`` (``stop`` is idempotent
     and also runs at interpreter exit). Both nodes claim all of the machine's CPUs (the
@@ -152,6 +152,7 @@ class SlurmCluster:
         slurm_user: str = "root",
         launch_after_s: float | None = None,
         accounting: bool = False,
+        partition: str = "ci",
     ):
         """``job_env`` is added to the environment of every command, and so of every job
         (sbatch exports it). By default ``OMP_NUM_THREADS=1``: both virtual nodes share this
@@ -177,6 +178,7 @@ class SlurmCluster:
         self.job_env = {"OMP_NUM_THREADS": "1"} if job_env is None else dict(job_env)
         self.etc_dir = etc_dir
         self.configless = configless
+        self.partition = partition
         self.slurm_user = slurm_user
         self.launch_after_s = launch_after_s
         self.accounting = accounting
@@ -511,7 +513,7 @@ class SlurmCluster:
                 f"NodeName={node} NodeAddr=127.0.0.1 Port={port} {cpus} RealMemory={memory} "
                 "Feature=efa,cpu State=UNKNOWN"
             )
-        lines.append(f"PartitionName=ci Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
+        lines.append(f"PartitionName={self.partition} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
     def _slurmdbd_conf(self) -> str:

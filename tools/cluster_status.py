@@ -1,4 +1,4 @@
-"""``moe-cdk status``: a HyperPod cluster's state, each node's, and why a node's lifecycle failed.
+"""``moe-cdk status``: a cluster's state, each node's, and (HyperPod) why a node's lifecycle failed.
 
 Read with the caller's boto3 clients (SageMaker ``DescribeCluster`` and ``ListClusterNodes``, CloudWatch
 Logs ``FilterLogEvents``); nothing is changed. HyperPod sends each node's lifecycle output to the log
@@ -7,6 +7,11 @@ group ``/aws/sagemaker/Clusters/<cluster name>/<cluster id>``, stream
 lifecycle scripts write one step record per step there (lifecycle_scripts/lib.sh):
 ``moe-cdk-step {"node":..., "group":..., "step":..., "outcome":"ok"|"failed", "seconds":..., "hint":...}``;
 for a node whose status is ``Failure`` this finds its first failed step and the hint.
+
+A ParallelCluster cluster is read as ``pcluster describe-cluster`` reads it (aws-parallelcluster 3.16.1,
+pcluster/models/cluster.py ``describe_instances``): its CloudFormation stack, named after the cluster, and its EC2
+instances, tagged ``parallelcluster:cluster-name`` with the cluster's name, ``parallelcluster:node-type`` (HeadNode,
+Compute, LoginNode), and the queue's or the login pool's name.
 """
 
 from __future__ import annotations
@@ -70,10 +75,16 @@ class ClusterStatus:
     nodes: list[NodeStatus] = field(default_factory=list)
     log_note: str = ""
     """Why no step could be read (the log group does not exist yet), or empty."""
+    log_streams: str = f"{LIFECYCLE_STREAM_PREFIX}<group>/<instance>"
+    """The log group's streams of the nodes' lifecycle output."""
 
     @property
     def healthy(self) -> bool:
-        return self.status == "InService" and all(n.status == "Running" for n in self.nodes)
+        return self.status in SERVING and all(n.status == "Running" for n in self.nodes)
+
+
+SERVING = ("InService", "CREATE_COMPLETE", "UPDATE_COMPLETE")
+"""The cluster states in which it runs jobs: HyperPod's, and a ParallelCluster cluster's stack's."""
 
 
 def parse_record(message: str) -> StepRecord | None:
@@ -157,14 +168,54 @@ def cluster_status(config: Config, sagemaker, logs) -> ClusterStatus:
     )
 
 
+PCLUSTER_TAG = "parallelcluster:"
+# A ParallelCluster instance's state as the node's status, in the words HyperPod uses for its nodes.
+_EC2_STATES = {"pending": "Pending", "running": "Running", "stopping": "Stopping", "stopped": "Stopped"}
+
+
+def parallelcluster_status(config: Config, cloudformation, ec2) -> ClusterStatus:
+    """The ParallelCluster cluster of ``config`` (its name is the cluster's, and its stack's): the stack's status,
+    and one node per instance, in the configuration's instance group (the head node's is the controller group)."""
+    (stack,) = cloudformation.describe_stacks(StackName=config.name)["Stacks"]
+    groups = {g.role.value: g.name for g in config.cluster.instance_groups}
+    filters = [
+        {"Name": f"tag:{PCLUSTER_TAG}cluster-name", "Values": [config.name]},
+        {"Name": "instance-state-name", "Values": list(_EC2_STATES)},
+    ]
+    nodes = []
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+        for instance in (i for reservation in page["Reservations"] for i in reservation["Instances"]):
+            tags = {t["Key"].removeprefix(PCLUSTER_TAG): t["Value"] for t in instance.get("Tags", [])}
+            group = {
+                "HeadNode": groups.get("controller", "head node"),
+                "LoginNode": tags.get("login-nodes-pool-name", "login"),
+            }.get(tags.get("node-type", ""), tags.get("queue-name", "?"))
+            state = instance["State"]["Name"]
+            nodes.append(
+                NodeStatus(
+                    group=printable(group),
+                    instance_id=printable(instance["InstanceId"]),
+                    instance_type=printable(instance.get("InstanceType", "")),
+                    status=_EC2_STATES.get(state, printable(state)),
+                )
+            )
+    return ClusterStatus(
+        name=config.name,
+        arn=printable(stack["StackId"]),
+        status=printable(stack["StackStatus"]),
+        failure_message=printable(stack.get("StackStatusReason", "")),
+        log_group=f"/aws/parallelcluster/{config.name}-<created>",
+        log_streams="<node>.<instance>.<log> (ParallelCluster's Monitoring.Logs)",
+        nodes=sorted(nodes, key=lambda n: (n.group, n.instance_id)),
+    )
+
+
 def render_status(status: ClusterStatus) -> str:
     """The cluster line, then one line per node; a failed node's first failed step and hint under it."""
     lines = [
         f"cluster {status.name}: {status.status}" + (f" ({status.failure_message})" if status.failure_message else "")
     ]
-    lines.append(
-        f"  lifecycle logs: CloudWatch Logs {status.log_group}, streams {LIFECYCLE_STREAM_PREFIX}<group>/<instance>"
-    )
+    lines.append(f"  lifecycle logs: CloudWatch Logs {status.log_group}, streams {status.log_streams}")
     if not status.nodes:
         lines.append("  no nodes")
     width = max([len(n.group) for n in status.nodes] + [5])

@@ -708,6 +708,56 @@ def _full_values(stack: StackDiff) -> list[str]:
     return out
 
 
+PARALLELCLUSTER = "Custom::PclusterCluster"
+PARALLELCLUSTER_PYTHON = ".venv-pcluster/bin/python"
+"""ParallelCluster's own interpreter in a checkout (``make parallelcluster``)."""
+
+
+def parallelcluster_notes(diff: Diff, old: dict[str, dict], new: dict[str, dict], repo: Path) -> None:
+    """Note on each modified ParallelCluster cluster whether ParallelCluster applies the change to the running
+    cluster or refuses it (a new cluster is needed), from its own ConfigPatch (cli/parallelcluster_patch.py, run with
+    ParallelCluster's interpreter; without it, a note says how to set it up)."""
+    python, script = repo / PARALLELCLUSTER_PYTHON, repo / "cli/parallelcluster_patch.py"
+    for stack in diff.stacks:
+        for change in stack.resources:
+            if change.type != PARALLELCLUSTER or change.kind != "modified":
+                continue
+            configs = [t[stack.name]["Resources"][change.logical_id]["Properties"].get("ClusterConfiguration") for t in
+                       (old, new)]  # fmt: skip
+            if configs[0] == configs[1]:
+                continue
+            if not python.exists():
+                change.notes.append(
+                    "ParallelCluster's update check did not run: `make parallelcluster` sets up its code"
+                )
+                continue
+            with tempfile.TemporaryDirectory(prefix="moe-cdk-pcluster-") as folder:
+                paths = [Path(folder) / f"{side}.json" for side in ("old", "new")]
+                for path, config in zip(paths, configs):
+                    path.write_text(json.dumps(config))
+                done = subprocess.run([str(python), str(script), *map(str, paths)], capture_output=True, text=True,
+                                      timeout=120, check=False)  # fmt: skip
+            if done.returncode != 0:
+                change.notes.append(f"ParallelCluster's update check failed: {done.stderr.strip()[-300:]}")
+                continue
+            change.notes += _patch_notes(json.loads(done.stdout))
+
+
+def _patch_notes(result: dict) -> list[str]:
+    verdict = (
+        "ParallelCluster applies this change to the running cluster"
+        if result["applies"]
+        else "ParallelCluster refuses this change to the running cluster (the update fails; a new cluster is needed)"
+    )
+    details = [
+        f"{c['path']}: {c['check']}" + (f" ({c['reason']})" if c["reason"] not in (None, "-") else "")
+        + (f"; {c['action']}" if c["action"] else "")
+        for c in result["changes"]
+        if c["check"] != "SUCCEEDED"
+    ]  # fmt: skip
+    return [verdict, *details]
+
+
 def render_markdown(diff: Diff, base_label: str, head_label: str) -> str:
     """The diff as Markdown: heading, summary line, then one table per stack."""
     out = [f"## Infrastructure diff: {base_label} → {head_label}", ""]

@@ -16,19 +16,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_lifecycle_scripts import PARAMS, Sandbox, succeeded  # noqa: E402
 
 BUNDLE = "s3://sagemaker-123456789012-us-east-2-moe-pc/lifecycle/0123456789abcdef/bundle.zip"
-# s3 cp answered from the sandbox's state folder, as the node's role would read the object.
-AWS_S3_STUB = r"""#!/usr/bin/env bash
-echo "aws $*" >>"${MOE_STUB_CALLS}"
+PARAMETER = "/moe-cdk/moe-pc/lifecycle/bundle"
+# s3 cp answered from the sandbox's state folder, as the node's role would read the object; the bundle parameter
+# holds BUNDLE.
+AWS_S3_STUB = rf"""#!/usr/bin/env bash
+echo "aws $*" >>"${{MOE_STUB_CALLS}}"
 args=("$@")
-[ "${args[0]} ${args[1]}" = "s3 cp" ] || exit 254
-source="${args[-2]#s3://}" target="${args[-1]}"
-cp -- "${MOE_STUB_STATE}/s3/${source}" "${target}"
+case "${{args[0]}} ${{args[1]}}" in
+  "s3 cp") cp -- "${{MOE_STUB_STATE}}/s3/${{args[-2]#s3://}}" "${{args[-1]}}" ;;
+  "ssm get-parameter") [[ " $* " == *" --name {PARAMETER} "* ]] && echo "{BUNDLE}" ;;
+  *) exit 254 ;;
+esac
 """
 
 
 def parallelcluster_node(base: Path) -> Sandbox:
     """A ParallelCluster node: its parameters say so, and HyperPod's resource_config.json is absent."""
-    box = Sandbox(base, params=copy.deepcopy(PARAMS) | {"cluster_manager": "parallelcluster"})
+    params = copy.deepcopy(PARAMS) | {"cluster_manager": "parallelcluster"}
+    params["container_runtime"]["enroot_data_dir"] = "/scratch/enroot"  # provisioning_parameters(parallelcluster)
+    box = Sandbox(base, params=params)
     (box.root / "opt/ml/config/resource_config.json").unlink()
     return box
 
@@ -72,12 +78,36 @@ def test_the_other_slurm_steps_run(compute):
                      "observability"]  # fmt: skip
 
 
+def test_enroot_keeps_its_data_on_the_instance_store_parallelcluster_mounted(compute):
+    box, _ = compute
+    assert "ENROOT_DATA_PATH /scratch/enroot/data/user-$(id -u)" in box.read("etc/enroot/enroot.conf").splitlines()
+
+
+def test_the_entry_script_reads_the_bundle_from_its_ssm_parameter(tmp_path):
+    box = parallelcluster_node(tmp_path)
+    (box.bin / "aws").write_text(AWS_S3_STUB)
+    published = box.state / "s3" / BUNDLE.removeprefix("s3://")
+    published.parent.mkdir(parents=True)
+    shutil.make_archive(str(published.with_suffix("")), "zip", box.lc)
+    run = box.run("bash", str(box.lc / "parallelcluster_entry.sh"), PARAMETER, "us-east-2", "controller",
+                  MOE_LC_TARGET=str(box.base / "lifecycle"))  # fmt: skip
+    assert succeeded(run) and "in group controller: role controller" in run.stdout
+    assert box.calls("aws") == [
+        f"aws ssm get-parameter --region us-east-2 --name {PARAMETER} --query Parameter.Value --output text",
+        f"aws s3 cp --only-show-errors --region us-east-2 {BUNDLE} {box.base}/"
+        + box.calls("aws s3")[0].split("/")[-2]
+        + "/bundle.zip",
+    ]
+
+
 def test_the_entry_script_refuses_missing_arguments_in_one_line(tmp_path):
     box = parallelcluster_node(tmp_path)
     run = box.run("bash", str(box.lc / "parallelcluster_entry.sh"), BUNDLE, "us-east-2")
     assert run.returncode == 2
     assert run.stdout.strip().endswith(
-        "ERROR: usage: parallelcluster_entry.sh BUNDLE_S3_URI REGION INSTANCE_GROUP (got: " + BUNDLE + " us-east-2)"
+        "ERROR: usage: parallelcluster_entry.sh BUNDLE_S3_URI_OR_SSM_PARAMETER REGION INSTANCE_GROUP (got: "
+        + BUNDLE
+        + " us-east-2)"
     )
 
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,18 @@ def test_a_capacity_block_of_another_instance_type_is_refused(tmp_path, deployme
         f"ERROR CapacityReservationValidator: Capacity reservation {reservation_id} must have the same instance type "
         "as p5en.48xlarge." in output
     ), output
+
+
+def test_the_checkers_instance_types_are_the_catalogs():
+    # tests/parallelcluster_check.py runs without moe_cdk, so it carries the catalog's figures: they must agree.
+    sys.path.insert(0, str(ROOT / "tests"))
+    from parallelcluster_check import CATALOG
+
+    from moe_cdk.core import catalog
+
+    for name, figures in CATALOG.items():
+        spec = catalog.lookup(name)
+        gpus = (spec.accelerator_model, spec.accelerator_count, spec.accelerator_memory_gb)
+        if spec.accelerator_kind is not catalog.AcceleratorKind.NVIDIA_GPU:
+            gpus = ("", 0, 0)  # EC2 reports GpuInfo for GPUs only
+        assert figures == (spec.vcpus, spec.memory_gib, spec.efa_interfaces, *gpus), name

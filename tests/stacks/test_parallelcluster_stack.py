@@ -77,21 +77,40 @@ def test_every_node_gets_only_the_policy_the_provider_may_attach(synthesized, cl
     assert all(n["Iam"]["AdditionalIamPolicies"] == [{"Policy": {"Ref": policy_id}}] for n in nodes)
 
 
-def test_each_node_runs_the_entry_script_told_its_group(cluster):
+def actions(cluster: dict) -> dict[str, dict]:
     config = cluster["ClusterConfiguration"]
-    actions = {
+    return {
         "head": config["HeadNode"]["CustomActions"],
         "login": config["LoginNodes"]["Pools"][0]["CustomActions"],
         "gpu": config["Scheduling"]["SlurmQueues"][0]["CustomActions"],
     }
-    for group, action in actions.items():
-        script, args = action["OnNodeConfigured"]["Script"]["Fn::Sub"], action["OnNodeConfigured"]["Args"]
-        assert script.startswith("s3://sagemaker-${AWS::AccountId}-us-east-2-moe-pc/lifecycle/") and script.endswith(
-            ".sh"
-        )
-        assert args[0]["Fn::Sub"].endswith(".zip") and args[1:] == ["us-east-2", group], group
-    assert actions["head"]["OnNodeUpdated"] == actions["head"]["OnNodeConfigured"]
-    assert "OnNodeUpdated" not in actions["gpu"]
+
+
+def test_each_node_runs_the_entry_script_told_its_group(cluster):
+    for group, action in actions(cluster).items():
+        for run in action.values():
+            script = run["Script"]["Fn::Sub"]
+            assert script.startswith("s3://sagemaker-${AWS::AccountId}-us-east-2-moe-pc/lifecycle/parallelcluster/")
+            assert script.endswith(".sh") and run["Args"][1:] == ["us-east-2", group], group
+
+
+def test_head_and_login_nodes_name_the_bundle_through_ssm_once_and_directly_after_each_update(cluster):
+    # ParallelCluster refuses to update their OnNodeConfigured, so it must not change with the bundle.
+    for group in ("head", "login"):
+        action = actions(cluster)[group]
+        assert action["OnNodeConfigured"]["Args"][0] == "/moe-cdk/moe-pc/lifecycle/bundle", group
+        assert action["OnNodeUpdated"]["Args"][0]["Fn::Sub"].endswith(".zip"), group
+
+
+def test_compute_nodes_name_the_bundle_so_that_a_new_one_replaces_them_by_the_queue_update_strategy(cluster):
+    gpu = actions(cluster)["gpu"]
+    assert list(gpu) == ["OnNodeConfigured"] and gpu["OnNodeConfigured"]["Args"][0]["Fn::Sub"].endswith(".zip")
+
+
+def test_the_bundle_parameter_holds_the_bundle_the_updates_name(synthesized, cluster):
+    (parameter,) = resources(synthesized[1], "AWS::SSM::Parameter").values()
+    assert parameter["Properties"]["Name"] == "/moe-cdk/moe-pc/lifecycle/bundle"
+    assert parameter["Properties"]["Value"] == actions(cluster)["head"]["OnNodeUpdated"]["Args"][0]
 
 
 def test_the_capacity_block_queue_starts_every_node_in_its_reservation_without_a_placement_group(cluster):
@@ -110,7 +129,7 @@ def test_the_file_system_is_shared_at_fsx(cluster):
 
 def test_the_bundle_tells_the_scripts_they_run_on_parallelcluster(synthesized, cluster):
     outdir, _ = synthesized
-    key = cluster["ClusterConfiguration"]["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"][0]["Fn::Sub"]
+    key = cluster["ClusterConfiguration"]["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][0]["Fn::Sub"]
     bundle = next(outdir.glob(f"asset.{Path(key).stem}*"))
     params = (
         json.loads((bundle / "provisioning_parameters.json").read_text())
@@ -118,6 +137,12 @@ def test_the_bundle_tells_the_scripts_they_run_on_parallelcluster(synthesized, c
         else json.loads(zipfile.ZipFile(bundle).read("provisioning_parameters.json"))
     )
     assert params["cluster_manager"] == "parallelcluster" and params["controller_group"] == "head"
+    assert params["container_runtime"]["enroot_data_dir"] == "/scratch/enroot"  # the queue's EphemeralVolume
+
+
+def test_the_queue_mounts_the_instance_store_where_enroot_keeps_its_data(cluster):
+    (queue,) = cluster["ClusterConfiguration"]["Scheduling"]["SlurmQueues"]
+    assert queue["ComputeSettings"]["LocalStorage"]["EphemeralVolume"] == {"MountDir": "/scratch"}
 
 
 def construct_props(**changes) -> tuple[cdk.Stack, ParallelClusterProps]:

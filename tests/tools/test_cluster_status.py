@@ -196,7 +196,7 @@ def test_the_command_refuses_a_training_job_configuration_by_key():
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 2 and "cluster.orchestrator: status reads a HyperPod cluster" in out.stderr
+    assert out.returncode == 2 and "cluster.orchestrator: status reads a cluster" in out.stderr
 
 
 def test_the_command_says_when_there_are_no_credentials(monkeypatch, capsys):
@@ -230,7 +230,7 @@ def test_training_job_configuration_is_refused_before_aws_is_asked(capsys, monke
     args = status_command.argparse.Namespace(config=str(ROOT / "config/training-job.yaml"), json=False)
     assert status_command.run(args) == 2
     err = capsys.readouterr().err
-    assert "cluster.orchestrator: status reads a HyperPod cluster" in err and "got 'training-job'" in err
+    assert "cluster.orchestrator: status reads a cluster" in err and "got 'training-job'" in err
 
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\x9b31m"

@@ -1,0 +1,105 @@
+"""ParallelCluster's custom actions on a real Slurm laid out as ParallelCluster lays out a cluster, and the job that
+``moe-cdk slurm render`` writes for config/parallelcluster.yaml run on it.
+
+ParallelCluster's layout: Slurm under /opt/slurm, whose etc folder the head node shares with every node (not
+configless: each slurmd reads the same slurm.conf and plugstack.conf); pyxis built into /usr/local by its AMI but not
+registered, its configuration left under /opt/parallelcluster/examples (aws/aws-parallelcluster-cookbook,
+cookbooks/aws-parallelcluster-slurm/recipes/install/install_pyxis.rb: "Pyxis is disabled by default" since 3.11.1);
+the queue's partition named after the queue. There is no HyperPod resource_config.json: each node's action is told
+its group. As in test_lifecycle_slurm.py, a stand-in SPANK plugin built from libslurm-dev's spank.h takes pyxis's
+place, and only ``hostname`` and the AWS commands are stubbed.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
+from test_lifecycle_scripts import ROOT, Sandbox, succeeded  # noqa: E402
+from test_lifecycle_slurm import standin_plugin  # noqa: E402,F401 (a fixture)
+from test_parallelcluster_node import AWS_S3_STUB, BUNDLE, PARAMETER  # noqa: E402
+
+from moe_cdk.constructs.hyperpod_slurm_cluster import FsxMount, provisioning_parameters  # noqa: E402
+from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch  # noqa: E402
+from moe_cdk.schema.config import load_config  # noqa: E402
+
+CONFIG = load_config(ROOT / "config/parallelcluster.yaml")
+FSX = FsxMount(
+    file_system_id="fs-0123456789abcdef0", availability_zone="us-east-2a", efa_enabled=False,
+    dns_name_parameter="/moe-cdk/moe-pc/fsx/dns-name", mount_name_parameter="/moe-cdk/moe-pc/fsx/mount-name",
+)  # fmt: skip
+
+
+@pytest.fixture
+def cluster(tmp_path, standin_plugin):  # noqa: F811 (the fixture imported above)
+    """A sandbox with config/parallelcluster.yaml's parameters and the bundle published to the stub S3, pyxis
+    installed as ParallelCluster's AMI installs it, and a Slurm whose partition is the queue's, not yet set up."""
+    params = provisioning_parameters(
+        instance_groups=[g.to_props() for g in CONFIG.cluster.instance_groups],
+        region=CONFIG.region, fsx=FSX, parallelcluster=True,
+    )  # fmt: skip
+    box = Sandbox(tmp_path / "node", params=copy.deepcopy(params))
+    (box.root / "opt/ml/config/resource_config.json").unlink()
+    for name in ("scontrol", "strigger"):
+        (box.bin / name).unlink()
+    (box.bin / "aws").write_text(AWS_S3_STUB)
+    published = box.state / "s3" / BUNDLE.removeprefix("s3://")
+    published.parent.mkdir(parents=True)
+    shutil.make_archive(str(published.with_suffix("")), "zip", box.lc)
+    box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
+    try:
+        with SlurmCluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu") as slurm:
+            yield box, slurm
+    except SlurmUnavailable as error:
+        pytest.fail(f"a real Slurm is needed for this test: {error}")
+
+
+def custom_action(
+    box: Sandbox, slurm: SlurmCluster, group: str, hostname: str, bundle: str = BUNDLE
+) -> subprocess.CompletedProcess:
+    """The node's OnNodeConfigured action, as ParallelCluster runs it: the entry script with the action's Args (the
+    bundle's URI on a compute node, its SSM parameter on the head node)."""
+    return succeeded(
+        box.run(
+            "bash", str(box.lc / "parallelcluster_entry.sh"), bundle, "us-east-2", group,
+            MOE_LC_TARGET=str(box.base / f"lifecycle-{hostname}"), SLURM_CONF=str(slurm.conf),
+            MOE_STUB_HOSTNAME=hostname,
+        )
+    )  # fmt: skip
+
+
+def test_after_the_head_and_compute_actions_srun_reaches_pyxis_on_every_node(cluster):
+    box, slurm = cluster
+    before = slurm.run("srun", "-N2", "--container-image=x", "true", timeout=60)
+    assert before.returncode != 0 and "unrecognized option" in before.stderr
+    custom_action(box, slurm, "head", "head", bundle=PARAMETER)
+    for node in ("node1", "node2"):
+        custom_action(box, slurm, "gpu", node)
+    image = "123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1"
+    job = slurm.run("srun", "-N2", f"--container-image={image}", "printenv", "MOE_STANDIN_IMAGE", timeout=60)
+    assert job.returncode == 0, job.stderr + slurm.log_tail(20)
+    assert job.stdout.split() == [image] * 2
+
+
+def test_the_rendered_job_of_the_configuration_runs_on_the_queue(cluster, tmp_path):
+    # The compute actions give both nodes the group's features, which the job's constraint asks for; /bin/true
+    # stands in for the trainer's interpreter, so the script runs end to end in seconds.
+    box, slurm = cluster
+    for node in ("node1", "node2"):
+        custom_action(box, slurm, "gpu", node)
+    spec = job_spec_from_config(CONFIG, local=True, python="/bin/true", time_limit="00:10:00", signal_lead_seconds=60)
+    script = tmp_path / "train.sbatch"
+    script.write_text(render_sbatch(spec).replace("/fsx/", f"{tmp_path}/fsx/"))
+    job_id = slurm.submit(script)
+    state = slurm.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=90)
+    assert (state.state, state.fields["Partition"], state.fields["NodeList"]) == ("COMPLETED", "gpu", "node[1-2]"), (
+        state.fields
+    )
