@@ -37,7 +37,7 @@ help:
 	@echo "make validate [CONFIG=...]         check a configuration file"
 	@echo "make docs                          regenerate the generated references and JSON Schemas"
 	@echo "make diagram                       render docs/architecture.png from the default configuration"
-	@echo "make parallelcluster               set up AWS ParallelCluster's own code (.venv-pcluster) for moe-cdk diff"
+	@echo "make parallelcluster               set up AWS ParallelCluster's own code (.venv-pcluster): synth's check, diff"
 	@echo "make deploy [CONFIG=...]           deploy every stack (needs AWS credentials)"
 	@echo "make destroy [CONFIG=...]          delete the stacks; what is kept: docs/operations.md"
 	@echo "make hyperpod-chart [CONFIG=...]   stage AWS's HyperPod dependencies chart for an EKS configuration (needs GitHub)"
@@ -107,13 +107,13 @@ $(HYPERPOD_MODELS): | $(SYNTH_STAMP)
 	$(PY) -m pip install -q --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
 
 # AWS ParallelCluster's own configuration schema and validators, at the release rules/parallelcluster.py pins, which
-# the tests run on every synthesized ClusterConfiguration (tests/parallelcluster_check.py). In an environment of its
+# `make synth` runs on a ParallelCluster configuration's synthesized cluster (moe-cdk parallelcluster-check,
+# cli/parallelcluster_validate.py), and `moe-cdk diff` asks whether a change applies in place. In an environment of its
 # own and without its declared dependencies: it pins jsii 1.85.0 and CDK v1 for its CLI, which the suite's aws-cdk-lib
 # cannot share; the schema and the validators import only the packages listed here.
 PCLUSTER_VENV := .venv-pcluster
 PCLUSTER_VERSION := 3.16.1
 PCLUSTER_STAMP := $(PCLUSTER_VENV)/.installed-aws-parallelcluster-$(PCLUSTER_VERSION)
-# `moe-cdk diff` asks it whether a change to a ParallelCluster cluster applies in place (cli/parallelcluster_patch.py).
 parallelcluster: $(PCLUSTER_STAMP)
 $(PCLUSTER_STAMP): | $(SYNTH_STAMP)
 	rm -rf $(PCLUSTER_VENV) && $(PY) -m venv $(PCLUSTER_VENV)
@@ -143,8 +143,11 @@ $(CDK):
 	@echo "$$(date '+%H:%M:%S') installing the CDK CLI $(CDK_CLI_VERSION)"
 	npm install --prefix $(VENV)/cdk-cli --no-audit --no-fund --no-save --loglevel=error aws-cdk@$(CDK_CLI_VERSION)
 
-synth: synth-setup
+# A ParallelCluster configuration's cluster is also checked by ParallelCluster's own schema and validators.
+PARALLELCLUSTER_CONFIG = $(shell grep -Eqs '^[[:space:]]*orchestrator:[[:space:]]*parallelcluster' $(CONFIG) && echo yes)
+synth: synth-setup $(if $(PARALLELCLUSTER_CONFIG),$(PCLUSTER_STAMP))
 	$(CDK) synth --quiet -c config=$(CONFIG)
+	$(if $(PARALLELCLUSTER_CONFIG),$(VENV)/bin/moe-cdk parallelcluster-check --config $(CONFIG) --cdk-out cdk.out)
 
 validate: synth-setup
 	$(VENV)/bin/moe-cdk validate --config $(CONFIG)

@@ -191,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--output", help="write the script here instead of stdout")
     render.set_defaults(run=_slurm_render)
 
-    from moe_cdk.cli import diff, eks, plan, serve, status, submit, verify
+    from moe_cdk.cli import diff, eks, parallelcluster, plan, serve, status, submit, verify
 
-    for command in (eks, serve, plan, submit, diff, verify, status):
+    for command in (eks, serve, plan, submit, diff, verify, status, parallelcluster):
         command.add_parser(commands)
 
     args = parser.parse_args(argv)

@@ -35,6 +35,9 @@ POLICY_PREFIX = "parallelcluster"
 """The provider's Lambda may attach to the nodes' roles only customer-managed policies whose names start with this
 [PC-PROVIDER]."""
 MOUNT_DIR = "/fsx"
+CAPACITY_BLOCK_COUNTS = "Max count must be set to the same value of min count when using Capacity Block reservation."
+"""ParallelCluster's own message for a Capacity Block queue whose MinCount differs from its MaxCount [PC-CB], which the
+configuration's refusal quotes (a test runs ParallelCluster's validator and compares)."""
 SCRATCH = "/scratch"
 """Where ParallelCluster mounts a compute node's instance store volumes (its default
 ``SlurmQueues/ComputeSettings/LocalStorage/EphemeralVolume/MountDir``), which moe-cdk also sets explicitly."""

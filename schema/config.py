@@ -416,7 +416,8 @@ class ClusterConfig:
         elif minimum is not None and g.capacity is CapacityType.CAPACITY_BLOCK and minimum != g.instance_count:
             # [PC-CB] in rules/parallelcluster.py: a Capacity Block's queue has MinCount = MaxCount.
             yield problem(
-                "a Capacity Block's nodes are all started with it (ParallelCluster: MinCount = MaxCount)",
+                "a Capacity Block's nodes are all started with it; ParallelCluster: "
+                + pcluster_rules.CAPACITY_BLOCK_COUNTS,
                 got=minimum,
                 allowed=f"unset or {g.instance_count}",
             ).at("min_instance_count")

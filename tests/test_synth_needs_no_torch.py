@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
 from conftest import PYTHON, ROOT
 
 # A machine without torch: importing it (or anything under it) raises ImportError.
@@ -42,3 +43,14 @@ def test_the_app_synthesizes_without_torch(tmp_path):
     done = _run("import runpy; runpy.run_path('app.py', run_name='__main__')", CDK_OUTDIR=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     assert list(tmp_path.glob("*.template.json"))
+
+
+@pytest.mark.parametrize("config, checked", [("config/parallelcluster.yaml", True), ("config/default.yaml", False)])
+def test_make_synth_checks_a_parallelcluster_cluster_with_parallelclusters_code_only(config, checked):
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "-n", "-B", "synth", f"CONFIG={config}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert any("--no-deps aws-parallelcluster==3.16.1" in line for line in lines) is checked
+    assert any(line.endswith(f"parallelcluster-check --config {config} --cdk-out cdk.out") for line in lines) is checked
+    assert not [line for line in lines if "pip install" in line and "torch" in line]

@@ -29,7 +29,8 @@ REFUSED = {
     ),
     "capacity-block-min-below-count": (
         lambda d: group(d, GPU).update(min_instance_count=1),
-        "cluster.instance_groups[2].min_instance_count: a Capacity Block's nodes are all started with it",
+        "cluster.instance_groups[2].min_instance_count: a Capacity Block's nodes are all started with it; "
+        "ParallelCluster: Max count must be set to the same value of min count when using Capacity Block reservation.",
     ),
     "spot-into-a-reservation": (
         lambda d: group(d, GPU).update(capacity="spot"),

@@ -18,8 +18,10 @@ the types moe-cdk's catalog knows (core/catalog.py). Answers that only a real ac
 security group rules, RunInstances dry runs) are "yes", and listed at the end as not verified. A call with no answer
 is refused, and reported as unhandled.
 
-Run with the interpreter of ``make .venv-pcluster/...`` (standard library, ParallelCluster and its few dependencies;
-no moe_cdk, no aws_cdk): ``.venv-pcluster/bin/python tests/parallelcluster_check.py CONFIG.yaml [--facts F.json]``.
+Run by ``moe-cdk parallelcluster-check`` (which ``make synth`` runs for a ParallelCluster configuration) with
+ParallelCluster's own interpreter, which ``make parallelcluster`` sets up (standard library, ParallelCluster and its
+few dependencies; no moe_cdk, no aws_cdk):
+``.venv-pcluster/bin/python cli/parallelcluster_validate.py CONFIG.yaml [--facts F.json] [--cluster-name N]``.
 """
 
 from __future__ import annotations
