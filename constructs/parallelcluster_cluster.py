@@ -292,8 +292,9 @@ class ParallelClusterCluster(Construct):
             "Networking": {
                 "SubnetIds": [props.subnet.subnet_id],
                 **networking,
-                # A Capacity Block's instances are already placed together; ParallelCluster refuses a placement
-                # group with a capacity reservation of another group.
+                # None with a targeted reservation, as AWS's reference cluster advises (awslabs/awsome-distributed-ai,
+                # 1.architectures/2.aws-parallelcluster README); ParallelCluster warns about one on a Capacity Block
+                # (PlacementGroupCapacityTypeValidator).
                 "PlacementGroup": {"Enabled": q.efa and q.capacity_reservation_id is None},
             },
             "ComputeResources": [resource],

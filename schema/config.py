@@ -337,9 +337,16 @@ class ClusterConfig:
         """ParallelCluster's own Slurm: the head node is the controller group, a login group is a login node pool,
         each compute group a queue of one compute resource (docs/parallelcluster.md)."""
         hyperpod_only = "a HyperPod setting; ParallelCluster has no such setting"
-        for key in ("slurm_config_strategy", "accounting_database", "tiered_storage"):
+        for key in ("slurm_config_strategy", "tiered_storage"):
             if getattr(self, key) is not None:
                 yield problem(hyperpod_only, got="set", allowed="unset with orchestrator parallelcluster").at(key)
+        if self.accounting_database is not None:
+            yield problem(
+                "not yet passed to ParallelCluster, whose SlurmSettings.Database takes a user name and a secret "
+                "holding the password alone (docs/parallelcluster.md)",
+                got="set",
+                allowed="unset with orchestrator parallelcluster",
+            ).at("accounting_database")
         if self.node_provisioning_mode is not NodeProvisioningMode.STANDARD:
             yield problem(
                 hyperpod_only, got=self.node_provisioning_mode.value, allowed="unset with orchestrator parallelcluster"

@@ -60,6 +60,15 @@ REFUSED = {
         lambda d: group(d, GPU).update(instance_type="m5.8xlarge", capacity="on-demand", capacity_reservation_id=None),
         "cluster.instance_groups[2].instance_type: has no EFA, and EFA is required",
     ),
+    "accounting-database": (
+        lambda d: d["cluster"].update(
+            accounting_database={
+                "endpoint": "db.example.com",
+                "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:slurm-AbCdEf",
+            }
+        ),
+        "cluster.accounting_database: not yet passed to ParallelCluster",
+    ),
     "continuous-provisioning": (
         lambda d: d["cluster"].update(node_provisioning_mode="continuous"),
         "cluster.node_provisioning_mode: a HyperPod setting",
