@@ -492,9 +492,13 @@ def load_prices(
     return {key: price.usd_per_hour for key, price in load_price_entries(path, capacity).items()}
 
 
-def _ml_name(instance_type: str) -> str:
+def _priced_name(config: Config, instance_type: str) -> str:
+    """The name the group's nodes are billed under: the SageMaker (``ml.``) type, or on ParallelCluster, whose nodes
+    are EC2 instances, the EC2 type."""
     spec = catalog.lookup(instance_type)
-    return spec.sagemaker_name if spec else instance_type
+    if spec is None:
+        return instance_type
+    return spec.ec2_name if config.cluster.orchestrator is Orchestrator.PARALLELCLUSTER else spec.sagemaker_name
 
 
 def _group_prices(config: Config, prices_path: str | Path) -> list[tuple[InstanceGroupConfig, Price | None]]:
@@ -504,7 +508,7 @@ def _group_prices(config: Config, prices_path: str | Path) -> list[tuple[Instanc
     spot = load_price_entries(prices_path, CapacityType.SPOT)
     out = []
     for group in config.cluster.instance_groups:
-        key = (_ml_name(group.instance_type), config.region)
+        key = (_priced_name(config, group.instance_type), config.region)
         price = spot.get(key) if group.capacity is CapacityType.SPOT else None
         out.append((group, price or on_demand.get(key)))
     return out
@@ -521,7 +525,11 @@ def cluster_cost_per_hour(config: Config, prices_path: str | Path = PRICES_PATH)
     upper bound, and says so: AWS publishes no Spot rates for ml. types (docs/capacity.md)."""
     total, notes, unknown = 0.0, [], False
     for group, price in _group_prices(config, prices_path):
-        key = (_ml_name(group.instance_type), config.region)
+        key = (_priced_name(config, group.instance_type), config.region)
+        if group.capacity is CapacityType.CAPACITY_BLOCK:
+            notes.append(
+                f"group {group.name} runs on a Capacity Block, paid upfront at its own rate: priced at On-Demand here"
+            )
         if group.capacity is CapacityType.SPOT and (price is None or price.capacity is not CapacityType.SPOT):
             notes.append(
                 f"no Spot price for {key[0]} in {config.region} (tools/prices.yaml): group {group.name} is priced "
@@ -658,7 +666,8 @@ def plan(
     for g, _ in groups:
         if g.fallback_instance_types:
             notes.append(
-                f"group {g.name}'s nodes may be {', '.join([_ml_name(g.instance_type), *g.fallback_instance_types])}: "
+                f"group {g.name}'s nodes may be "
+                f"{', '.join([_priced_name(config, g.instance_type), *g.fallback_instance_types])}: "
                 "memory is sized on the smallest device, time on the slowest, cost at the first"
             )
     # Mixed groups: the smallest device bounds the memory, the slowest one the step time.

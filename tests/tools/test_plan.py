@@ -16,6 +16,8 @@ from moe_cdk.schema.config import load_config, parse_config
 from moe_cdk.tools.plan import (
     BAR_FILLS,
     GIB,
+    cluster_cost_per_hour,
+    cluster_prices,
     load_prices,
     memory_bar,
     memory_per_device,
@@ -304,6 +306,8 @@ def test_prices_file_covers_the_catalog_in_three_regions():
         "ml.trn2.48xlarge",
         *(f"ml.m5.{s}" for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge")),
     }
+    # EC2 rates for ParallelCluster's nodes: every type but trn2.48xlarge, whose EC2 rate could not be found.
+    types |= {t.removeprefix("ml.") for t in types} - {"trn2.48xlarge"}
     assert set(load_prices()) == {(t, r) for t in types for r in ("us-east-1", "us-east-2", "us-west-2")}
 
 
@@ -458,3 +462,12 @@ def test_a_profile_nxd_training_cannot_run_is_a_plan_error_naming_its_key(capsys
     args = ["plan", "--config", str(ROOT / "config/trn2.yaml"), "--set", "moe.capacity_factor=null"]
     assert main([*args, "--set", "parallel.expert=2"]) == 2
     assert "training.profile: moe.capacity_factor: dropless MoE (null)" in capsys.readouterr().err
+
+
+def test_a_parallelcluster_cluster_is_costed_at_ec2_rates_and_its_capacity_block_said_so():
+    # ParallelCluster's nodes are EC2 instances: no SageMaker markup. 1 x m5.8xlarge + 1 x m5.2xlarge + 2 x p5en.
+    config = load_config(ROOT / "config/parallelcluster.yaml")
+    assert [p.instance_type for p in cluster_prices(config)] == ["m5.8xlarge", "m5.2xlarge", "p5en.48xlarge"]
+    cost, notes = cluster_cost_per_hour(config)
+    assert cost == pytest.approx(1.536 + 0.384 + 2 * 63.296)
+    assert "group gpu runs on a Capacity Block, paid upfront at its own rate: priced at On-Demand here" in notes
