@@ -337,7 +337,7 @@ class OfflineAws:
     def fsx__describe_file_systems(self, p: dict) -> dict:
         return {"FileSystems": [self._file_system(f) for f in p.get("FileSystemIds") or []]}
 
-    # -- IAM, S3: assumed to exist ---------------- --------------------------------------------------------------------
+    # -- IAM, S3: assumed to exist ---------------------------------------------------------------------------------
     def iam__get_policy(self, p: dict) -> dict:
         return {"Policy": {"Arn": p["PolicyArn"], "PolicyName": p["PolicyArn"].split("/")[-1], "IsAttachable": True}}
 
