@@ -954,7 +954,11 @@ def test_scrape_targets_list_gpu_efa_and_trainer_targets_of_slurm_nodes(slurm, t
 def test_scrape_targets_keep_the_files_when_scontrol_fails(slurm, tmp_path):
     result, out = scrape_targets(slurm, tmp_path)
     before = (out / "node.json").read_text()
-    result, _ = scrape_targets(slurm, tmp_path, SLURM_CONF=str(tmp_path / "missing.conf"))
+    # A slurm.conf scontrol cannot use makes it fail at once. (Without one, Slurm looks for a configless controller
+    # in DNS and waits out the resolver; the time budget that ends such a hang is slurm_exporter.Slurm's, which
+    # test_exporter_reports_down_when_slurm_cannot_be_reached checks.)
+    (broken := tmp_path / "broken.conf").write_text("")
+    result, _ = scrape_targets(slurm, tmp_path, SLURM_CONF=str(broken))
     assert result.returncode == 1
     assert "scontrol failed; the target files" in result.stderr
     assert (out / "node.json").read_text() == before
