@@ -39,14 +39,19 @@ def parallelcluster_node(base: Path) -> Sandbox:
     return box
 
 
-@pytest.fixture(scope="module")
-def compute(tmp_path_factory) -> tuple[Sandbox, subprocess.CompletedProcess]:
-    """The entry script run once on a compute node of queue gpu, with the bundle published to the stub S3."""
-    box = parallelcluster_node(tmp_path_factory.mktemp("pcluster"))
+def publish(box: Sandbox) -> None:
+    """The sandbox's lifecycle folder as the bundle in the stub S3, and the stub aws that reads it."""
     (box.bin / "aws").write_text(AWS_S3_STUB)
     published = box.state / "s3" / BUNDLE.removeprefix("s3://")
     published.parent.mkdir(parents=True)
     shutil.make_archive(str(published.with_suffix("")), "zip", box.lc)
+
+
+@pytest.fixture(scope="module")
+def compute(tmp_path_factory) -> tuple[Sandbox, subprocess.CompletedProcess]:
+    """The entry script run once on a compute node of queue gpu, with the bundle published to the stub S3."""
+    box = parallelcluster_node(tmp_path_factory.mktemp("pcluster"))
+    publish(box)
     run = box.run(
         "bash", str(box.lc / "parallelcluster_entry.sh"), BUNDLE, "us-east-2", "gpu",
         MOE_LC_TARGET=str(box.base / "opt/moe-cdk/lifecycle"),
@@ -83,21 +88,16 @@ def test_enroot_keeps_its_data_on_the_instance_store_parallelcluster_mounted(com
     assert "ENROOT_DATA_PATH /scratch/enroot/data/user-$(id -u)" in box.read("etc/enroot/enroot.conf").splitlines()
 
 
-def test_the_entry_script_reads_the_bundle_from_its_ssm_parameter(tmp_path):
+@pytest.mark.parametrize("group, role", [("controller", "controller"), ("login", "login")])
+def test_head_and_login_nodes_read_the_bundle_from_its_ssm_parameter(tmp_path, group, role):
     box = parallelcluster_node(tmp_path)
-    (box.bin / "aws").write_text(AWS_S3_STUB)
-    published = box.state / "s3" / BUNDLE.removeprefix("s3://")
-    published.parent.mkdir(parents=True)
-    shutil.make_archive(str(published.with_suffix("")), "zip", box.lc)
-    run = box.run("bash", str(box.lc / "parallelcluster_entry.sh"), PARAMETER, "us-east-2", "controller",
+    publish(box)
+    run = box.run("bash", str(box.lc / "parallelcluster_entry.sh"), PARAMETER, "us-east-2", group,
                   MOE_LC_TARGET=str(box.base / "lifecycle"))  # fmt: skip
-    assert succeeded(run) and "in group controller: role controller" in run.stdout
-    assert box.calls("aws") == [
-        f"aws ssm get-parameter --region us-east-2 --name {PARAMETER} --query Parameter.Value --output text",
-        f"aws s3 cp --only-show-errors --region us-east-2 {BUNDLE} {box.base}/"
-        + box.calls("aws s3")[0].split("/")[-2]
-        + "/bundle.zip",
-    ]
+    assert succeeded(run) and f"in group {group}: role {role}" in run.stdout
+    get, copy_ = box.calls("aws")
+    assert get == f"aws ssm get-parameter --region us-east-2 --name {PARAMETER} --query Parameter.Value --output text"
+    assert copy_.startswith(f"aws s3 cp --only-show-errors --region us-east-2 {BUNDLE} ")
 
 
 def test_the_entry_script_refuses_missing_arguments_in_one_line(tmp_path):

@@ -13,7 +13,6 @@ place, and only ``hostname`` and the AWS commands are stubbed.
 from __future__ import annotations
 
 import copy
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import ROOT, Sandbox, succeeded  # noqa: E402
 from test_lifecycle_slurm import standin_plugin  # noqa: E402,F401 (a fixture)
-from test_parallelcluster_node import AWS_S3_STUB, BUNDLE, PARAMETER  # noqa: E402
+from test_parallelcluster_node import BUNDLE, PARAMETER, publish  # noqa: E402
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import FsxMount, provisioning_parameters  # noqa: E402
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch  # noqa: E402
@@ -50,10 +49,7 @@ def cluster(tmp_path, standin_plugin):  # noqa: F811 (the fixture imported above
     (box.root / "opt/ml/config/resource_config.json").unlink()
     for name in ("scontrol", "strigger"):
         (box.bin / name).unlink()
-    (box.bin / "aws").write_text(AWS_S3_STUB)
-    published = box.state / "s3" / BUNDLE.removeprefix("s3://")
-    published.parent.mkdir(parents=True)
-    shutil.make_archive(str(published.with_suffix("")), "zip", box.lc)
+    publish(box)
     box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
     try:
         with SlurmCluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu") as slurm:
