@@ -173,10 +173,8 @@ def _problems(props: ParallelClusterProps, stack_name: str):
 
 
 class ParallelClusterCluster(Construct):
-    """``Custom::PclusterCluster`` with its provider, the nodes' policy and the lifecycle scripts.
-
-    ``cluster_configuration`` is the ``ClusterConfiguration`` as written into the template (with CloudFormation
-    intrinsics where values are known only at deploy time)."""
+    """``Custom::PclusterCluster`` (``resource``) with its provider (``service_token``), the nodes' policy
+    (``node_policy``), the lifecycle scripts and the parameter naming their bundle (``bundle_parameter``)."""
 
     def __init__(self, scope: Construct, id: str, props: ParallelClusterProps) -> None:
         super().__init__(scope, id)
@@ -262,7 +260,6 @@ class ParallelClusterCluster(Construct):
                     }
                 ]
             }
-        self.cluster_configuration = config
         self.resource = cdk.CustomResource(
             self,
             "Resource",
