@@ -3,6 +3,8 @@ HyperPod lifecycle bucket and the training image."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_iam as iam, aws_s3 as s3, aws_ssm as ssm
 from constructs import Construct
 
@@ -72,32 +74,14 @@ class StorageStack(Stack):
                 self, "FsxMountName", parameter_name=mount_parameter, string_value=self.lustre.mount_name
             ),
         )
-        lifecycle_bucket = lifecycle_bucket_name(config).replace("${AWS::AccountId}", self.account)
-        if adopt:
-            self.lifecycle_bucket = s3.Bucket.from_bucket_name(self, "AdoptedLifecycleBucket", lifecycle_bucket)
-            # The old stack's bucket policy went with it (only the bucket is retained), and a bucket adopted
-            # by name gets none from CDK, so this puts back what a new bucket has: TLS only, and writes
-            # from the CDK publisher only (without which the publisher could not upload at all).
-            policy = s3.BucketPolicy(self, "AdoptedLifecycleBucketPolicy", bucket=self.lifecycle_bucket)
-            policy.document.add_statements(
-                _tls_only(self.lifecycle_bucket), *lifecycle_bucket_statements(self, self.lifecycle_bucket)
-            )
-        else:
-            self.lifecycle_bucket = s3.Bucket(
-                self,
-                "LifecycleBucket",
-                bucket_name=lifecycle_bucket,
-                encryption=s3.BucketEncryption.S3_MANAGED,
-                block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-                enforce_ssl=True,
-                versioned=True,
-                object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-                server_access_logs_bucket=self.data_repository.access_logs_bucket,
-                server_access_logs_prefix="lifecycle-bucket/",
-                removal_policy=RemovalPolicy.RETAIN,
-            )
-            for statement in lifecycle_bucket_statements(self, self.lifecycle_bucket):
-                self.lifecycle_bucket.add_to_resource_policy(statement)
+        # The lifecycle bucket's policy also lets only the CDK publisher write (lifecycle_bucket_statements).
+        self.lifecycle_bucket = self._retained_bucket(
+            "Lifecycle",
+            lifecycle_bucket_name(config).replace("${AWS::AccountId}", self.account),
+            adopt=adopt,
+            versioned=True,
+            statements=lambda bucket: lifecycle_bucket_statements(self, bucket),
+        )
         self.tls_bucket = self._tls_bucket(config) if config.serving is not None else None
         # One image per configuration: the one its compute trains with (rules/neuron.py, training.stack).
         dockerfile = (
@@ -128,23 +112,42 @@ class StorageStack(Stack):
             config.name, account=self.account, region=config.region
         )
         self.tls_bucket_name = name
-        if config.storage.adopt_retained_buckets:
-            bucket = s3.Bucket.from_bucket_name(self, "AdoptedTlsBucket", name)
-            policy = s3.BucketPolicy(self, "AdoptedTlsBucketPolicy", bucket=bucket)
-            policy.document.add_statements(_tls_only(bucket))
+        return self._retained_bucket("Tls", name, adopt=config.storage.adopt_retained_buckets)
+
+    def _retained_bucket(
+        self,
+        id_prefix: str,
+        name: str,
+        *,
+        adopt: bool,
+        versioned: bool = False,
+        statements: Callable[[s3.IBucket], list[iam.PolicyStatement]] = lambda _: [],
+    ) -> s3.IBucket:
+        """A bucket kept on destroy, under its fixed ``name``: encrypted, TLS only, never public, its access logged
+        beside the data bucket's (prefix ``<id_prefix>-bucket/`` in lowercase), with ``statements`` in its policy.
+        ``adopt``: the bucket an earlier deployment kept. Its policy went with the old stack, and a bucket adopted
+        by name gets none from CDK, so this puts back what a new bucket has: TLS only and ``statements``."""
+        if adopt:
+            bucket = s3.Bucket.from_bucket_name(self, f"Adopted{id_prefix}Bucket", name)
+            policy = s3.BucketPolicy(self, f"Adopted{id_prefix}BucketPolicy", bucket=bucket)
+            policy.document.add_statements(_tls_only(bucket), *statements(bucket))
             return bucket
-        return s3.Bucket(
+        bucket = s3.Bucket(
             self,
-            "TlsBucket",
+            f"{id_prefix}Bucket",
             bucket_name=name,
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
+            versioned=versioned,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             server_access_logs_bucket=self.data_repository.access_logs_bucket,
-            server_access_logs_prefix="tls-bucket/",
+            server_access_logs_prefix=f"{id_prefix.lower()}-bucket/",
             removal_policy=RemovalPolicy.RETAIN,
         )
+        for statement in statements(bucket):
+            bucket.add_to_resource_policy(statement)
+        return bucket
 
 
 def _tls_only(bucket: s3.IBucket) -> iam.PolicyStatement:
