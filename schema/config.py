@@ -69,6 +69,13 @@ _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
 _SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")
 
 
+def _bucket_name_problem(name: str) -> Problem | None:
+    """Amazon S3 User Guide, "General purpose bucket naming rules"."""
+    if re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", name):
+        return None
+    return problem("not a valid S3 bucket name", got=name, allowed="3 to 63 lowercase letters, digits, '.' and '-'")
+
+
 class Orchestrator(enum.Enum):
     """Who schedules the training."""
 
@@ -682,13 +689,8 @@ class DataRepositoryConfig:
     reordering one leaves the others in place. Default: `/datasets` (import) and `/checkpoints` (import and export)."""
 
     def problems(self) -> Problems:
-        # Amazon S3 User Guide, "General purpose bucket naming rules".
-        if self.bucket_name is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", self.bucket_name):
-            yield problem(
-                "not a valid S3 bucket name",
-                got=self.bucket_name,
-                allowed="3 to 63 lowercase letters, digits, '.' and '-'",
-            ).at("bucket_name")
+        if self.bucket_name is not None and (p := _bucket_name_problem(self.bucket_name)):
+            yield p.at("bucket_name")
         for p in association_problems(self.associations):
             yield p.at("associations")
 
@@ -758,12 +760,8 @@ class ServingConfig:
         if self.tls_bucket_name is not None:
             if p := serving_rules.tls_bucket_problem(self.tls_bucket_name):
                 yield p.at("tls_bucket_name")
-            elif not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", self.tls_bucket_name):
-                yield problem(
-                    "not a valid S3 bucket name",
-                    got=self.tls_bucket_name,
-                    allowed="3 to 63 lowercase letters, digits, '.' and '-'",
-                ).at("tls_bucket_name")
+            elif p := _bucket_name_problem(self.tls_bucket_name):
+                yield p.at("tls_bucket_name")
         if self.execution_role_name is not None:
             if p := serving_rules.execution_role_problem(self.execution_role_name):
                 yield p.at("execution_role_name")
