@@ -221,6 +221,20 @@ def test_a_redeploy_after_destroy_adopts_the_retained_buckets(tmp_path):
     assert paths and all("moe-data-" in p and "-us-east-2-moe/" in p for p in paths)
 
 
+def test_a_redeploy_after_destroy_synthesizes_for_any_name_with_every_adopted_bucket_tls_only(tmp_path):
+    # cdk-nag 3.0.2 matched an adopted bucket's policy by chance (its S10 rule reads the Fn::Join naming the bucket
+    # as text): the deployment named moe passed, moe-eks (the lifecycle and TLS buckets) failed the synth.
+    data = yaml.safe_load((ROOT / "config/eks-p5en.yaml").read_text())
+    data.setdefault("storage", {})["adopt_retained_buckets"] = True
+    resources = synth(parse_config(data), tmp_path)["moe-eks-storage"]["Resources"]
+    policies = _by_type(resources, "AWS::S3::BucketPolicy")
+    assert len(policies) == 2  # the lifecycle and the TLS bucket's
+    for policy in policies:
+        (tls,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+                  if s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false"]  # fmt: skip
+        assert tls["Effect"] == "Deny" and tls["Action"] == "s3:*" and len(tls["Resource"]) == 2
+
+
 def test_readme_shows_the_synth_summary_of_the_default_config(default_synth):
     _, templates = default_synth
     shown = re.findall(r"^moe-\S+: \d+ resources -> \S+$", (ROOT / "README.md").read_text(), re.MULTILINE)
