@@ -99,9 +99,8 @@ def _te_router_fusion_present() -> bool:
     return fused_topk_with_score_function is not None
 
 
-def grouped_gemm(config: TrainConfig, spec: Spec) -> bool:
-    """``moe.grouped_gemm`` under ``spec``: ``auto`` is on under Transformer Engine only."""
-    toggle = config.moe.grouped_gemm
+def _on(toggle: Toggle, spec: Spec) -> bool:
+    """A speed option under ``spec``: ``auto`` is on under Transformer Engine only."""
     return spec is Spec.TRANSFORMER_ENGINE if toggle is Toggle.AUTO else toggle is Toggle.ON
 
 
@@ -183,8 +182,8 @@ def transformer_config_kwargs(config: TrainConfig, *, on_gpu: bool, spec: Spec |
         moe_z_loss_coeff=moe.z_loss_coeff or None,
         moe_expert_capacity_factor=moe.capacity_factor,
         moe_token_dispatcher_type=moe.token_dispatcher.value,
-        moe_grouped_gemm=grouped_gemm(config, spec),
-        moe_permute_fusion=te if moe.permute_fusion is Toggle.AUTO else moe.permute_fusion is Toggle.ON,
+        moe_grouped_gemm=_on(moe.grouped_gemm, spec),
+        moe_permute_fusion=_on(moe.permute_fusion, spec),
         moe_router_dtype=None if moe.router_dtype is RouterDtype.DEFAULT else moe.router_dtype.value,
         moe_router_score_function=moe.score_function.value,
         moe_router_pre_softmax=not moe.normalize_top_k,
@@ -296,13 +295,13 @@ def _layer_spec(config: TrainConfig, spec: Spec, *, experts: bool = True):
     if spec is Spec.TRANSFORMER_ENGINE:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts,
-            moe_grouped_gemm=grouped_gemm(config, spec),
+            moe_grouped_gemm=_on(moe.grouped_gemm, spec),
             qk_layernorm=qk_layernorm,
             multi_latent_attention=mla,
         )
     layer = gpt_layer_specs.get_gpt_layer_local_spec(
         num_experts=num_experts,
-        moe_grouped_gemm=grouped_gemm(config, spec),
+        moe_grouped_gemm=_on(moe.grouped_gemm, spec),
         normalization="RMSNorm",
         qk_layernorm=qk_layernorm,
         multi_latent_attention=mla,
