@@ -13,8 +13,10 @@ place, and only ``hostname`` and the AWS commands are stubbed.
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,24 +40,31 @@ FSX = FsxMount(
 
 
 @pytest.fixture
-def cluster(tmp_path, standin_plugin):  # noqa: F811 (the fixture imported above)
+def cluster(standin_plugin):  # noqa: F811 (the fixture imported above)
     """A sandbox with config/parallelcluster.yaml's parameters and the bundle published to the stub S3, pyxis
-    installed as ParallelCluster's AMI installs it, and a Slurm whose partition is the queue's, not yet set up."""
+    installed as ParallelCluster's AMI installs it, and a Slurm whose partition is the queue's, not yet set up.
+    slurmctld runs as SlurmUser=slurm, as ParallelCluster's slurm.conf sets it (aws/aws-parallelcluster-cookbook,
+    cookbooks/aws-parallelcluster-slurm/templates/default/slurm/slurm.conf.erb), so the sandbox is in a folder that
+    user may read (pytest's tmp folders are root's alone)."""
     params = provisioning_parameters(
         instance_groups=[g.to_props() for g in CONFIG.cluster.instance_groups],
         region=CONFIG.region, fsx=FSX, parallelcluster=True,
     )  # fmt: skip
-    box = Sandbox(tmp_path / "node", params=copy.deepcopy(params))
+    base = Path(tempfile.mkdtemp(prefix="moeci-pcluster-"))
+    base.chmod(0o755)
+    box = Sandbox(base / "node", params=copy.deepcopy(params))
     (box.root / "opt/ml/config/resource_config.json").unlink()
     for name in ("scontrol", "strigger"):
         (box.bin / name).unlink()
     publish(box)
     box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
     try:
-        with SlurmCluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu") as slurm:
+        with SlurmCluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu", slurm_user="slurm") as slurm:
             yield box, slurm
     except SlurmUnavailable as error:
         pytest.fail(f"a real Slurm is needed for this test: {error}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def custom_action(
@@ -74,6 +83,7 @@ def custom_action(
 
 def test_after_the_head_and_compute_actions_srun_reaches_pyxis_on_every_node(cluster):
     box, slurm = cluster
+    assert "SlurmUser               = slurm(" in slurm.run("scontrol", "show", "config").stdout
     before = slurm.run("srun", "-N2", "--container-image=x", "true", timeout=60)
     assert before.returncode != 0 and "unrecognized option" in before.stderr
     custom_action(box, slurm, "head", "head", bundle=PARAMETER)
