@@ -22,7 +22,10 @@
 #                                                 SharedStorage mounts the file system)
 #   setup_enroot     setup_enroot.sh                                       (login and compute)
 #   setup_pyxis      setup_pyxis.sh                                        (all nodes)
-#   slurm_features   slurm_features.sh           (compute: set; controller: the trigger)
+#   slurm_features   slurm_features.sh           (compute: set; controller: the trigger; not on
+#                                                 ParallelCluster, which gives each node its features
+#                                                 itself and starts a compute node's slurmd only after
+#                                                 OnNodeConfigured)
 #   teams            slurm_teams.sh              (all nodes: team members' users and homes; controller:
 #                                                 accounts, QoS, fair share, priority and preemption;
 #                                                 skipped when teams is null)
@@ -85,10 +88,18 @@ slurm_steps() {
     *) log "skipping setup_enroot on a ${MOE_NODE_ROLE} node" ;;
   esac
   run_step setup_pyxis bash ./setup_pyxis.sh
-  case "${MOE_NODE_ROLE}" in
-    compute | controller) run_step slurm_features bash ./slurm_features.sh ;;
-    *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
-  esac
+  # ParallelCluster writes each node's features into slurm.conf (static or dynamic, the instance type, the
+  # compute resource, efa where EFA is on, gpu: the cookbook's templates/common/slurm_parallelcluster_utils.conf),
+  # and starts a compute node's slurmd in its finalize phase, after OnNodeConfigured (compute_node/user_data.sh;
+  # recipes/finalize/finalize_compute.rb): slurm_features.sh would wait for a slurmd that cannot start before it.
+  if [[ "${MOE_CLUSTER_MANAGER}" == parallelcluster ]]; then
+    log "skipping slurm_features on ParallelCluster: it sets the nodes' features itself"
+  else
+    case "${MOE_NODE_ROLE}" in
+      compute | controller) run_step slurm_features bash ./slurm_features.sh ;;
+      *) log "skipping slurm_features on a ${MOE_NODE_ROLE} node" ;;
+    esac
+  fi
   run_step teams bash ./slurm_teams.sh
   # After the teams step, so the members' users exist; before observability, whose agent must then still reach
   # IMDS (imds_access.sh allows it). The names are read on a line of their own: a failure there stops the run

@@ -76,11 +76,11 @@ def test_the_file_system_parallelcluster_mounted_is_left_alone(compute):
     assert box.calls("mount -t") == [] and box.read("etc/fstab").count("lustre") == 0
 
 
-def test_the_other_slurm_steps_run(compute):
+def test_the_other_slurm_steps_run_and_parallelcluster_keeps_the_features_it_sets(compute):
     box, run = compute
     steps = [r["step"] for r in box.records(run) if r["outcome"] == "ok"]
-    assert steps == ["validate", "node_info", "efa_env", "setup_enroot", "setup_pyxis", "slurm_features", "teams",
-                     "observability"]  # fmt: skip
+    assert steps == ["validate", "node_info", "efa_env", "setup_enroot", "setup_pyxis", "teams", "observability"]
+    assert "skipping slurm_features on ParallelCluster: it sets the nodes' features itself" in run.stdout
 
 
 def test_enroot_keeps_its_data_on_the_instance_store_parallelcluster_mounted(compute):

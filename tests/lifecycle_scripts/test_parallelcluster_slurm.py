@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import copy
 import shutil
-import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,10 @@ FSX = FsxMount(
 
 
 @pytest.fixture
-def cluster(standin_plugin):  # noqa: F811 (the fixture imported above)
-    """A sandbox with config/parallelcluster.yaml's parameters and the bundle published to the stub S3, pyxis
-    installed as ParallelCluster's AMI installs it, and a Slurm whose partition is the queue's, not yet set up.
-    slurmctld runs as SlurmUser=slurm, as ParallelCluster's slurm.conf sets it (aws/aws-parallelcluster-cookbook,
-    cookbooks/aws-parallelcluster-slurm/templates/default/slurm/slurm.conf.erb), so the sandbox is in a folder that
-    user may read (pytest's tmp folders are root's alone)."""
+def box(standin_plugin):  # noqa: F811 (the fixture imported above)
+    """A sandbox with config/parallelcluster.yaml's parameters and the bundle published to the stub S3, and pyxis
+    installed as ParallelCluster's AMI installs it; no Slurm runs yet. The sandbox is in a folder the slurm user may
+    read (pytest's tmp folders are root's alone)."""
     params = provisioning_parameters(
         instance_groups=[g.to_props() for g in CONFIG.cluster.instance_groups],
         region=CONFIG.region, fsx=FSX, parallelcluster=True,
@@ -59,53 +58,67 @@ def cluster(standin_plugin):  # noqa: F811 (the fixture imported above)
     publish(box)
     box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
     try:
-        with SlurmCluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu", slurm_user="slurm") as slurm:
-            yield box, slurm
-    except SlurmUnavailable as error:
-        pytest.fail(f"a real Slurm is needed for this test: {error}")
+        yield box
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def custom_action(
-    box: Sandbox, slurm: SlurmCluster, group: str, hostname: str, bundle: str = BUNDLE
-) -> subprocess.CompletedProcess:
+@contextmanager
+def slurm_of(box: Sandbox) -> Iterator[SlurmCluster]:
+    """The cluster's Slurm, whose partition is the queue's: slurmctld as SlurmUser=slurm, as ParallelCluster's
+    slurm.conf sets it (aws/aws-parallelcluster-cookbook, templates/default/slurm/slurm.conf.erb)."""
+    try:
+        with SlurmCluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu", slurm_user="slurm") as slurm:
+            yield slurm
+    except SlurmUnavailable as error:
+        pytest.fail(f"a real Slurm is needed for this test: {error}")
+
+
+def custom_action(box: Sandbox, group: str, hostname: str, bundle: str = BUNDLE, **env: str):
     """The node's OnNodeConfigured action, as ParallelCluster runs it: the entry script with the action's Args (the
     bundle's URI on a compute node, its SSM parameter on the head node)."""
     return succeeded(
         box.run(
             "bash", str(box.lc / "parallelcluster_entry.sh"), bundle, "us-east-2", group,
-            MOE_LC_TARGET=str(box.base / f"lifecycle-{hostname}"), SLURM_CONF=str(slurm.conf),
-            MOE_STUB_HOSTNAME=hostname,
+            MOE_LC_TARGET=str(box.base / f"lifecycle-{hostname}"),
+            SLURM_CONF=str(box.root / "opt/slurm/etc/slurm.conf"), MOE_STUB_HOSTNAME=hostname, **env,
         )
     )  # fmt: skip
 
 
-def test_after_the_head_and_compute_actions_srun_reaches_pyxis_on_every_node(cluster):
-    box, slurm = cluster
-    assert "SlurmUser               = slurm(" in slurm.run("scontrol", "show", "config").stdout
-    before = slurm.run("srun", "-N2", "--container-image=x", "true", timeout=60)
-    assert before.returncode != 0 and "unrecognized option" in before.stderr
-    custom_action(box, slurm, "head", "head", bundle=PARAMETER)
+def compute_actions(box: Sandbox) -> None:
+    """Both compute nodes' actions, run before any Slurm daemon as on ParallelCluster, which starts a compute node's
+    slurmd in its finalize phase, after OnNodeConfigured (aws/aws-parallelcluster, compute_node/user_data.sh; the
+    cookbook's recipes/finalize/finalize_compute.rb). A step that waited for Slurm would fail within 10 s."""
     for node in ("node1", "node2"):
-        custom_action(box, slurm, "gpu", node)
-    image = "123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1"
-    job = slurm.run("srun", "-N2", f"--container-image={image}", "printenv", "MOE_STANDIN_IMAGE", timeout=60)
-    assert job.returncode == 0, job.stderr + slurm.log_tail(20)
-    assert job.stdout.split() == [image] * 2
+        custom_action(box, "gpu", node, MOE_LC_SLURM_WAIT_S="10")
 
 
-def test_the_rendered_job_of_the_configuration_runs_on_the_queue(cluster, tmp_path):
-    # The compute actions give both nodes the group's features, which the job's constraint asks for; /bin/true
-    # stands in for the trainer's interpreter, so the script runs end to end in seconds.
-    box, slurm = cluster
-    for node in ("node1", "node2"):
-        custom_action(box, slurm, "gpu", node)
+def test_after_the_head_and_compute_actions_srun_reaches_pyxis_on_every_node(box):
+    compute_actions(box)
+    # The head node's action runs once slurmctld is up: ParallelCluster starts it in its config phase
+    # (recipes/config/config_head_node.rb), before OnNodeConfigured.
+    with slurm_of(box) as slurm:
+        assert "SlurmUser               = slurm(" in slurm.run("scontrol", "show", "config").stdout
+        before = slurm.run("srun", "-N2", "--container-image=x", "true", timeout=60)
+        assert before.returncode != 0 and "unrecognized option" in before.stderr
+        custom_action(box, "head", "head", bundle=PARAMETER)
+        image = "123456789012.dkr.ecr.us-east-2.amazonaws.com#moe:1"
+        job = slurm.run("srun", "-N2", f"--container-image={image}", "printenv", "MOE_STANDIN_IMAGE", timeout=60)
+        assert job.returncode == 0, job.stderr + slurm.log_tail(20)
+        assert job.stdout.split() == [image] * 2
+
+
+def test_the_rendered_job_of_the_configuration_runs_on_the_queue(box, tmp_path):
+    # The job asks for efa, which ParallelCluster's slurm.conf gives an EFA queue's nodes, as the test Slurm's does;
+    # /bin/true stands in for the trainer's interpreter, so the script runs end to end in seconds.
+    compute_actions(box)
     spec = job_spec_from_config(CONFIG, local=True, python="/bin/true", time_limit="00:10:00", signal_lead_seconds=60)
     script = tmp_path / "train.sbatch"
     script.write_text(render_sbatch(spec).replace("/fsx/", f"{tmp_path}/fsx/"))
-    job_id = slurm.submit(script)
-    state = slurm.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=90)
+    with slurm_of(box) as slurm:
+        job_id = slurm.submit(script)
+        state = slurm.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=90)
     assert (state.state, state.fields["Partition"], state.fields["NodeList"]) == ("COMPLETED", "gpu", "node[1-2]"), (
         state.fields
     )
