@@ -131,7 +131,7 @@ def _collectives(args: argparse.Namespace) -> int:
     # A rank that never joins, or a transport that hangs, ends the collective with an error after
     # --timeout-s instead of holding the allocation until the job's time limit.
     timeout = datetime.timedelta(seconds=args.timeout_s)
-    dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout)
+    dist.init_process_group(backend, store=env.solo_store(), rank=env.rank, world_size=env.world_size, timeout=timeout)
     try:
         shape = dispatch_shape(config, world_size=env.world_size)
         try:

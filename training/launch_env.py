@@ -20,12 +20,12 @@ The launchers are checked in this order, the first that matches wins:
    process is the node's launcher (``node_launcher``), standing for its local rank 0.
    Without ``nprocPerNode`` (``MASTER_ADDR``, ``WORLD_SIZE`` and ``RANK`` but no
    ``LOCAL_RANK``): one process per pod, with ``RANK`` and ``WORLD_SIZE`` per pod.
-5. Anything else is a single process: rank 0 of a world of 1 on 127.0.0.1, on MASTER_PORT or a free port.
+5. Anything else is a single process: rank 0 of a world of 1, which meets in-process (``solo_store``).
 
 Values that cannot be used raise ``ConfigError`` carrying every problem found, one
 ``<VARIABLE>: <what is wrong> (got <value>; allowed <what is allowed>)`` line each, the
 project's error format. Standard library and python-hostlist (pure Python) only: this runs
-before torch is imported.
+before torch is imported (``solo_store`` imports it when called).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +101,17 @@ class LaunchEnv:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
+
+    def solo_store(self):
+        """For ``init_process_group``: an in-process store when the world is this one process, which
+        has nobody to meet, else None (torch's ``env://`` rendezvous on ``master_addr:master_port``).
+        A world of one binds no port: one free when the run started may be taken by the time the
+        slow imports are done (CI, stop 49: EADDRINUSE)."""
+        if self.world_size > 1:
+            return None
+        import torch.distributed as dist  # after the caller set CUDA's variables, as the module asks
+
+        return dist.HashStore()
 
 
 def detect(
@@ -425,16 +435,10 @@ def _kubeflow_node(r: _Reader) -> LaunchEnv:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _single(r: _Reader) -> LaunchEnv:
-    # Nobody else joins a single-process group, so any free port will do unless one is set;
-    # a fixed default would clash with another run on the same machine.
-    master_port = r.port(_free_port())
+    # Nobody else joins a single-process group, which meets in-process (solo_store): the port is
+    # only what the environment says, never bound.
+    master_port = r.port(DEFAULT_MASTER_PORT)
     return r.build(
         launcher="single",
         rank=0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -260,9 +261,10 @@ def test_single_process(no_resource_config):
     )
 
 
-def test_single_process_without_a_port_takes_a_free_one(no_resource_config):
-    first = detect({}, sagemaker_resource_config=no_resource_config).master_port
-    assert 1024 <= first <= 65535
+def test_a_world_of_one_meets_in_process_and_a_larger_one_through_env(no_resource_config):
+    single = detect({}, sagemaker_resource_config=no_resource_config)
+    assert type(single.solo_store()).__name__ == "HashStore"
+    assert dataclasses.replace(single, world_size=2).solo_store() is None
 
 
 def test_torch_env_gives_env_init_variables_as_strings():

@@ -8,6 +8,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,6 +150,17 @@ def test_kubeflow_pod_starts_one_rank_per_device_and_trains(tmp_path, data_prefi
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_one_process_trains_while_something_else_listens_on_its_master_port(tmp_path, data_prefix, single_run):
+    # A world of one has nobody to meet: a port chosen before megatron's import could be taken by
+    # then (CI, stop 49: EADDRINUSE on the port the run had picked), so it must not bind one at all.
+    with socket.create_server(("", 0)) as taken:
+        env = {**ENV, "MASTER_PORT": str(taken.getsockname()[1])}
+        command = train_command(tmp_path, data_prefix, "--max-steps", "1", "--save-interval", "1")
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in records(tmp_path)] == [1]
 
 
 def test_allgather_dispatcher_with_capacity_factor_trains(tmp_path, data_prefix, single_run):

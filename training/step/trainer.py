@@ -54,7 +54,11 @@ def setup(config: TrainConfig, env: LaunchEnv) -> Runtime:
     for key, value in env.torch_env().items():
         os.environ[key] = value
     dist.init_process_group(
-        "nccl" if on_gpu else "gloo", rank=env.rank, world_size=env.world_size, timeout=timedelta(minutes=30)
+        "nccl" if on_gpu else "gloo",
+        store=env.solo_store(),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(minutes=30),
     )
     parallel.initialize(layout)
     seed_everything(config.optim.seed)
