@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+from ports import free_port
+
 MAX_TOKENS = 8
 PROMPT_IDS = [5, 17, 42, 99, 7, 120, 64]
 # The export's tokenizer has no chat template; this one joins the messages' text.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(folder: str, port: int, log) -> subprocess.Popen:

@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import logging
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import yaml
 from conftest import ROOT
 from kubeflow.training import ApiClient
+from ports import free_port
 from trainer_runs import ENV, MEGATRON_REJECTS, TINY, data_prefix  # noqa: F401 (fixture)
 
 from moe_cdk.cli.main import main
@@ -360,9 +360,7 @@ def test_kubeflow_pod_exits_2_for_a_configuration_megatron_rejects_and_is_not_re
     job = render_pytorchjob(spec)
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]
     pod = master["template"]["spec"]["containers"][0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # What the training operator sets in a Master pod of a job with nprocPerNode.
     kubeflow = {
         "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"],

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 
 import pytest
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from moe_cdk.training.metrics import MetricsSink, peak_tflops_for
@@ -23,12 +23,6 @@ RECORD = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _sink(tmp_path, rank=0, **kwargs) -> MetricsSink:
     return MetricsSink(rank=rank, **({"max_steps": 10} | kwargs))
 
@@ -42,7 +36,7 @@ def test_records_are_appended_as_json_lines(tmp_path):
 
 
 def test_prometheus_endpoint_serves_the_latest_record(tmp_path):
-    port = _free_port()
+    port = free_port()
     sink = _sink(tmp_path, prometheus_port=port)
     try:
         sink.write(RECORD)
