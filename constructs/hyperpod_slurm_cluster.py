@@ -92,6 +92,67 @@ class NodeObservability:
     no trainer target."""
 
 
+def _exporters_arn(stack: cdk.Stack) -> str:
+    return stack.format_arn(
+        service="ecr", account=HYPERPOD_EXPORTER_ACCOUNT, resource="repository", resource_name="hyperpod/*"
+    )
+
+
+def observability_statements(stack: cdk.Stack, remote_write_url_parameter: str) -> list[iam.PolicyStatement]:
+    """What a Slurm node needs for the observability step, besides ``ecr:GetAuthorizationToken`` and
+    ``aps:RemoteWrite``: the remote-write URL's parameter, and pulls of HyperPod's exporter images from its registry
+    in the cluster's Region (acknowledge them with ``acknowledge_exporter_pulls``)."""
+    parameter = stack.format_arn(
+        service="ssm", resource="parameter", resource_name=remote_write_url_parameter.lstrip("/")
+    )
+    return [
+        iam.PolicyStatement(actions=["ssm:GetParameter"], resources=[parameter]),
+        iam.PolicyStatement(
+            actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+            resources=[_exporters_arn(stack)],
+        ),
+    ]
+
+
+def acknowledge_exporter_pulls(stack: cdk.Stack, policy: cdk.CfnResource) -> None:
+    """The cdk-nag acknowledgment of ``observability_statements``' pulls, on the policy that holds them."""
+    cdk.Validations.of(policy).acknowledge(
+        cdk.Acknowledgment(
+            id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, _exporters_arn(stack))}]",
+            reason="Pull-only access to the exporter images HyperPod publishes under hyperpod/ in its own "
+            "registry account; the lifecycle scripts pin each image by tag (lifecycle_scripts/README.md).",
+        )
+    )
+
+
+def observability_problems(observability: NodeObservability) -> list[Problem]:
+    """What is wrong with ``observability``, each at its prop."""
+    found = []
+    if not observability.remote_write_url_parameter.startswith("/"):
+        found.append(
+            problem("not an SSM parameter path", got=observability.remote_write_url_parameter, allowed="/a/b/c").at(
+                "observability.remote_write_url_parameter"
+            )
+        )
+    if not 30 <= observability.scrape_interval_s <= 300:
+        found.append(
+            problem("out of range", got=observability.scrape_interval_s, allowed="30 to 300").at(
+                "observability.scrape_interval_s"
+            )
+        )
+    port = observability.trainer_metrics_port
+    if port is not None and not (1024 <= port <= 65535 and port not in NODE_EXPORTER_PORTS):
+        # The lifecycle scripts refuse the same ports at boot (node_info.py --check).
+        found.append(
+            problem(
+                "not a port the trainer can serve on next to the exporters",
+                got=port,
+                allowed=f"1024 to 65535 except {', '.join(map(str, NODE_EXPORTER_PORTS))}, or null",
+            ).at("observability.trainer_metrics_port")
+        )
+    return found
+
+
 @dataclass(frozen=True, kw_only=True)
 class HyperPodSlurmClusterProps:
     cluster_name: str
@@ -336,31 +397,10 @@ class HyperPodSlurmCluster(Construct):
         self.cluster_name = props.cluster_name
 
     def _allow_observability(self, observability: NodeObservability, stack: cdk.Stack) -> None:
-        name = observability.remote_write_url_parameter.lstrip("/")
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["ssm:GetParameter"],
-                resources=[stack.format_arn(service="ssm", resource="parameter", resource_name=name)],
-            )
-        )
-        # The exporter images, from HyperPod's registry in the cluster's region (ecr:GetAuthorizationToken,
-        # unscoped, is granted by the execution role).
-        exporters = stack.format_arn(
-            service="ecr", account=HYPERPOD_EXPORTER_ACCOUNT, resource="repository", resource_name="hyperpod/*"
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
-                resources=[exporters],
-            )
-        )
-        cdk.Validations.of(self.role.node.find_child("DefaultPolicy").node.default_child).acknowledge(
-            cdk.Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::{nag_text(stack, exporters)}]",
-                reason="Pull-only access to the exporter images HyperPod publishes under hyperpod/ in its own "
-                "registry account; the lifecycle scripts pin each image by tag (lifecycle_scripts/README.md).",
-            )
-        )
+        # ecr:GetAuthorizationToken, unscoped, is granted by the execution role.
+        for statement in observability_statements(stack, observability.remote_write_url_parameter):
+            self.role.add_to_policy(statement)
+        acknowledge_exporter_pulls(stack, self.role.node.find_child("DefaultPolicy").node.default_child)
 
     @staticmethod
     def _problems(props: HyperPodSlurmClusterProps) -> list[Problem]:
@@ -370,29 +410,8 @@ class HyperPodSlurmCluster(Construct):
             continuous=props.node_provisioning_mode is NodeProvisioningMode.CONTINUOUS,
         )
         found += lifecycle_directory_problems(props.lifecycle_scripts_directory)
-        if (obs := props.observability) is not None:
-            if not obs.remote_write_url_parameter.startswith("/"):
-                found.append(
-                    problem("not an SSM parameter path", got=obs.remote_write_url_parameter, allowed="/a/b/c").at(
-                        "observability.remote_write_url_parameter"
-                    )
-                )
-            if not 30 <= obs.scrape_interval_s <= 300:
-                found.append(
-                    problem("out of range", got=obs.scrape_interval_s, allowed="30 to 300").at(
-                        "observability.scrape_interval_s"
-                    )
-                )
-            port = obs.trainer_metrics_port
-            if port is not None and not (1024 <= port <= 65535 and port not in NODE_EXPORTER_PORTS):
-                # The lifecycle scripts refuse the same ports at boot (node_info.py --check).
-                found.append(
-                    problem(
-                        "not a port the trainer can serve on next to the exporters",
-                        got=port,
-                        allowed=f"1024 to 65535 except {', '.join(map(str, NODE_EXPORTER_PORTS))}, or null",
-                    ).at("observability.trainer_metrics_port")
-                )
+        if props.observability is not None:
+            found += observability_problems(props.observability)
         found += slurm_provisioning_problems(
             mode=props.node_provisioning_mode,
             slurm_config_strategy=props.slurm_config_strategy,

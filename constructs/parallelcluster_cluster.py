@@ -34,6 +34,7 @@ from aws_cdk import aws_ec2 as ec2, aws_ecr as ecr, aws_iam as iam, aws_s3_asset
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_asset
+from moe_cdk.constructs.hyperpod_slurm_cluster import acknowledge_exporter_pulls, observability_statements
 from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
 from moe_cdk.rules import parallelcluster as rules
 from moe_cdk.rules.hyperpod_capacity import CapacityType
@@ -116,7 +117,9 @@ class ParallelClusterProps:
     lifecycle_scripts_directory: str
     """lifecycle_scripts/, with ``parallelcluster_entry.sh`` and ``on_create.sh``. Required."""
     lifecycle_parameters: dict
-    """provisioning_parameters.json, shipped in the bundle. Required."""
+    """provisioning_parameters.json, shipped in the bundle. With its ``observability`` set, the nodes' policy lets
+    them read the remote-write URL's parameter and pull HyperPod's exporter images; the caller grants
+    ``aps:RemoteWrite`` on ``node_policy``. Required."""
     region: str
     """The Region, passed to the entry script. Required."""
     login_nodes: ParallelClusterNodes | None = None
@@ -336,19 +339,25 @@ class ParallelClusterCluster(Construct):
             ),
             iam.PolicyStatement(actions=["ssm:GetParameter"], resources=[self.bundle_parameter.parameter_arn]),
         )
+        observability = props.lifecycle_parameters.get("observability")
+        if observability is not None:
+            stack = cdk.Stack.of(self)
+            policy.add_statements(*observability_statements(stack, observability["remote_write_url_parameter"]))
+            acknowledge_exporter_pulls(stack, policy.node.default_child)
         if props.image_repository is not None:
             policy.add_statements(
                 iam.PolicyStatement(
                     actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
                     resources=[props.image_repository.repository_arn],
-                ),
-                iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+                )
             )
+        if props.image_repository is not None or observability is not None:
+            policy.add_statements(iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"]))
             cdk.Validations.of(policy.node.default_child).acknowledge(
                 cdk.Acknowledgment(
                     id="AwsSolutions-IAM5[Resource::*]",
                     reason="Only ecr:GetAuthorizationToken uses '*': it has no resource-level permissions (Service "
-                    "Authorization Reference, Amazon ECR); the pulls are scoped to the training image's repository.",
+                    "Authorization Reference, Amazon ECR); the pulls are scoped to named repositories.",
                 )
             )
         return policy

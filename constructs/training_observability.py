@@ -32,6 +32,10 @@ from moe_cdk.constructs.validation import Problem, problem, raise_if_any
 MIN_SCRAPE_INTERVAL_S = 30
 
 
+# What the Slurm nodes' agent needs on the workspace (AMP User Guide, "Ingest Prometheus metrics to the workspace").
+REMOTE_WRITE = ["aps:RemoteWrite"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingObservabilityProps:
     name: str
@@ -133,8 +137,12 @@ class TrainingObservability(Construct):
     def grant_remote_write(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let ``grantee`` (the Slurm nodes' role) send samples to this workspace and nothing else."""
         return iam.Grant.add_to_principal(
-            grantee=grantee, actions=["aps:RemoteWrite"], resource_arns=[self.workspace.attr_arn]
+            grantee=grantee, actions=REMOTE_WRITE, resource_arns=[self.workspace.attr_arn]
         )
+
+    def remote_write_statement(self) -> iam.PolicyStatement:
+        """The same permission, for a managed policy (ParallelCluster's nodes take their permissions as one)."""
+        return iam.PolicyStatement(actions=REMOTE_WRITE, resources=[self.workspace.attr_arn])
 
     def _add_scraper(self, props: TrainingObservabilityProps) -> None:
         self.scraper = aps.CfnScraper(

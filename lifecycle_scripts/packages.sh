@@ -5,6 +5,7 @@
 #   package_version NAME            the VERSION column of NAME
 #   fetch_package_file NAME DIR VAR download NAME's SOURCE into DIR, verify its CHECK; the path into VAR
 #   fetch_package_git NAME DIR      clone NAME's SOURCE at tag v<VERSION> into DIR, verify the commit
+#   apt_update                      apt-get update (the AMI's package lists may be older than the archive)
 #   apt_install PACKAGE...          apt-get install, retried, waiting for another apt's lock
 #
 # A node reaches GitHub and Ubuntu's archive through the cluster's NAT gateway. A download or a
@@ -70,6 +71,10 @@ fetch_package_git() {
     die "${name} tag v${version} of ${source} is commit ${head}, not the pinned ${check#commit:}: nothing was built; the tag moved or the source is not NVIDIA's"
   fi
   log "${name} ${version}: commit ${head} as pinned"
+}
+
+apt_update() {
+  retry 5 5 apt-get -y -q -o DPkg::Lock::Timeout=120 update
 }
 
 apt_install() {

@@ -4,7 +4,7 @@
 Standard library only, Python 3.8+, like node_info.py. Run on the controller every minute by
 moe-cdk-scrape-targets.timer, and once by setup_observability.sh before the agent starts.
 
-    scrape_targets.py --params PARAMS --resource-config RESOURCE_CONFIG --out DIR
+    scrape_targets.py --params PARAMS [--resource-config RESOURCE_CONFIG] --out DIR
                       [--slurm-exporter-address HOST:PORT]
                       [--controller-node-exporter-address HOST:PORT]
 
@@ -26,8 +26,9 @@ of {"targets": [...], "labels": {...}}, the format of Prometheus's file_sd_confi
 
 Where the targets come from:
   * Slurm nodes: `scontrol --details --oneliner show nodes`, parsed by slurm_exporter.py's
-    parse_nodes. NodeName is the node label and NodeAddr the address; a node without NodeAddr or
-    in the FUTURE state (not yet a node) is left out. GPUs: a Gres with GPUs, or an instance type
+    parse_nodes. NodeName is the node label and NodeAddr the address; a node without NodeAddr, in
+    the FUTURE state (not yet a node), or powered down or powering up (no instance behind it yet:
+    ParallelCluster's dynamic nodes, whose NodeAddr is then their own name) is left out. GPUs: a Gres with GPUs, or an instance type
     of the p or g family (every one has NVIDIA GPUs, and the nodes' Gres is HyperPod's to set).
     EFA: "efa" among the node's features, which slurm_features.sh sets only on nodes where an
     EFA device shows.
@@ -38,6 +39,9 @@ Where the targets come from:
     controller_group and login_group in resource_config.json, at their CustomerIpAddress, with
     node label "ip-A-B-C-D", the IP-based hostname EC2 gives an instance with address A.B.C.D
     (EC2 User Guide, "EC2 instance hostname types"), which is how HyperPod names its nodes.
+    ParallelCluster has no resource_config.json (--resource-config is then left out): the
+    controller is its head node, labelled with this host's short name, and the login nodes are
+    not listed (they are no Slurm nodes, and their pool sits behind ParallelCluster's load balancer).
 
 When scontrol fails the files stay as they are and the exit status is 1: a slurmctld that is
 busy for a moment must not empty the target lists. Problems with the inputs exit with status 2.
@@ -49,6 +53,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import sys
 import tempfile
 
@@ -64,6 +69,8 @@ DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS = "127.0.0.1:9100"
 SCONTROL_TIMEOUT_S = 30.0
 # SageMaker instance types whose family letter marks NVIDIA GPUs: ml.p4d, ml.p5, ml.p5en, ml.g5, ml.g6e, ...
 GPU_FAMILY_LETTERS = ("p", "g")
+# Power-saving flags of nodes with no instance behind them (Slurm's scontrol man page, NODE STATE).
+NO_INSTANCE_FLAGS = ("POWERED_DOWN", "POWERING_UP")
 EXIT_SLURM_FAILED = 1
 EXIT_INVALID = 2
 
@@ -95,7 +102,9 @@ def has_gpus(instance_type: str) -> bool:
 
 
 def group_instances(resource_config: object) -> list:
-    """(group name, instance type, instance) for each instance in resource_config.json."""
+    """(group name, instance type, instance) for each instance in resource_config.json (none when None)."""
+    if resource_config is None:
+        return []
     groups = resource_config.get("InstanceGroups") if isinstance(resource_config, dict) else None
     if not isinstance(groups, list):
         raise Invalid("resource_config.json: no InstanceGroups list")
@@ -126,10 +135,12 @@ def build_targets(
     resource_config: object,
     slurm_exporter_address: str,
     controller_node_exporter_address: str = DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS,
+    controller_node: str = "",
 ) -> dict:
     """File name -> the file_sd list to write there (None: remove the file). The controller's node
     exporter is scraped at ``controller_node_exporter_address`` (where it listens), labelled with the
-    controller's own node name."""
+    controller's own node name: its IP-based name from ``resource_config``, else ``controller_node``
+    (ParallelCluster, whose ``resource_config`` is None)."""
     instances = group_instances(resource_config)
     by_address = {i.get("CustomerIpAddress"): itype for _, itype, i in instances if i.get("CustomerIpAddress")}
     by_partition = partition_instance_types(params)
@@ -147,8 +158,12 @@ def build_targets(
                 node_targets.append({"targets": [controller_node_exporter_address], "labels": labels})
             else:
                 node_targets.append(entry(address, NODE_EXPORTER_PORT, ip_hostname(address), itype))
+    if resource_config is None:
+        labels = {"instance_type": "unknown", "node": controller_node}
+        node_targets.append({"targets": [controller_node_exporter_address], "labels": labels})
     for node in sorted(slurm_nodes, key=lambda n: n.name):
-        if not node.address or "FUTURE" in node.state.upper():
+        state = node.state.upper()
+        if not node.address or "FUTURE" in state or any(f in state.split("+") for f in NO_INSTANCE_FLAGS):
             continue
         itype = by_address.get(node.address)
         if itype is None:
@@ -166,8 +181,8 @@ def build_targets(
 
     controllers = [(i.get("CustomerIpAddress"), t) for g, t, i in instances if g == params.get("controller_group")]
     address, itype = controllers[0] if controllers and controllers[0][0] else ("", "unknown")
-    slurm = [{"targets": [slurm_exporter_address],
-              "labels": {"instance_type": itype, "node": ip_hostname(address) if address else "controller"}}]
+    node = ip_hostname(address) if address else controller_node or "controller"
+    slurm = [{"targets": [slurm_exporter_address], "labels": {"instance_type": itype, "node": node}}]
     return {
         "node.json": node_targets,
         "dcgm.json": dcgm,
@@ -201,18 +216,25 @@ def write_if_changed(path: str, content: object) -> bool:
 def main(argv: list) -> int:
     parser = argparse.ArgumentParser(description="Write the Prometheus agent's file_sd target lists.")
     parser.add_argument("--params", required=True, help="provisioning_parameters.json")
-    parser.add_argument("--resource-config", required=True, help="HyperPod's resource_config.json")
+    parser.add_argument("--resource-config", help="HyperPod's resource_config.json (none on ParallelCluster)")
     parser.add_argument("--out", required=True, help="folder of the target files")
-    parser.add_argument("--slurm-exporter-address", default=DEFAULT_SLURM_EXPORTER_ADDRESS,
-                        help=f"HOST:PORT of slurm_exporter.py (default {DEFAULT_SLURM_EXPORTER_ADDRESS})")
-    parser.add_argument("--controller-node-exporter-address", default=DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS,
-                        help="HOST:PORT of this controller's node_exporter "
-                        f"(default {DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS})")
+    parser.add_argument(
+        "--slurm-exporter-address",
+        default=DEFAULT_SLURM_EXPORTER_ADDRESS,
+        help=f"HOST:PORT of slurm_exporter.py (default {DEFAULT_SLURM_EXPORTER_ADDRESS})",
+    )
+    parser.add_argument(
+        "--controller-node-exporter-address",
+        default=DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS,
+        help=f"HOST:PORT of this controller's node_exporter (default {DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS})",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         params = load_json(args.params, "provisioning_parameters.json")
-        resource_config = load_json(args.resource_config, "resource_config.json")
+        resource_config = (
+            None if args.resource_config is None else load_json(args.resource_config, "resource_config.json")
+        )
         if not isinstance(params, dict):
             raise Invalid("provisioning_parameters.json: not a JSON object")
         output = Slurm(SCONTROL_TIMEOUT_S).run(SCONTROL_NODES)
@@ -220,8 +242,12 @@ def main(argv: list) -> int:
             log.error("scontrol failed; the target files in %s are left as they are", args.out)
             return EXIT_SLURM_FAILED
         targets = build_targets(
-            parse_nodes(output), params, resource_config, args.slurm_exporter_address,
+            parse_nodes(output),
+            params,
+            resource_config,
+            args.slurm_exporter_address,
             args.controller_node_exporter_address,
+            socket.gethostname().split(".")[0],
         )
     except Invalid as error:
         log.error("%s", error)

@@ -41,7 +41,8 @@
 #     from source at boot.
 #
 # Downloads: the container images, from the registries the manifest names (HyperPod's ECR with a
-# token from `aws ecr get-login-password`, Quay.io for Prometheus); nothing else. An image already
+# token from `aws ecr get-login-password`, Quay.io for Prometheus), and on a ParallelCluster node without Docker,
+# Ubuntu's docker.io (ensure_docker); nothing else. An image already
 # present is not pulled again. The digest Docker reports for each is logged and kept in
 # /var/lib/moe-cdk/observability/images; a digest pinned in the manifest must match it.
 #
@@ -51,6 +52,8 @@ set -euo pipefail
 MOE_LC_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "${MOE_LC_DIR}/lib.sh"
+# shellcheck source-path=SCRIPTDIR source=packages.sh
+source "${MOE_LC_DIR}/packages.sh"
 
 readonly IMAGES_FILE="${MOE_LC_DIR}/observability_images.txt"
 readonly INSTALL_DIR="${MOE_LC_ROOT}/opt/moe-cdk/observability"
@@ -310,10 +313,13 @@ EOF
 # Arguments of scrape_targets.py, shared by the first run here and the timer's service.
 SCRAPE_TARGETS_ARGS=()
 scrape_targets_args() {
-  SCRAPE_TARGETS_ARGS=(
-    "${INSTALL_DIR}/scrape_targets.py" --params "${INSTALL_DIR}/provisioning_parameters.json"
-    --resource-config "${MOE_LC_RESOURCE_CONFIG}" --out "${TARGETS_DIR}"
-    --slurm-exporter-address "${SLURM_EXPORTER_ADDRESS}"
+  SCRAPE_TARGETS_ARGS=("${INSTALL_DIR}/scrape_targets.py" --params "${INSTALL_DIR}/provisioning_parameters.json")
+  # ParallelCluster writes no resource_config.json: the head node is then named by its host name.
+  if [[ "${MOE_CLUSTER_MANAGER}" != parallelcluster ]]; then
+    SCRAPE_TARGETS_ARGS+=(--resource-config "${MOE_LC_RESOURCE_CONFIG}")
+  fi
+  SCRAPE_TARGETS_ARGS+=(
+    --out "${TARGETS_DIR}" --slurm-exporter-address "${SLURM_EXPORTER_ADDRESS}"
     --controller-node-exporter-address "${CONTROLLER_NODE_EXPORTER_ADDRESS}"
   )
 }
@@ -433,6 +439,26 @@ compute_node() {
   fi
 }
 
+# ensure_docker: Docker, which runs every exporter. HyperPod's AMI-based configuration installs it. ParallelCluster's
+# AMIs do not ship it: AWS's reference ParallelCluster clusters install it in OnNodeConfigured
+# (aws-samples/aws-parallelcluster-post-install-scripts, docker/postinstall.sh, as awslabs/awsome-distributed-ai's
+# cluster templates run it), from Docker's own apt repository. This takes Ubuntu's docker.io from the archive the
+# node already reaches (packages.sh), with no third-party key, and is skipped where docker is already there (an
+# AMI of your own that has it).
+ensure_docker() {
+  if command -v docker >/dev/null 2>&1; then
+    return 0
+  fi
+  if [[ "${MOE_CLUSTER_MANAGER}" != parallelcluster ]]; then
+    die "docker is not installed: HyperPod's AMI-based configuration installs it (OnInitComplete runs after it)"
+  fi
+  log "docker is not installed (ParallelCluster's AMIs ship none): installing Ubuntu's docker.io"
+  apt_update
+  apt_install docker.io
+  systemctl enable --now docker.service
+  command -v docker >/dev/null 2>&1 || die "apt-get installed docker.io, but no docker command is on PATH"
+}
+
 main() {
   install_err_trap
   load_params
@@ -445,9 +471,7 @@ main() {
     log "observability is null in provisioning_parameters.json; skipped"
     return 0
   fi
-  if ! command -v docker >/dev/null 2>&1; then
-    die "docker is not installed: HyperPod's AMI-based configuration installs it (OnInitComplete runs after it)"
-  fi
+  ensure_docker
   case "${MOE_NODE_ROLE}" in
     controller) controller_node ;;
     compute) compute_node ;;

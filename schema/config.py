@@ -1045,8 +1045,6 @@ class Config:
         for key, value, why in (
             ("teams", self.teams is not None, "teams need Slurm accounting, which ParallelCluster gets only from an "
              "external database moe-cdk does not yet configure"),
-            ("observability.enabled", self.observability.enabled, "the exporters and the agent are not yet set up "
-             "on ParallelCluster's nodes: they run under Docker, which ParallelCluster's AMIs do not ship"),
             ("storage.lustre.efa_enabled", self.storage.lustre.efa_enabled, "ParallelCluster mounts the file system "
              "itself, over TCP"),
         ):  # fmt: skip

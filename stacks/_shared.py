@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aws_cdk import CfnOutput, IStackSynthesizer, Stack
+from aws_cdk import CfnOutput, IStackSynthesizer, Stack, aws_ssm as ssm
 
 from moe_cdk.constructs.hyperpod_nodes import lifecycle_bundle_id, lifecycle_synthesizer
-from moe_cdk.constructs.hyperpod_slurm_cluster import FsxMount
+from moe_cdk.constructs.hyperpod_slurm_cluster import FsxMount, NodeObservability
 from moe_cdk.constructs.training_observability import TrainingObservability, TrainingObservabilityProps
 from moe_cdk.core.names import project_root
 from moe_cdk.schema.config import Config
+from moe_cdk.training.config import load_train_config
 
 if TYPE_CHECKING:  # the storage stack is passed in
     from moe_cdk.stacks.storage_stack import StorageStack
@@ -55,6 +56,32 @@ def fsx_mount(config: Config, storage: StorageStack) -> FsxMount:
 def remote_write_parameter_name(config: Config) -> str:
     """SSM parameter with the Prometheus workspace's remote-write URL, which the Slurm controller reads at boot."""
     return f"/moe-cdk/{config.name}/observability/remote-write-url"
+
+
+def node_observability(config: Config) -> NodeObservability | None:
+    """What the Slurm nodes' lifecycle scripts need for ``config.observability``; None when it is off."""
+    if not config.observability.enabled:
+        return None
+    return NodeObservability(
+        remote_write_url_parameter=remote_write_parameter_name(config),
+        scrape_interval_s=config.observability.scrape_interval_s,
+        trainer_metrics_port=load_train_config(config.training.path).metrics.prometheus_port,
+    )
+
+
+def add_slurm_observability(stack: Stack, config: Config) -> tuple[TrainingObservability, ssm.StringParameter]:
+    """``add_observability`` for a Slurm cluster, whose controller's agent remote-writes to the workspace, and the
+    SSM parameter with the workspace's remote-write URL, which the controller reads while it boots (make the
+    cluster depend on it, and grant the nodes ``aps:RemoteWrite``)."""
+    observability = add_observability(stack, config)
+    parameter = ssm.StringParameter(
+        stack,
+        "RemoteWriteUrl",
+        parameter_name=remote_write_parameter_name(config),
+        string_value=observability.remote_write_url,
+        description="Where the Slurm controller's agent sends the cluster's metrics (Managed Prometheus)",
+    )
+    return observability, parameter
 
 
 def hyperpod_synthesizer(config: Config, parameters: dict) -> IStackSynthesizer:

@@ -4,38 +4,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aws_cdk import CfnOutput, Stack, aws_ssm as ssm
+from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import (
     HyperPodSlurmCluster,
     HyperPodSlurmClusterProps,
-    NodeObservability,
     provisioning_parameters,
 )
 from moe_cdk.schema.config import Config
 from moe_cdk.stacks._shared import (
-    add_observability,
+    add_slurm_observability,
     fsx_mount,
     hyperpod_synthesizer,
     lifecycle_scripts,
-    remote_write_parameter_name,
+    node_observability,
 )
-from moe_cdk.training.config import load_train_config
 
 if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
     from moe_cdk.stacks.network_stack import NetworkStack
     from moe_cdk.stacks.storage_stack import StorageStack
-
-
-def _node_observability(config: Config) -> NodeObservability | None:
-    if not config.observability.enabled:
-        return None
-    return NodeObservability(
-        remote_write_url_parameter=remote_write_parameter_name(config),
-        scrape_interval_s=config.observability.scrape_interval_s,
-        trainer_metrics_port=load_train_config(config.training.path).metrics.prometheus_port,
-    )
 
 
 class SlurmClusterStack(Stack):
@@ -48,7 +36,7 @@ class SlurmClusterStack(Stack):
     ) -> None:
         groups = [g.to_props() for g in config.cluster.instance_groups]
         fsx = fsx_mount(config, storage)
-        observability = _node_observability(config)
+        observability = node_observability(config)
         parameters = provisioning_parameters(
             instance_groups=groups, region=config.region, fsx=fsx, observability=observability, teams=config.teams
         )
@@ -77,16 +65,8 @@ class SlurmClusterStack(Stack):
         )
         self.observability = None
         if observability is not None:
-            self.observability = add_observability(self, config)
+            self.observability, remote_write = add_slurm_observability(self, config)
             self.observability.grant_remote_write(self.cluster.role)
-            remote_write = ssm.StringParameter(
-                self,
-                "RemoteWriteUrl",
-                parameter_name=observability.remote_write_url_parameter,
-                string_value=self.observability.remote_write_url,
-                description="Where the Slurm controller's agent sends the cluster's metrics (Managed Prometheus)",
-            )
-            # The controller reads it while it boots.
             self.cluster.node.add_dependency(remote_write)
         CfnOutput(self, "ClusterArn", value=self.cluster.cluster_arn)
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

@@ -17,7 +17,13 @@ from moe_cdk.constructs.parallelcluster_cluster import (
 )
 from moe_cdk.core import catalog
 from moe_cdk.schema.config import Config, InstanceGroupConfig, NodeRole
-from moe_cdk.stacks._shared import fsx_mount, lifecycle_bucket_name, lifecycle_scripts
+from moe_cdk.stacks._shared import (
+    add_slurm_observability,
+    fsx_mount,
+    lifecycle_bucket_name,
+    lifecycle_scripts,
+    node_observability,
+)
 
 if TYPE_CHECKING:  # the stacks are passed in; a stack module imports no other
     from moe_cdk.stacks.network_stack import NetworkStack
@@ -65,6 +71,7 @@ class ParallelClusterStack(Stack):
             instance_groups=[g.to_props() for g in groups],
             region=config.region,
             fsx=fsx_mount(config, storage),
+            observability=node_observability(config),
             parallelcluster=True,
         )
         # One folder for every version of the assets: the entry script's key then changes only with its content,
@@ -98,5 +105,10 @@ class ParallelClusterStack(Stack):
                 log_retention_days=settings.log_retention_days,
             ),
         )
+        self.observability = None
+        if config.observability.enabled:
+            self.observability, remote_write = add_slurm_observability(self, config)
+            self.cluster.node_policy.add_statements(self.observability.remote_write_statement())
+            self.cluster.resource.node.add_dependency(remote_write)
         CfnOutput(self, "ClusterName", value=config.name)
         CfnOutput(self, "HeadNodePrivateIp", value=self.cluster.resource.get_att_string("headNode.privateIpAddress"))

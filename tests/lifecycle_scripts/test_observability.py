@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -657,6 +658,83 @@ def test_a_bad_remote_write_url_stops_the_controller(tmp_path, url, message):
     assert "step:        observability" in result.stderr
     assert "prometheus-agent" not in docker_runs(box)
     assert not (box.root / AGENT_CONFIG).exists()
+
+
+# ---- setup_observability.sh on ParallelCluster -----------------------------------------------
+
+# Ubuntu's apt-get as far as docker.io goes: installing it puts the stand-in docker on PATH.
+APT_DOCKER_IO_STUB = r"""
+case " $* " in
+  *" install docker.io "*) cp -- "${MOE_STUB_STATE}/docker.io" "$(dirname "$0")/docker" ;;
+esac
+"""
+
+
+def parallelcluster_obs_sandbox(base: Path, *, docker: bool) -> tuple[Sandbox, dict]:
+    """A ParallelCluster node with observability on (no resource_config.json), and the environment its step runs
+    in: without ``docker``, a PATH on which no docker is found until apt-get installs docker.io."""
+    box = obs_sandbox(base, params={**OBS_PARAMS, "cluster_manager": "parallelcluster"})
+    (box.root / "opt/ml/config/resource_config.json").unlink()
+    env = {}
+    if not docker:
+        shutil.copy(box.bin / "docker", box.state / "docker.io")
+        stub(box, "apt-get", APT_DOCKER_IO_STUB)
+        env["PATH"] = box.without("docker")
+    return box, env
+
+
+def test_a_parallelcluster_node_without_docker_installs_ubuntus_docker_io_then_its_exporters(tmp_path):
+    box, env = parallelcluster_obs_sandbox(tmp_path, docker=False)
+    result = succeeded(setup(box, MOE_LC_NODE_GROUP="gpu", **env))
+    assert "docker is not installed (ParallelCluster's AMIs ship none): installing Ubuntu's docker.io" in result.stdout
+    assert box.calls("apt-get") == [
+        "apt-get -y -q -o DPkg::Lock::Timeout=120 update",
+        "apt-get -y -q -o DPkg::Lock::Timeout=120 install docker.io",
+    ]
+    assert "systemctl enable --now docker.service" in box.calls("systemctl")
+    assert sorted(docker_runs(box)) == ["dcgm-exporter", "efa-exporter", "node-exporter"]
+
+
+def test_a_parallelcluster_node_with_docker_installs_nothing(tmp_path):
+    box, env = parallelcluster_obs_sandbox(tmp_path, docker=True)
+    succeeded(setup(box, MOE_LC_NODE_GROUP="gpu", **env))
+    assert box.calls("apt-get") == [] and sorted(docker_runs(box)) == ["dcgm-exporter", "efa-exporter", "node-exporter"]
+
+
+def test_a_hyperpod_node_without_docker_stops_in_one_line_and_installs_nothing(tmp_path):
+    box = obs_sandbox(tmp_path)
+    result = setup(box, PATH=box.without("docker"))
+    assert result.returncode != 0
+    assert "docker is not installed: HyperPod's AMI-based configuration installs it" in result.stderr
+    assert box.calls("apt-get") == []
+
+
+def test_the_parallelcluster_head_node_names_itself_and_reads_no_resource_config(tmp_path):
+    box, env = parallelcluster_obs_sandbox(tmp_path, docker=True)
+    succeeded(setup(box, MOE_LC_NODE_GROUP="controller", **env))
+    assert "--resource-config" not in box.read("etc/systemd/system/moe-cdk-scrape-targets.service")
+    head = {"instance_type": "unknown", "node": socket.gethostname().split(".")[0]}
+    targets = box.root / "etc/moe-cdk/prometheus/targets"
+    assert json.loads((targets / "node.json").read_text()) == [{"labels": head, "targets": ["127.0.0.1:9100"]}]
+    assert json.loads((targets / "slurm.json").read_text()) == [{"labels": head, "targets": ["127.0.0.1:9341"]}]
+
+
+def test_nodes_with_no_instance_behind_them_are_not_scraped():
+    # ParallelCluster's dynamic nodes while powered down carry their own name as NodeAddr.
+    lines = "\n".join(
+        f"NodeName={name} NodeAddr={address} State={state} Partitions=gpu"
+        for name, address, state in (
+            ("gpu-st-1", "10.0.64.21", "IDLE"),
+            ("gpu-dy-1", "gpu-dy-1", "IDLE+CLOUD+POWERED_DOWN"),
+            ("gpu-dy-2", "10.0.64.22", "ALLOCATED+CLOUD+POWERING_UP"),
+            ("gpu-dy-3", "10.0.64.23", "MIXED+CLOUD"),
+        )
+    )
+    slurm_exporter, scrape_targets = load_script("slurm_exporter"), load_script("scrape_targets")
+    targets = scrape_targets.build_targets(
+        slurm_exporter.parse_nodes(lines), TARGETS_PARAMS, None, "127.0.0.1:9341", controller_node="head"
+    )
+    assert [t["labels"]["node"] for t in targets["node.json"]] == ["head", "gpu-dy-3", "gpu-st-1"]
 
 
 # ---- slurm_exporter.py and scrape_targets.py on a real Slurm ---------------------------------

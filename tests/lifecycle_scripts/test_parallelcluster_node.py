@@ -17,14 +17,22 @@ from test_lifecycle_scripts import PARAMS, Sandbox, succeeded  # noqa: E402
 
 BUNDLE = "s3://sagemaker-123456789012-us-east-2-moe-pc/lifecycle/0123456789abcdef/bundle.zip"
 PARAMETER = "/moe-cdk/moe-pc/lifecycle/bundle"
-# s3 cp answered from the sandbox's state folder, as the node's role would read the object; the bundle parameter
-# holds BUNDLE.
-AWS_S3_STUB = rf"""#!/usr/bin/env bash
+
+
+def aws_stub(parameters: dict[str, str]) -> str:
+    """s3 cp answered from the sandbox's state folder, as the node's role would read the object; ssm get-parameter
+    from ``parameters`` (name -> value); ECR's token."""
+    names = "".join(f'      *" --name {name} "*) echo "{value}" ;;\n' for name, value in parameters.items())
+    return rf"""#!/usr/bin/env bash
 echo "aws $*" >>"${{MOE_STUB_CALLS}}"
 args=("$@")
 case "${{args[0]}} ${{args[1]}}" in
   "s3 cp") cp -- "${{MOE_STUB_STATE}}/s3/${{args[-2]#s3://}}" "${{args[-1]}}" ;;
-  "ssm get-parameter") [[ " $* " == *" --name {PARAMETER} "* ]] && echo "{BUNDLE}" ;;
+  "ssm get-parameter")
+    case " $* " in
+{names}      *) echo "An error occurred (ParameterNotFound)" >&2; exit 254 ;;
+    esac ;;
+  "ecr get-login-password") echo ecr-token ;;
   *) exit 254 ;;
 esac
 """
@@ -39,9 +47,10 @@ def parallelcluster_node(base: Path) -> Sandbox:
     return box
 
 
-def publish(box: Sandbox) -> None:
-    """The sandbox's lifecycle folder as the bundle in the stub S3, and the stub aws that reads it."""
-    (box.bin / "aws").write_text(AWS_S3_STUB)
+def publish(box: Sandbox, parameters: dict[str, str] | None = None) -> None:
+    """The sandbox's lifecycle folder as the bundle in the stub S3, and the stub aws that reads it; the bundle's
+    parameter holds BUNDLE, and ``parameters`` are the other SSM parameters."""
+    (box.bin / "aws").write_text(aws_stub({PARAMETER: BUNDLE, **(parameters or {})}))
     published = box.state / "s3" / BUNDLE.removeprefix("s3://")
     published.parent.mkdir(parents=True)
     shutil.make_archive(str(published.with_suffix("")), "zip", box.lc)

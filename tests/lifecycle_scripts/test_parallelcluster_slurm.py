@@ -7,31 +7,42 @@ registered, its configuration left under /opt/parallelcluster/examples (aws/aws-
 cookbooks/aws-parallelcluster-slurm/recipes/install/install_pyxis.rb: "Pyxis is disabled by default" since 3.11.1);
 the queue's partition named after the queue. There is no HyperPod resource_config.json: each node's action is told
 its group. As in test_lifecycle_slurm.py, a stand-in SPANK plugin built from libslurm-dev's spank.h takes pyxis's
-place, and only ``hostname`` and the AWS commands are stubbed.
+place, and only ``hostname`` and the AWS commands are stubbed. The configuration's observability is on, as shipped:
+Docker is the stand-in of test_observability.py (no Docker engine runs here), and the head node's Slurm exporter
+runs for real, as its systemd unit starts it.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ports import free_port  # noqa: E402
 from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_lifecycle_scripts import ROOT, Sandbox, succeeded  # noqa: E402
 from test_lifecycle_slurm import standin_plugin  # noqa: E402,F401 (a fixture)
+from test_observability import DOCKER_STUB, REMOTE_WRITE_URL, stub  # noqa: E402
 from test_parallelcluster_node import BUNDLE, PARAMETER, publish  # noqa: E402
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import FsxMount, provisioning_parameters  # noqa: E402
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch  # noqa: E402
 from moe_cdk.schema.config import load_config  # noqa: E402
+from moe_cdk.stacks._shared import node_observability  # noqa: E402
 
 CONFIG = load_config(ROOT / "config/parallelcluster.yaml")
 FSX = FsxMount(
@@ -47,7 +58,7 @@ def box(standin_plugin):  # noqa: F811 (the fixture imported above)
     read (pytest's tmp folders are root's alone)."""
     params = provisioning_parameters(
         instance_groups=[g.to_props() for g in CONFIG.cluster.instance_groups],
-        region=CONFIG.region, fsx=FSX, parallelcluster=True,
+        region=CONFIG.region, fsx=FSX, observability=node_observability(CONFIG), parallelcluster=True,
     )  # fmt: skip
     base = Path(tempfile.mkdtemp(prefix="moeci-pcluster-"))
     base.chmod(0o755)
@@ -55,7 +66,8 @@ def box(standin_plugin):  # noqa: F811 (the fixture imported above)
     (box.root / "opt/ml/config/resource_config.json").unlink()
     for name in ("scontrol", "strigger"):
         (box.bin / name).unlink()
-    publish(box)
+    publish(box, {params["observability"]["remote_write_url_parameter"]: REMOTE_WRITE_URL})
+    stub(box, "docker", DOCKER_STUB)
     box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
     try:
         yield box
@@ -122,3 +134,44 @@ def test_the_rendered_job_of_the_configuration_runs_on_the_queue(box, tmp_path):
     assert (state.state, state.fields["Partition"], state.fields["NodeList"]) == ("COMPLETED", "gpu", "node[1-2]"), (
         state.fields
     )
+
+
+def scrape(url: str, deadline_s: float = 30) -> dict:
+    """(sample name, sorted labels) -> value of the exporter at ``url``, once it answers."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"{url} did not answer within {deadline_s}s"
+            time.sleep(0.2)
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_after_every_action_the_head_nodes_slurm_exporter_answers_with_the_queues_nodes(box):
+    compute_actions(box)
+    with slurm_of(box) as slurm:
+        custom_action(box, "head", "head", bundle=PARAMETER)
+        targets = box.root / "etc/moe-cdk/prometheus/targets"
+        assert [t["labels"]["node"] for t in json.loads((targets / "efa.json").read_text())] == ["node1", "node2"]
+        # The exporter as its unit starts it, on a free port rather than the unit's fixed one.
+        unit = box.read("etc/systemd/system/moe-cdk-slurm-exporter.service")
+        (command,) = [
+            shlex.split(line.removeprefix("ExecStart=")) for line in unit.splitlines() if "ExecStart=" in line
+        ]
+        port = free_port()
+        command[command.index("--listen-address") + 1] = f"127.0.0.1:{port}"
+        exporter = subprocess.Popen(command, env=slurm.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            samples = scrape(f"http://127.0.0.1:{port}/metrics")
+        finally:
+            exporter.terminate()
+            exporter.wait(timeout=10)
+    assert samples[("moe_slurm_up", ())] == 1
+    assert samples[("moe_slurm_nodes", (("partition", "gpu"), ("state", "idle")))] == 2

@@ -89,10 +89,6 @@ REFUSED = {
         lambda d: d.update(teams={"qos": [{"name": "normal", "priority": 1}], "teams": []}),
         "teams: teams need Slurm accounting",
     ),
-    "observability": (
-        lambda d: d.update(observability={"enabled": True, "identity_center_enabled": True}),
-        "observability.enabled: the exporters and the agent are not yet set up on ParallelCluster's nodes",
-    ),
 }
 
 

@@ -108,8 +108,8 @@ def test_compute_nodes_name_the_bundle_so_that_a_new_one_replaces_them_by_the_qu
 
 
 def test_the_bundle_parameter_holds_the_bundle_the_updates_name(synthesized, cluster):
-    (parameter,) = resources(synthesized[1], "AWS::SSM::Parameter").values()
-    assert parameter["Properties"]["Name"] == "/moe-cdk/moe-pc/lifecycle/bundle"
+    parameters = {p["Properties"]["Name"]: p for p in resources(synthesized[1], "AWS::SSM::Parameter").values()}
+    parameter = parameters["/moe-cdk/moe-pc/lifecycle/bundle"]
     assert parameter["Properties"]["Value"] == actions(cluster)["head"]["OnNodeUpdated"]["Args"][0]
 
 
@@ -128,14 +128,7 @@ def test_the_file_system_is_shared_at_fsx(cluster):
 
 
 def test_the_bundle_tells_the_scripts_they_run_on_parallelcluster(synthesized, cluster):
-    outdir, _ = synthesized
-    key = cluster["ClusterConfiguration"]["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][0]["Fn::Sub"]
-    bundle = next(outdir.glob(f"asset.{Path(key).stem}*"))
-    params = (
-        json.loads((bundle / "provisioning_parameters.json").read_text())
-        if bundle.is_dir()
-        else json.loads(zipfile.ZipFile(bundle).read("provisioning_parameters.json"))
-    )
+    params = bundle_parameters(synthesized[0], cluster)
     assert params["cluster_manager"] == "parallelcluster" and params["controller_group"] == "head"
     assert params["container_runtime"]["enroot_data_dir"] == "/scratch/enroot"  # the queue's EphemeralVolume
 
@@ -143,6 +136,58 @@ def test_the_bundle_tells_the_scripts_they_run_on_parallelcluster(synthesized, c
 def test_the_queue_mounts_the_instance_store_where_enroot_keeps_its_data(cluster):
     (queue,) = cluster["ClusterConfiguration"]["Scheduling"]["SlurmQueues"]
     assert queue["ComputeSettings"]["LocalStorage"]["EphemeralVolume"] == {"MountDir": "/scratch"}
+
+
+def bundle_parameters(outdir: Path, cluster: dict) -> dict:
+    """provisioning_parameters.json of the bundle the head node's OnNodeUpdated names."""
+    key = cluster["ClusterConfiguration"]["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"][0]["Fn::Sub"]
+    bundle = next(outdir.glob(f"asset.{Path(key).stem}*"))
+    if bundle.is_dir():
+        return json.loads((bundle / "provisioning_parameters.json").read_text())
+    return json.loads(zipfile.ZipFile(bundle).read("provisioning_parameters.json"))
+
+
+def node_statements(template: dict) -> dict[str, list]:
+    """Action -> the resources of the nodes' policy statements that allow it."""
+    ((_, policy),) = resources(template, "AWS::IAM::ManagedPolicy").items()
+    found: dict[str, list] = {}
+    for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        for action in actions:
+            found.setdefault(action, []).append(statement["Resource"])
+    return found
+
+
+def test_with_observability_the_nodes_may_remote_write_to_the_workspace_and_only_there(synthesized):
+    (workspace_id,) = resources(synthesized[1], "AWS::APS::Workspace")
+    assert node_statements(synthesized[1])["aps:RemoteWrite"] == [{"Fn::GetAtt": [workspace_id, "Arn"]}]
+
+
+def test_with_observability_the_nodes_may_read_the_url_parameter_and_pull_the_exporters(synthesized):
+    statements = node_statements(synthesized[1])
+    text = json.dumps(statements)
+    assert ":parameter/moe-cdk/moe-pc/observability/remote-write-url" in text
+    assert ":602401143452:repository/hyperpod/*" in json.dumps(statements["ecr:BatchGetImage"])
+    assert statements["ecr:GetAuthorizationToken"] == ["*"]
+
+
+def test_the_cluster_is_created_after_the_parameter_its_head_node_reads(synthesized):
+    template = synthesized[1]
+    (parameter_id,) = [
+        k for k, v in resources(template, "AWS::SSM::Parameter").items()
+        if v["Properties"]["Name"] == "/moe-cdk/moe-pc/observability/remote-write-url"
+    ]  # fmt: skip
+    (resource,) = resources(template, "Custom::PclusterCluster").values()
+    assert parameter_id in resource["DependsOn"]
+
+
+def test_the_bundle_carries_the_observability_settings(synthesized, cluster):
+    params = bundle_parameters(synthesized[0], cluster)
+    assert params["observability"] == {
+        "remote_write_url_parameter": "/moe-cdk/moe-pc/observability/remote-write-url",
+        "scrape_interval_s": 30,
+        "trainer_metrics_port": 9410,  # the profile's metrics.prometheus_port
+    }
 
 
 def construct_props(**changes) -> tuple[cdk.Stack, ParallelClusterProps]:
