@@ -61,6 +61,7 @@ ASSUMED = {
     "s3.HeadBucket": "S3 bucket exists and is readable",
     "s3.HeadObject": "S3 object exists (custom action scripts)",
     "s3.GetBucketLocation": "S3 bucket is in the cluster's region",
+    "secretsmanager.DescribeSecret": "Secrets Manager secret exists (the accounting database's password)",
 }
 
 # Instance types: the figures of core/catalog.py (_SPECS), as DescribeInstanceTypes items. Copied, not imported: this
@@ -355,6 +356,9 @@ class OfflineAws:
 
     def s3__head_object(self, _: dict) -> dict:
         return {"ContentLength": 1024}
+
+    def secretsmanager__describe_secret(self, p: dict) -> dict:
+        return {"ARN": p["SecretId"], "Name": p["SecretId"].rsplit(":", 1)[-1]}
 
     def s3__get_bucket_location(self, _: dict) -> dict:
         return {"LocationConstraint": None if self.facts.region == "us-east-1" else self.facts.region}

@@ -39,8 +39,10 @@ from moe_cdk.constructs.validation import is_unresolved, problem, raise_if_any
 from moe_cdk.rules import parallelcluster as rules
 from moe_cdk.rules.hyperpod_capacity import CapacityType
 from moe_cdk.rules.parallelcluster import DeletionPolicy, OperatingSystem, QueueUpdateStrategy
+from moe_cdk.rules.sagemaker import AccountingDatabase
 
 __all__ = [
+    "AccountingDatabase",
     "ParallelClusterCluster",
     "ParallelClusterProps",
     "ParallelClusterNodes",
@@ -140,6 +142,10 @@ class ParallelClusterProps:
     """An EC2 key pair for the head node. Default: none."""
     log_retention_days: int = 365
     """CloudWatch Logs retention of the node logs, in days. Default: 365."""
+    accounting_database: AccountingDatabase | None = None
+    """Slurm accounting in this external MySQL-compatible database (``SlurmSettings.Database``), which the head
+    node's slurmdbd reaches at ``endpoint:port`` as ``user_name``, with the password the secret holds as plain text;
+    ParallelCluster lets the head node read the secret. Needed for teams. Default: no accounting."""
 
 
 def _problems(props: ParallelClusterProps, stack_name: str):
@@ -169,10 +175,33 @@ def _problems(props: ParallelClusterProps, stack_name: str):
             yield problem("out of range", got=q.min_count, allowed=f"0 to max_count ({q.max_count})").at(
                 f"queues[{i}].min_count"
             )
+    if (database := props.accounting_database) is not None:
+        for p in database.problems():
+            yield p.at("accounting_database")
+        if database.user_name is None:
+            yield problem("ParallelCluster's Database needs the user name", got=None, allowed="a user name").at(
+                "accounting_database.user_name"
+            )
     if not (Path(props.lifecycle_scripts_directory) / ENTRY_SCRIPT).is_file():
         yield problem(f"has no {ENTRY_SCRIPT}", got=props.lifecycle_scripts_directory, allowed="lifecycle_scripts/").at(
             "lifecycle_scripts_directory"
         )
+
+
+def _accounting(database: AccountingDatabase) -> dict:
+    """``SlurmSettings`` for accounting in ``database``: ``Database`` (its URI is host:port, no scheme: its
+    DatabaseUriValidator), and GPUs among the tracked resources (``AccountingStorageTRES=gres/gpu``, as HyperPod's
+    accounting sets it: AWS's base-config setup_mariadb_accounting.sh), without which sacctmgr refuses the teams' GPU
+    limits ("no TRES known by type gres/gpu") and sacct counts no GPU-hours."""
+    return {
+        "Database": {
+            "Uri": f"{database.endpoint}:{database.port}",
+            "UserName": database.user_name,
+            "PasswordSecretArn": database.secret_arn,
+            "DatabaseName": database.name,
+        },
+        "CustomSlurmSettings": [{"AccountingStorageTRES": "gres/gpu"}],
+    }
 
 
 class ParallelClusterCluster(Construct):
@@ -227,7 +256,10 @@ class ParallelClusterCluster(Construct):
             "HeadNode": head_node,
             "Scheduling": {
                 "Scheduler": "slurm",
-                "SlurmSettings": {"QueueUpdateStrategy": props.queue_update_strategy.value},
+                "SlurmSettings": {
+                    "QueueUpdateStrategy": props.queue_update_strategy.value,
+                    **(_accounting(props.accounting_database) if props.accounting_database else {}),
+                },
                 "SlurmQueues": [
                     self._queue(q, props, networking, policies, {"OnNodeConfigured": run(bundle.s3_object_url, q.name)})
                     for q in props.queues

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# imds_access.sh: on a HyperPod Slurm cluster with teams, the instance metadata service (IMDS), and with it the
+# imds_access.sh: on a Slurm cluster (HyperPod or ParallelCluster) with teams, the instance metadata service (IMDS), and with it the
 # node role's credentials, for root and the node's own services only. Skipped (nothing changes) without teams.
 #
 # Why: whoever reaches IMDS (169.254.169.254, and fd00:ec2::254 over IPv6) gets the node role's temporary
@@ -76,13 +76,30 @@ ALLOWED=(
 #   the exporters' other users (node_exporter, DCGM, EFA on every node): they read the node, not AWS.
 #   team members and every other user: their jobs run as them (batch scripts, srun steps, enroot containers).
 
-# allowed_entries ROLE: the ALLOWED entries of ROLE, as "UID:WHO" lines.
+# On ParallelCluster, by name (their uids are its cookbook's to choose), on every node role: its admin user, which
+# runs its daemons (clustermgtd and the head node's other daemons, computemgtd on compute nodes), and the OS's
+# default user, the administrator's login. ParallelCluster's own lock on the head node's IMDS lets both through, with
+# root (aws/aws-parallelcluster-cookbook, attributes: head_node_imds_allowed_users is root, cluster_admin_user
+# "pcluster-admin" and cluster_user, "ubuntu" on the Ubuntu AMIs moe-cdk deploys); this chain, first in OUTPUT, must
+# not refuse what that one allows, or clustermgtd could no longer reach EC2.
+readonly PARALLELCLUSTER_ALLOWED=(pcluster-admin ubuntu)
+
+# allowed_entries ROLE: the ALLOWED entries of ROLE, and on ParallelCluster its users, as "UID:WHO" lines.
 allowed_entries() {
-  local role="$1" uid roles who entry
+  local role="$1" uid roles who entry name
   for entry in "${ALLOWED[@]}"; do
     read -r uid roles who <<<"${entry}"
     if [[ ",${roles}," == *",${role},"* ]]; then
       printf '%s:%s\n' "${uid}" "${who}"
+    fi
+  done
+  [[ "${MOE_CLUSTER_MANAGER}" == parallelcluster ]] || return 0
+  for name in "${PARALLELCLUSTER_ALLOWED[@]}"; do
+    uid="$(awk -F: -v name="${name}" '$1 == name { print $3; exit }' "${MOE_LC_ROOT}/etc/passwd" 2>/dev/null || true)"
+    if [[ -n "${uid}" ]]; then
+      printf '%s:%s\n' "${uid}" "${name} (ParallelCluster)"
+    else
+      warn "no user ${name} on this ParallelCluster node: not in the IMDS allow list" >&2  # stdout is the list
     fi
   done
 }
@@ -264,6 +281,7 @@ main() {
   install_err_trap
   local teams
   load_node_facts
+  load_params
   # On a line of its own, so that a failure stops the step: inside [[ ]] it would read as "no teams", IMDS left open.
   teams="$(python3 "${MOE_LC_DIR}/slurm_teams.py" names "${MOE_LC_PARAMS}")"
   if [[ -z "${teams}" ]]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# slurm_teams.sh: the teams of provisioning_parameters.json ("teams"; moe-cdk's `teams` section) on a HyperPod
-# Slurm cluster. Skipped when there are none.
+# slurm_teams.sh: the teams of provisioning_parameters.json ("teams"; moe-cdk's `teams` section) on a Slurm cluster
+# (HyperPod or ParallelCluster). Skipped when there are none.
 #
 #   every node   each member as a POSIX user with the same uid everywhere and the home /fsx/<name> (0700), and an SSH
 #                key pair in that shared home that the user's own authorized_keys accepts, so `ssh` between nodes and
@@ -16,6 +16,10 @@
 # Accounting: HyperPod runs slurmdbd with MariaDB on the controller by default (SageMaker Developer Guide, "Using
 # an external accounting database"), or an external database (cluster.accounting_database). sacctmgr needs it; a
 # cluster without it fails here with a hint.
+#
+# On ParallelCluster, accounting is the external database of SlurmSettings.Database (cluster.accounting_database),
+# and an update rewrites slurm.conf without the Include line: the head node's OnNodeUpdated runs this step again after
+# every update, and puts it back (docs/parallelcluster.md).
 #
 # slurm.conf is HyperPod's: the Include line is the one change made to it, and the configuration asks for
 # SlurmConfigStrategy Merge, under which "HyperPod preserves manual slurm.conf changes" (SageMaker Developer Guide,

@@ -320,6 +320,7 @@ def subnet_nodes(groups: Sequence[HyperPodInstanceGroup], *, eks: bool) -> list[
 
 
 DATABASE_NAME = re.compile(r"^[a-zA-Z0-9$_]{1,64}$")
+DATABASE_USER = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
 
 
 HOST_NAME = re.compile(
@@ -387,6 +388,10 @@ class AccountingDatabase:
     """Database name. Default: slurm_acct_db."""
     port: int = 3306
     """Database port. Default: 3306."""
+    user_name: str | None = None
+    """ParallelCluster only, and required there: the database user slurmdbd connects as (its
+    ``SlurmSettings.Database.UserName``); the secret then holds that user's password alone, as plain text. HyperPod
+    reads both from the secret. Default: none."""
 
     def problems(self) -> Iterator[Problem]:
         if not _deploy_time(self.secret_arn) and not SECRET_ARN.match(self.secret_arn):
@@ -402,6 +407,11 @@ class AccountingDatabase:
             yield problem("not a database name", got=self.name, allowed="1 to 64 letters, digits, '$' or '_'").at(
                 "name"
             )
+        # MySQL and MariaDB user names: at most 32 characters (MySQL Reference Manual, "Grant Tables").
+        if self.user_name is not None and not DATABASE_USER.match(self.user_name):
+            yield problem(
+                "not a database user name", got=self.user_name, allowed="1 to 32 letters, digits, '.', '-' or '_'"
+            ).at("user_name")
         if not _deploy_time(self.endpoint) and not HOST_NAME.match(self.endpoint):
             yield problem("not a host name", got=self.endpoint, allowed="a DNS name of up to 255 characters").at(
                 "endpoint"
@@ -477,6 +487,14 @@ def slurm_provisioning_problems(
     )
     if accounting_database is not None:
         found += [p.at("accounting_database") for p in accounting_database.problems()]
+        if accounting_database.user_name is not None:
+            found.append(
+                problem(
+                    "ParallelCluster only: HyperPod reads the user name from the secret",
+                    got=accounting_database.user_name,
+                    allowed="unset on HyperPod",
+                ).at("accounting_database.user_name")
+            )
     return found
 
 

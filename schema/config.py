@@ -243,8 +243,9 @@ class ClusterConfig:
     """Who owns slurm.conf: managed (HyperPod), overwrite or merge. Default: managed; leave unset with continuous
     provisioning, which rejects it."""
     accounting_database: AccountingDatabase | None = None
-    """External Slurm accounting database (MySQL-compatible; credentials in Secrets Manager). Needs
-    `node_provisioning_mode: continuous`. Default: none (HyperPod's database on the controller)."""
+    """External Slurm accounting database (MySQL-compatible; credentials in Secrets Manager). HyperPod: needs
+    `node_provisioning_mode: continuous`; ParallelCluster: needs `user_name`, and is needed for `teams`. Default: none
+    (HyperPod's database on the controller; no accounting on ParallelCluster)."""
     tiered_storage: TieredStorage | None = None
     """EKS: HyperPod's managed tiered checkpointing, `memory_percent` (1 to 100) of each node's host memory kept for
     checkpoints. Default: off. docs/capacity.md."""
@@ -348,12 +349,14 @@ class ClusterConfig:
             if getattr(self, key) is not None:
                 yield problem(hyperpod_only, got="set", allowed="unset with orchestrator parallelcluster").at(key)
         if self.accounting_database is not None:
+            yield from (p.at("accounting_database") for p in self.accounting_database.problems())
+        if self.accounting_database is not None and self.accounting_database.user_name is None:
             yield problem(
-                "not yet passed to ParallelCluster, whose SlurmSettings.Database takes a user name and a secret "
-                "holding the password alone (docs/parallelcluster.md)",
-                got="set",
-                allowed="unset with orchestrator parallelcluster",
-            ).at("accounting_database")
+                "ParallelCluster's SlurmSettings.Database takes the user name here, and a secret holding that user's "
+                "password alone (docs/parallelcluster.md)",
+                got=None,
+                allowed="the database user slurmdbd connects as",
+            ).at("accounting_database.user_name")
         if self.node_provisioning_mode is not NodeProvisioningMode.STANDARD:
             yield problem(
                 hyperpod_only, got=self.node_provisioning_mode.value, allowed="unset with orchestrator parallelcluster"
@@ -1041,15 +1044,20 @@ class Config:
                     allowed="parallelcluster",
                 ).at("parallelcluster")  # fmt: skip
             return
-        # Not yet on ParallelCluster: each is refused rather than deployed untested (docs/parallelcluster.md).
-        for key, value, why in (
-            ("teams", self.teams is not None, "teams need Slurm accounting, which ParallelCluster gets only from an "
-             "external database moe-cdk does not yet configure"),
-            ("storage.lustre.efa_enabled", self.storage.lustre.efa_enabled, "ParallelCluster mounts the file system "
-             "itself, over TCP"),
-        ):  # fmt: skip
-            if value:
-                yield problem(why, got="set", allowed="unset with orchestrator parallelcluster").at(key)
+        # ParallelCluster keeps Slurm accounting only in an external database (its SlurmSettings.Database).
+        if self.teams is not None and self.cluster.accounting_database is None:
+            yield problem(
+                "teams need Slurm accounting, which ParallelCluster keeps only in an external database: set "
+                "cluster.accounting_database (docs/parallelcluster.md)",
+                got="a teams section",
+                allowed="teams with cluster.accounting_database",
+            ).at("teams")
+        if self.storage.lustre.efa_enabled:
+            yield problem(
+                "ParallelCluster mounts the file system itself, over TCP",
+                got="set",
+                allowed="unset with orchestrator parallelcluster",
+            ).at("storage.lustre.efa_enabled")
 
     def _serving_problems(self) -> Problems:
         for p in eks_rules.serving_version_problems(self.eks.addon_versions):

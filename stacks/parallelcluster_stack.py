@@ -72,6 +72,7 @@ class ParallelClusterStack(Stack):
             region=config.region,
             fsx=fsx_mount(config, storage),
             observability=node_observability(config),
+            teams=config.teams,
             parallelcluster=True,
         )
         # One folder for every version of the assets: the entry script's key then changes only with its content,
@@ -103,6 +104,7 @@ class ParallelClusterStack(Stack):
                 queue_update_strategy=settings.queue_update_strategy,
                 ssh_key_name=settings.ssh_key_name,
                 log_retention_days=settings.log_retention_days,
+                accounting_database=config.cluster.accounting_database,
             ),
         )
         self.observability = None

@@ -176,6 +176,34 @@ def test_a_login_node_lets_only_root_through(tmp_path):
     assert not [line for line in box.calls("iptables") if "--uid-owner 65534" in line]
 
 
+def parallelcluster_box(base: Path, passwd: str) -> Sandbox:
+    """A ParallelCluster compute node of a cluster with teams (no resource_config.json), whose passwd is ``passwd``."""
+    box = make_box(base, params=TEAMS_PARAMS | {"cluster_manager": "parallelcluster"})
+    (box.root / "opt/ml/config/resource_config.json").unlink()
+    box.write("etc/passwd", passwd)
+    return box
+
+
+def test_a_parallelcluster_node_also_lets_its_admin_and_default_users_through(tmp_path):
+    passwd = "root:x:0:0::/root:/bin/bash\npcluster-admin:x:400:400::/home/pcluster-admin:/bin/bash\n"
+    box = parallelcluster_box(tmp_path, passwd + "ubuntu:x:1000:1000::/home/ubuntu:/bin/bash\n")
+    result = succeeded(imds_access(box, MOE_LC_NODE_GROUP="gpu"))
+    start = xtables_calls(box, "iptables").index(f"iptables -w -F {CHAIN}")
+    allowed = ((0, "root"), (400, "pcluster-admin (ParallelCluster)"), (1000, "ubuntu (ParallelCluster)"))
+    assert (
+        xtables_calls(box, "iptables")[start : start + 4]
+        == chain_rules("iptables", "169.254.169.254/32", *allowed)[1:5]
+    )
+    assert f"iptables: {CHAIN} lets uids 0 400 1000 reach 169.254.169.254/32 and refuses every other" in result.stdout
+
+
+def test_a_parallelcluster_node_without_those_users_says_so_and_lets_root_through(tmp_path):
+    box = parallelcluster_box(tmp_path, "root:x:0:0::/root:/bin/bash\n")
+    result = succeeded(imds_access(box, MOE_LC_NODE_GROUP="gpu"))
+    assert "no user pcluster-admin on this ParallelCluster node: not in the IMDS allow list" in result.stderr
+    assert f"iptables: {CHAIN} lets uids 0 reach 169.254.169.254/32 and refuses every other" in result.stdout
+
+
 def test_without_ipv6_only_the_ipv4_address_is_closed(box):
     result = succeeded(imds_access(box, MOE_STUB_NO_IPV6="1"))
     assert xtables_calls(box, "ip6tables") == ["ip6tables -w -n -L OUTPUT"]

@@ -34,13 +34,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ports import free_port  # noqa: E402
 from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
+from test_imds_access import XTABLES_STUB  # noqa: E402
 from test_lifecycle_scripts import ROOT, Sandbox, succeeded  # noqa: E402
 from test_lifecycle_slurm import standin_plugin  # noqa: E402,F401 (a fixture)
 from test_observability import DOCKER_STUB, REMOTE_WRITE_URL, stub  # noqa: E402
 from test_parallelcluster_node import BUNDLE, PARAMETER, publish  # noqa: E402
+from test_teams_slurm import GpuAccountingCluster, sacctmgr  # noqa: E402
 
 from moe_cdk.constructs.hyperpod_slurm_cluster import FsxMount, provisioning_parameters  # noqa: E402
 from moe_cdk.jobs.slurm_job import job_spec_from_config, render_sbatch  # noqa: E402
+from moe_cdk.rules.teams import QosTier, Team, TeamMember, TeamsConfig  # noqa: E402
 from moe_cdk.schema.config import load_config  # noqa: E402
 from moe_cdk.stacks._shared import node_observability  # noqa: E402
 
@@ -51,36 +54,42 @@ FSX = FsxMount(
 )  # fmt: skip
 
 
-@pytest.fixture
-def box(standin_plugin):  # noqa: F811 (the fixture imported above)
-    """A sandbox with config/parallelcluster.yaml's parameters and the bundle published to the stub S3, and pyxis
-    installed as ParallelCluster's AMI installs it; no Slurm runs yet. The sandbox is in a folder the slurm user may
-    read (pytest's tmp folders are root's alone)."""
+@contextmanager
+def node_sandbox(plugin: str, teams: TeamsConfig | None = None) -> Iterator[Sandbox]:
+    """A sandbox with config/parallelcluster.yaml's parameters (and ``teams``) and the bundle published to the stub
+    S3, and pyxis installed as ParallelCluster's AMI installs it; no Slurm runs yet. The sandbox is in a folder the
+    slurm user and the members may read (pytest's tmp folders are root's alone)."""
     params = provisioning_parameters(
-        instance_groups=[g.to_props() for g in CONFIG.cluster.instance_groups],
-        region=CONFIG.region, fsx=FSX, observability=node_observability(CONFIG), parallelcluster=True,
+        instance_groups=[g.to_props() for g in CONFIG.cluster.instance_groups], region=CONFIG.region, fsx=FSX,
+        observability=node_observability(CONFIG), teams=teams, parallelcluster=True,
     )  # fmt: skip
     base = Path(tempfile.mkdtemp(prefix="moeci-pcluster-"))
     base.chmod(0o755)
     box = Sandbox(base / "node", params=copy.deepcopy(params))
     (box.root / "opt/ml/config/resource_config.json").unlink()
-    for name in ("scontrol", "strigger"):
-        (box.bin / name).unlink()
+    for name in ("scontrol", "strigger", "sacctmgr"):
+        (box.bin / name).unlink(missing_ok=True)
     publish(box, {params["observability"]["remote_write_url_parameter"]: REMOTE_WRITE_URL})
     stub(box, "docker", DOCKER_STUB)
-    box.write("usr/local/share/pyxis/pyxis.conf", f"required {standin_plugin}\n")
+    box.write("usr/local/share/pyxis/pyxis.conf", f"required {plugin}\n")
     try:
         yield box
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def box(standin_plugin):  # noqa: F811 (the fixture imported above)
+    with node_sandbox(standin_plugin) as sandbox:
+        yield sandbox
+
+
 @contextmanager
-def slurm_of(box: Sandbox) -> Iterator[SlurmCluster]:
+def slurm_of(box: Sandbox, cluster: type[SlurmCluster] = SlurmCluster, **options) -> Iterator[SlurmCluster]:
     """The cluster's Slurm, whose partition is the queue's: slurmctld as SlurmUser=slurm, as ParallelCluster's
     slurm.conf sets it (aws/aws-parallelcluster-cookbook, templates/default/slurm/slurm.conf.erb)."""
     try:
-        with SlurmCluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu", slurm_user="slurm") as slurm:
+        with cluster(etc_dir=box.root / "opt/slurm/etc", partition="gpu", slurm_user="slurm", **options) as slurm:
             yield slurm
     except SlurmUnavailable as error:
         pytest.fail(f"a real Slurm is needed for this test: {error}")
@@ -175,3 +184,56 @@ def test_after_every_action_the_head_nodes_slurm_exporter_answers_with_the_queue
             exporter.wait(timeout=10)
     assert samples[("moe_slurm_up", ())] == 1
     assert samples[("moe_slurm_nodes", (("partition", "gpu"), ("state", "idle")))] == 2
+
+
+TEAMS = TeamsConfig(
+    qos=(QosTier(name="normal", priority=50, max_gpus=16),),
+    teams=(Team(name="research", share_percent=100, members=(TeamMember(name="alice", uid=2201),)),),
+)
+
+
+# systemd, as far as the steps ask it: slurmctld runs under it (ParallelCluster's slurmctld.service), and a restart
+# makes slurmctld read slurm.conf again; every other unit is started or reloaded without a word.
+SYSTEMCTL = """#!/usr/bin/env bash
+echo "systemctl $*" >>"${MOE_STUB_CALLS}"
+case "$*" in
+  "restart slurmctld") exec scontrol reconfigure ;;
+esac
+exit 0
+"""
+
+
+@pytest.fixture
+def teams_box(standin_plugin):  # noqa: F811 (the fixture imported above)
+    """The sandbox with teams: the node's accounts (ParallelCluster's admin user among them), iptables, and systemd
+    running slurmctld."""
+    with node_sandbox(standin_plugin, TEAMS) as sandbox:
+        sandbox.copy_system_accounts()
+        with open(sandbox.root / "etc/passwd", "a") as passwd:
+            passwd.write("pcluster-admin:x:400:400::/home/pcluster-admin:/bin/bash\n")
+        (sandbox.root / "fsx").mkdir(exist_ok=True)
+        for name in ("iptables", "ip6tables"):
+            stub(sandbox, name, XTABLES_STUB)
+        (sandbox.bin / "systemctl").write_text(SYSTEMCTL)
+        yield sandbox
+
+
+def test_with_teams_the_head_nodes_action_sets_up_accounting_and_keeps_it_after_an_update(teams_box):
+    # GpuAccountingCluster's slurm.conf tracks GPUs as ParallelCluster's does with the CustomSlurmSettings moe-cdk
+    # gives it (AccountingStorageTRES=gres/gpu; GresTypes=gpu is ParallelCluster's own).
+    box = teams_box
+    compute_actions(box)
+    assert "alice:x:2201:" in box.read("etc/passwd")
+    with slurm_of(box, GpuAccountingCluster, accounting=True) as slurm:
+        custom_action(box, "head", "head", bundle=PARAMETER)
+        rows = sacctmgr(slurm, "show", "assoc", "where", "account=research", "format=account,user,fairshare")
+        assert {"research||100", "research|alice|1"} <= set(rows)
+        assert "PreemptType             = preempt/qos" in slurm.run("scontrol", "show", "config").stdout
+        # ParallelCluster rewrites slurm.conf on an update, without our Include line; then it runs the head node's
+        # OnNodeUpdated, which names the bundle directly.
+        conf = box.root / "opt/slurm/etc/slurm.conf"
+        conf.write_text("".join(line for line in conf.read_text().splitlines(True) if "moe-cdk-teams" not in line))
+        custom_action(box, "head", "head")
+        assert "moe-cdk-teams.conf" in conf.read_text()
+    # ParallelCluster's admin user still reaches IMDS on the head node (imds_access.sh).
+    assert any("--uid-owner 400 " in line for line in box.calls("iptables"))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 from conftest import ROOT, config_errors
 
-from moe_cdk.schema.config import load_config
+from moe_cdk.schema.config import load_config, parse_config
 
 SHIPPED = yaml.safe_load((ROOT / "config/parallelcluster.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "config/default.yaml").read_text())
@@ -22,6 +24,8 @@ def test_the_shipped_configuration_loads():
     assert config.cluster.orchestrator.value == "parallelcluster" and config.parallelcluster.version == "3.16.1"
 
 
+SECRET = "arn:aws:secretsmanager:us-east-2:123456789012:secret:moe-pc-slurmdbd-AbCdEf"
+TEAMS = {"qos": [{"name": "normal", "priority": 1}], "teams": [{"name": "research", "share_percent": 100}]}
 REFUSED = {
     "capacity-block-without-reservation": (
         lambda d: group(d, GPU).pop("capacity_reservation_id"),
@@ -60,15 +64,6 @@ REFUSED = {
         lambda d: group(d, GPU).update(instance_type="m5.8xlarge", capacity="on-demand", capacity_reservation_id=None),
         "cluster.instance_groups[2].instance_type: has no EFA, and EFA is required",
     ),
-    "accounting-database": (
-        lambda d: d["cluster"].update(
-            accounting_database={
-                "endpoint": "db.example.com",
-                "secret_arn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:slurm-AbCdEf",
-            }
-        ),
-        "cluster.accounting_database: not yet passed to ParallelCluster",
-    ),
     "continuous-provisioning": (
         lambda d: d["cluster"].update(node_provisioning_mode="continuous"),
         "cluster.node_provisioning_mode: a HyperPod setting",
@@ -85,9 +80,19 @@ REFUSED = {
         lambda d: d["parallelcluster"].update(queue_update_strategy="COMPUTE_FLEET_STOP"),
         "parallelcluster.queue_update_strategy: unknown value",
     ),
-    "teams": (
-        lambda d: d.update(teams={"qos": [{"name": "normal", "priority": 1}], "teams": []}),
-        "teams: teams need Slurm accounting",
+    "teams-without-accounting": (
+        lambda d: d.update(teams=TEAMS),
+        "teams: teams need Slurm accounting, which ParallelCluster keeps only in an external database",
+    ),
+    "accounting-without-its-user": (
+        lambda d: d["cluster"].update(accounting_database={"endpoint": "db.example.com", "secret_arn": SECRET}),
+        "cluster.accounting_database.user_name: ParallelCluster's SlurmSettings.Database takes the user name here",
+    ),
+    "accounting-with-a-bad-secret": (
+        lambda d: d["cluster"].update(
+            accounting_database={"endpoint": "db.example.com", "secret_arn": "slurm-db", "user_name": "slurm"}
+        ),
+        "cluster.accounting_database.secret_arn: not a Secrets Manager secret ARN",
     ),
 }
 
@@ -110,3 +115,22 @@ def test_a_capacity_block_is_refused_on_hyperpod():
 def test_the_parallelcluster_section_is_refused_with_another_orchestrator():
     errors = config_errors(DEFAULT, lambda d: d.update(parallelcluster={"deletion_policy": "Delete"}))
     assert any(e.startswith("parallelcluster: only used with orchestrator parallelcluster") for e in errors), errors
+
+
+def test_teams_with_an_accounting_database_and_its_user_are_accepted():
+    data = copy.deepcopy(SHIPPED)
+    data["cluster"]["accounting_database"] = {"endpoint": "db.example.com", "secret_arn": SECRET, "user_name": "slurm"}
+    config = parse_config(data | {"teams": TEAMS})
+    assert config.cluster.accounting_database.user_name == "slurm" and config.teams.teams[0].name == "research"
+
+
+def test_an_accounting_database_user_name_is_refused_on_hyperpod():
+    def mutate(data):
+        data["cluster"].update(
+            node_provisioning_mode="continuous",
+            accounting_database={"endpoint": "db.example.com", "secret_arn": SECRET, "user_name": "slurm"},
+        )
+        data["cluster"].pop("slurm_config_strategy", None)
+
+    errors = config_errors(DEFAULT, mutate)
+    assert [e for e in errors if e.startswith("cluster.accounting_database.user_name: ParallelCluster only")], errors

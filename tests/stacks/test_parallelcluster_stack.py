@@ -22,6 +22,8 @@ from moe_cdk.constructs.parallelcluster_cluster import (
 )
 from moe_cdk.core.problems import ConfigError
 from moe_cdk.rules.parallelcluster import DeletionPolicy
+from moe_cdk.rules.sagemaker import AccountingDatabase
+from moe_cdk.rules.teams import QosTier, Team, TeamMember, TeamsConfig
 from moe_cdk.schema.config import load_config
 
 CONFIG = load_config(ROOT / "config/parallelcluster.yaml")
@@ -188,6 +190,55 @@ def test_the_bundle_carries_the_observability_settings(synthesized, cluster):
         "scrape_interval_s": 30,
         "trainer_metrics_port": 9410,  # the profile's metrics.prometheus_port
     }
+
+
+SECRET = "arn:aws:secretsmanager:us-east-2:123456789012:secret:moe-pc-slurmdbd-AbCdEf"
+TEAMS_CONFIG = dataclasses.replace(
+    CONFIG,
+    cluster=dataclasses.replace(
+        CONFIG.cluster,
+        accounting_database=AccountingDatabase(endpoint="slurmdb.example.com", secret_arn=SECRET, user_name="slurm"),
+    ),
+    teams=TeamsConfig(
+        qos=(QosTier(name="normal", priority=50, max_gpus=16),),
+        teams=(Team(name="research", share_percent=100, members=(TeamMember(name="alice", uid=2001),)),),
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def with_teams(tmp_path_factory) -> tuple[Path, dict]:
+    """config/parallelcluster.yaml with teams and the external accounting database they need, synthesized."""
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    template = synth(TEAMS_CONFIG, outdir)["moe-pc-cluster"]
+    (resource,) = resources(template, "Custom::PclusterCluster").values()
+    return outdir, resource["Properties"]
+
+
+def test_the_accounting_database_is_slurms_with_gpus_tracked(with_teams):
+    settings = with_teams[1]["ClusterConfiguration"]["Scheduling"]["SlurmSettings"]
+    assert settings["Database"] == {
+        "Uri": "slurmdb.example.com:3306",
+        "UserName": "slurm",
+        "PasswordSecretArn": SECRET,
+        "DatabaseName": "slurm_acct_db",
+    }
+    assert settings["CustomSlurmSettings"] == [{"AccountingStorageTRES": "gres/gpu"}]
+
+
+def test_without_an_accounting_database_slurm_has_no_accounting(cluster):
+    assert set(cluster["ClusterConfiguration"]["Scheduling"]["SlurmSettings"]) == {"QueueUpdateStrategy"}
+
+
+def test_the_bundle_carries_the_teams(with_teams):
+    params = bundle_parameters(*with_teams)
+    assert [t["name"] for t in params["teams"]["teams"]] == ["research"]
+
+
+def test_an_accounting_database_without_its_user_is_refused_by_the_construct():
+    stack, props = construct_props(accounting_database=AccountingDatabase(endpoint="db.example.com", secret_arn=SECRET))
+    with pytest.raises(ConfigError, match="accounting_database.user_name: ParallelCluster's Database needs the user"):
+        ParallelClusterCluster(stack, "Cluster", props)
 
 
 def construct_props(**changes) -> tuple[cdk.Stack, ParallelClusterProps]:
