@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if config.cluster.orchestrator is Orchestrator.PARALLELCLUSTER:
-            status = parallelcluster_status(config, client("cloudformation"), client("ec2"))
+            status = parallelcluster_status(config, client("cloudformation"), client("ec2"), client("logs"))
         else:
             status = cluster_status(config, client("sagemaker"), client("logs"))
     except NoCredentialsError:

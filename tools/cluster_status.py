@@ -11,7 +11,12 @@ for a node whose status is ``Failure`` this finds its first failed step and the 
 A ParallelCluster cluster is read as ``pcluster describe-cluster`` reads it (aws-parallelcluster 3.16.1,
 pcluster/models/cluster.py ``describe_instances``): its CloudFormation stack, named after the cluster, and its EC2
 instances, tagged ``parallelcluster:cluster-name`` with the cluster's name, ``parallelcluster:node-type`` (HeadNode,
-Compute, LoginNode), and the queue's or the login pool's name.
+Compute, LoginNode), and the queue's or the login pool's name. Its nodes' logs are in the log group its stack names in
+the parameter ``ClusterCWLogGroup`` (3.16.1, pcluster/models/cluster_resources.py; ``/aws/parallelcluster/<name>-
+<created>``), one stream per node and log file (``<host>.<instance id>.<log>``). The custom actions' output, and so
+the step records, is in one of those files; every stream is searched, and a record is the node's whose instance id it
+names. ParallelCluster has no node status of its own to say a bootstrap failed: a node with a failed step is shown in
+``Failure``, and the failures of nodes ParallelCluster has since replaced are listed apart.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class ClusterStatus:
     """Why no step could be read (the log group does not exist yet), or empty."""
     log_streams: str = f"{LIFECYCLE_STREAM_PREFIX}<group>/<instance>"
     """The log group's streams of the nodes' lifecycle output."""
+    gone: list[StepRecord] = field(default_factory=list)
+    """ParallelCluster: the failed steps of nodes that are no longer there (replaced after their bootstrap failed)."""
 
     @property
     def healthy(self) -> bool:
@@ -106,12 +113,14 @@ def parse_record(message: str) -> StepRecord | None:
         return None
 
 
-def first_failures(logs, log_group: str) -> dict[str, StepRecord]:
-    """Stream name -> the earliest failed step record in it, across every lifecycle stream of the group.
-    Raises ``ClientError`` ``ResourceNotFoundException`` when the group does not exist."""
+def first_failures(logs, log_group: str, stream_prefix: str | None = LIFECYCLE_STREAM_PREFIX) -> dict[str, StepRecord]:
+    """Stream name -> the earliest failed step record in it, across every stream of the group whose name starts with
+    ``stream_prefix`` (None: every stream). Raises ``ClientError`` ``ResourceNotFoundException`` when the group does
+    not exist."""
     found: dict[str, tuple[int, StepRecord]] = {}
+    prefix = {} if stream_prefix is None else {"logStreamNamePrefix": stream_prefix}
     pages = logs.get_paginator("filter_log_events").paginate(
-        logGroupName=log_group, logStreamNamePrefix=LIFECYCLE_STREAM_PREFIX, filterPattern=FAILED_RECORDS
+        logGroupName=log_group, filterPattern=FAILED_RECORDS, **prefix
     )
     for page in pages:
         for event in page.get("events", []):
@@ -169,14 +178,27 @@ def cluster_status(config: Config, sagemaker, logs) -> ClusterStatus:
 
 
 PCLUSTER_TAG = "parallelcluster:"
+PCLUSTER_LOG_GROUP_PARAMETER = "ClusterCWLogGroup"
 # A ParallelCluster instance's state as the node's status, in the words HyperPod uses for its nodes.
 _EC2_STATES = {"pending": "Pending", "running": "Running", "stopping": "Stopping", "stopped": "Stopped"}
 
 
-def parallelcluster_status(config: Config, cloudformation, ec2) -> ClusterStatus:
+def parallelcluster_status(config: Config, cloudformation, ec2, logs) -> ClusterStatus:
     """The ParallelCluster cluster of ``config`` (its name is the cluster's, and its stack's): the stack's status,
-    and one node per instance, in the configuration's instance group (the head node's is the controller group)."""
+    and one node per instance, in the configuration's instance group (the head node's is the controller group), with
+    its first failed lifecycle step."""
     (stack,) = cloudformation.describe_stacks(StackName=config.name)["Stacks"]
+    parameters = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+    log_group, note, failures = printable(parameters.get(PCLUSTER_LOG_GROUP_PARAMETER, "")), "", {}
+    if not log_group:
+        note = f"the cluster's stack names no log group ({PCLUSTER_LOG_GROUP_PARAMETER}): its CloudWatch logs are off"
+    else:
+        try:
+            failures = {r.node: r for r in first_failures(logs, log_group, stream_prefix=None).values()}
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                raise
+            note = f"log group {log_group} does not exist yet: no node has sent its logs so far"
     groups = {g.role.value: g.name for g in config.cluster.instance_groups}
     filters = [
         {"Name": f"tag:{PCLUSTER_TAG}cluster-name", "Values": [config.name]},
@@ -190,13 +212,15 @@ def parallelcluster_status(config: Config, cloudformation, ec2) -> ClusterStatus
                 "HeadNode": groups.get("controller", "head node"),
                 "LoginNode": tags.get("login-nodes-pool-name", "login"),
             }.get(tags.get("node-type", ""), tags.get("queue-name", "?"))
-            state = instance["State"]["Name"]
+            state, instance_id = instance["State"]["Name"], printable(instance["InstanceId"])
+            failed = failures.pop(instance_id, None)
             nodes.append(
                 NodeStatus(
                     group=printable(group),
-                    instance_id=printable(instance["InstanceId"]),
+                    instance_id=instance_id,
                     instance_type=printable(instance.get("InstanceType", "")),
-                    status=_EC2_STATES.get(state, printable(state)),
+                    status="Failure" if failed else _EC2_STATES.get(state, printable(state)),
+                    failed_step=failed,
                 )
             )
     return ClusterStatus(
@@ -204,9 +228,11 @@ def parallelcluster_status(config: Config, cloudformation, ec2) -> ClusterStatus
         arn=printable(stack["StackId"]),
         status=printable(stack["StackStatus"]),
         failure_message=printable(stack.get("StackStatusReason", "")),
-        log_group=f"/aws/parallelcluster/{config.name}-<created>",
-        log_streams="<node>.<instance>.<log> (ParallelCluster's Monitoring.Logs)",
+        log_group=log_group or "(none)",
+        log_streams="<host>.<instance>.<log> (ParallelCluster's Monitoring.Logs)",
         nodes=sorted(nodes, key=lambda n: (n.group, n.instance_id)),
+        log_note=note,
+        gone=sorted(failures.values(), key=lambda r: (r.group, r.node)),
     )
 
 
@@ -232,6 +258,10 @@ def render_status(status: ClusterStatus) -> str:
             lines.append("      no failed moe-cdk step in its lifecycle log: HyperPod failed it outside the scripts")
         if node.message:
             lines.append(f"      HyperPod: {node.message}")
+    for step in status.gone:
+        lines.append(f"  gone: {step.node} of {step.group}, step {step.step} failed after {step.seconds}s: {step.hint}")
+    if status.log_note and not any(n.status == "Failure" for n in status.nodes):
+        lines.append(f"  {status.log_note}")
     return "\n".join(lines) + "\n"
 
 
