@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# imds_access.sh: on a Slurm cluster (HyperPod or ParallelCluster) with teams, the instance metadata service (IMDS), and with it the
-# node role's credentials, for root and the node's own services only. Skipped (nothing changes) without teams.
+# imds_access.sh: on a Slurm cluster (HyperPod or ParallelCluster) with teams, the instance metadata service (IMDS),
+# and with it the node role's credentials, for root and the node's own services only. Skipped (nothing changes)
+# without teams.
 #
 # Why: whoever reaches IMDS (169.254.169.254, and fd00:ec2::254 over IPv6) gets the node role's temporary
 # credentials, so every team member could use what the role may do: the sagemaker-* buckets of the managed policy,

@@ -28,9 +28,9 @@ Where the targets come from:
   * Slurm nodes: `scontrol --details --oneliner show nodes`, parsed by slurm_exporter.py's
     parse_nodes. NodeName is the node label and NodeAddr the address; a node without NodeAddr, in
     the FUTURE state (not yet a node), or powered down or powering up (no instance behind it yet:
-    ParallelCluster's dynamic nodes, whose NodeAddr is then their own name) is left out. GPUs: a Gres with GPUs, or an instance type
-    of the p or g family (every one has NVIDIA GPUs, and the nodes' Gres is HyperPod's to set).
-    EFA: "efa" among the node's features, which slurm_features.sh sets only on nodes where an
+    ParallelCluster's dynamic nodes, whose NodeAddr is then their own name) is left out. GPUs: a
+    Gres with GPUs, or an instance type of the p or g family (every one has NVIDIA GPUs, and the
+    nodes' Gres is HyperPod's to set). EFA: "efa" among the node's features, which slurm_features.sh sets only on nodes where an
     EFA device shows.
   * instance_type: the InstanceType of the resource_config.json group with an instance whose
     CustomerIpAddress is the NodeAddr; else the instance_type the parameters give the worker
@@ -218,23 +218,17 @@ def main(argv: list) -> int:
     parser.add_argument("--params", required=True, help="provisioning_parameters.json")
     parser.add_argument("--resource-config", help="HyperPod's resource_config.json (none on ParallelCluster)")
     parser.add_argument("--out", required=True, help="folder of the target files")
-    parser.add_argument(
-        "--slurm-exporter-address",
-        default=DEFAULT_SLURM_EXPORTER_ADDRESS,
-        help=f"HOST:PORT of slurm_exporter.py (default {DEFAULT_SLURM_EXPORTER_ADDRESS})",
-    )
-    parser.add_argument(
-        "--controller-node-exporter-address",
-        default=DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS,
-        help=f"HOST:PORT of this controller's node_exporter (default {DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS})",
-    )
+    parser.add_argument("--slurm-exporter-address", default=DEFAULT_SLURM_EXPORTER_ADDRESS,
+                        help=f"HOST:PORT of slurm_exporter.py (default {DEFAULT_SLURM_EXPORTER_ADDRESS})")
+    parser.add_argument("--controller-node-exporter-address", default=DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS,
+                        help="HOST:PORT of this controller's node_exporter "
+                        f"(default {DEFAULT_CONTROLLER_NODE_EXPORTER_ADDRESS})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         params = load_json(args.params, "provisioning_parameters.json")
-        resource_config = (
-            None if args.resource_config is None else load_json(args.resource_config, "resource_config.json")
-        )
+        resource_config = None if args.resource_config is None else load_json(args.resource_config,
+                                                                               "resource_config.json")
         if not isinstance(params, dict):
             raise Invalid("provisioning_parameters.json: not a JSON object")
         output = Slurm(SCONTROL_TIMEOUT_S).run(SCONTROL_NODES)
@@ -242,12 +236,8 @@ def main(argv: list) -> int:
             log.error("scontrol failed; the target files in %s are left as they are", args.out)
             return EXIT_SLURM_FAILED
         targets = build_targets(
-            parse_nodes(output),
-            params,
-            resource_config,
-            args.slurm_exporter_address,
-            args.controller_node_exporter_address,
-            socket.gethostname().split(".")[0],
+            parse_nodes(output), params, resource_config, args.slurm_exporter_address,
+            args.controller_node_exporter_address, socket.gethostname().split(".")[0],
         )
     except Invalid as error:
         log.error("%s", error)

@@ -41,9 +41,9 @@
 #     from source at boot.
 #
 # Downloads: the container images, from the registries the manifest names (HyperPod's ECR with a
-# token from `aws ecr get-login-password`, Quay.io for Prometheus), and on a ParallelCluster node without Docker,
-# Ubuntu's docker.io (ensure_docker); nothing else. An image already
-# present is not pulled again. The digest Docker reports for each is logged and kept in
+# token from `aws ecr get-login-password`, Quay.io for Prometheus), and on a ParallelCluster node
+# without Docker, Ubuntu's docker.io (ensure_docker); nothing else. An image already present is not
+# pulled again. The digest Docker reports for each is logged and kept in
 # /var/lib/moe-cdk/observability/images; a digest pinned in the manifest must match it.
 #
 # Paths carry ${MOE_LC_ROOT}, so the tests run this in a sandbox with a stand-in docker.
