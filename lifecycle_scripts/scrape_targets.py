@@ -31,7 +31,8 @@ Where the targets come from:
     ParallelCluster's dynamic nodes, whose NodeAddr is then their own name) is left out. GPUs: a
     Gres with GPUs, or an instance type of the p or g family (every one has NVIDIA GPUs, and the
     nodes' Gres is HyperPod's to set). EFA: "efa" among the node's features, which
-    slurm_features.sh sets only on nodes where an EFA device shows.
+    slurm_features.sh sets only on nodes where an EFA device shows (ParallelCluster sets it on the
+    nodes of a queue with EFA on).
   * instance_type: the InstanceType of the resource_config.json group with an instance whose
     CustomerIpAddress is the NodeAddr; else the instance_type the parameters give the worker
     groups of the node's partitions, when they agree; else "unknown".
