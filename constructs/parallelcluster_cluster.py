@@ -175,13 +175,8 @@ def _problems(props: ParallelClusterProps, stack_name: str):
             yield problem("out of range", got=q.min_count, allowed=f"0 to max_count ({q.max_count})").at(
                 f"queues[{i}].min_count"
             )
-    if (database := props.accounting_database) is not None:
-        for p in database.problems():
-            yield p.at("accounting_database")
-        if database.user_name is None:
-            yield problem("ParallelCluster's Database needs the user name", got=None, allowed="a user name").at(
-                "accounting_database.user_name"
-            )
+    if props.accounting_database is not None:
+        yield from (p.at("accounting_database") for p in rules.database_problems(props.accounting_database))
     if not (Path(props.lifecycle_scripts_directory) / ENTRY_SCRIPT).is_file():
         yield problem(f"has no {ENTRY_SCRIPT}", got=props.lifecycle_scripts_directory, allowed="lifecycle_scripts/").at(
             "lifecycle_scripts_directory"

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterator
 
 from moe_cdk.core.problems import Problem, problem
+from moe_cdk.rules.sagemaker import AccountingDatabase
 
 VERSION = "3.16.1"
 """The ParallelCluster release moe-cdk deploys and validates with (Makefile PCLUSTER_VERSION, the offline
@@ -74,6 +76,19 @@ def provider_template_url(region: str, url_suffix: str, version: str = VERSION) 
         f"https://{region}-aws-parallelcluster.s3.{region}.{url_suffix}/parallelcluster/{version}"
         "/templates/custom_resource/cluster.yaml"
     )
+
+
+def database_problems(database: AccountingDatabase) -> Iterator[Problem]:
+    """What is wrong with ``database`` as ParallelCluster's ``SlurmSettings.Database``: its own checks, and the user
+    name that ParallelCluster takes beside a secret holding the password alone."""
+    yield from database.problems()
+    if database.user_name is None:
+        yield problem(
+            "ParallelCluster's SlurmSettings.Database takes the user name here, and a secret holding that user's "
+            "password alone (docs/parallelcluster.md)",
+            got=None,
+            allowed="the database user slurmdbd connects as",
+        ).at("user_name")
 
 
 def name_problem(name: str) -> Problem | None:

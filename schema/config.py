@@ -348,15 +348,8 @@ class ClusterConfig:
         for key in ("slurm_config_strategy", "tiered_storage"):
             if getattr(self, key) is not None:
                 yield problem(hyperpod_only, got="set", allowed="unset with orchestrator parallelcluster").at(key)
-        if (database := self.accounting_database) is not None:
-            yield from (p.at("accounting_database") for p in database.problems())
-            if database.user_name is None:
-                yield problem(
-                    "ParallelCluster's SlurmSettings.Database takes the user name here, and a secret holding that "
-                    "user's password alone (docs/parallelcluster.md)",
-                    got=None,
-                    allowed="the database user slurmdbd connects as",
-                ).at("accounting_database.user_name")
+        if self.accounting_database is not None:
+            yield from (p.at("accounting_database") for p in pcluster_rules.database_problems(self.accounting_database))
         if self.node_provisioning_mode is not NodeProvisioningMode.STANDARD:
             yield problem(
                 hyperpod_only, got=self.node_provisioning_mode.value, allowed="unset with orchestrator parallelcluster"

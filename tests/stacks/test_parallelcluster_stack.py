@@ -237,7 +237,8 @@ def test_the_bundle_carries_the_teams(with_teams):
 
 def test_an_accounting_database_without_its_user_is_refused_by_the_construct():
     stack, props = construct_props(accounting_database=AccountingDatabase(endpoint="db.example.com", secret_arn=SECRET))
-    with pytest.raises(ConfigError, match="accounting_database.user_name: ParallelCluster's Database needs the user"):
+    expected = "accounting_database.user_name: ParallelCluster's SlurmSettings.Database takes the user name here"
+    with pytest.raises(ConfigError, match=expected):
         ParallelClusterCluster(stack, "Cluster", props)
 
 
