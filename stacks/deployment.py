@@ -55,15 +55,21 @@ def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
         description="moe-cdk: FSx for Lustre and its S3 data repository",
     )
     stacks = {"network": network, "storage": storage}
-    if config.cluster.orchestrator is Orchestrator.SLURM:
-        stacks["cluster"] = SlurmClusterStack(
+    # The orchestrators whose cluster is one stack over the network and storage stacks.
+    single = {
+        Orchestrator.SLURM: (SlurmClusterStack, "SageMaker HyperPod cluster orchestrated by Slurm"),
+        Orchestrator.PARALLELCLUSTER: (ParallelClusterStack, "AWS ParallelCluster cluster orchestrated by Slurm"),
+    }
+    if config.cluster.orchestrator in single:
+        stack_class, what = single[config.cluster.orchestrator]
+        stacks["cluster"] = stack_class(
             app,
             f"{config.name}-cluster",
             config=config,
             env=env,
             network=network,
             storage=storage,
-            description="moe-cdk: SageMaker HyperPod cluster orchestrated by Slurm",
+            description=f"moe-cdk: {what}",
         )
     elif config.cluster.orchestrator is Orchestrator.EKS:
         stacks["eks"] = EksStack(
@@ -84,16 +90,6 @@ def add_stacks(app: cdk.App, config: Config) -> dict[str, cdk.Stack]:
             storage=storage,
             eks_stack=stacks["eks"],
             description="moe-cdk: SageMaker HyperPod cluster orchestrated by EKS",
-        )
-    elif config.cluster.orchestrator is Orchestrator.PARALLELCLUSTER:
-        stacks["cluster"] = ParallelClusterStack(
-            app,
-            f"{config.name}-cluster",
-            config=config,
-            env=env,
-            network=network,
-            storage=storage,
-            description="moe-cdk: AWS ParallelCluster cluster orchestrated by Slurm",
         )
     elif config.cluster.orchestrator is Orchestrator.TRAINING_JOB:
         stacks["training-job"] = TrainingJobStack(
