@@ -112,7 +112,7 @@ $(HYPERPOD_MODELS): | $(SYNTH_STAMP)
 # own and without its declared dependencies: it pins jsii 1.85.0 and CDK v1 for its CLI, which the suite's aws-cdk-lib
 # cannot share; the schema and the validators import only the packages listed here.
 PCLUSTER_VENV := .venv-pcluster
-PCLUSTER_VERSION := 3.16.1
+PCLUSTER_VERSION := $(shell sed -n 's/^VERSION = "\([0-9.]*\)"$$/\1/p' rules/parallelcluster.py)
 PCLUSTER_STAMP := $(PCLUSTER_VENV)/.installed-aws-parallelcluster-$(PCLUSTER_VERSION)
 parallelcluster: $(PCLUSTER_STAMP)
 $(PCLUSTER_STAMP): | $(SYNTH_STAMP)
