@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +36,7 @@ from slurm_harness import SlurmCluster, SlurmUnavailable  # noqa: E402
 from test_imds_access import XTABLES_STUB  # noqa: E402
 from test_lifecycle_scripts import ROOT, Sandbox, succeeded  # noqa: E402
 from test_lifecycle_slurm import standin_plugin  # noqa: E402,F401 (a fixture)
-from test_observability import DOCKER_STUB, REMOTE_WRITE_URL, stub  # noqa: E402
+from test_observability import DOCKER_STUB, REMOTE_WRITE_URL, get, stub  # noqa: E402
 from test_parallelcluster_node import BUNDLE, PARAMETER, publish  # noqa: E402
 from test_teams_slurm import GpuAccountingCluster, sacctmgr  # noqa: E402
 
@@ -150,8 +149,7 @@ def scrape(url: str, deadline_s: float = 30) -> dict:
     deadline = time.monotonic() + deadline_s
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                text = response.read().decode()
+            _, text = get(url)
             break
         except OSError:
             assert time.monotonic() < deadline, f"{url} did not answer within {deadline_s}s"
