@@ -224,9 +224,9 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data_prefix, single_r
     assert all(torch.equal(reference[k], interrupted[k]) for k in reference)
 
 
-def test_a_rank_killed_mid_save_leaves_no_process_behind(tmp_path, data_prefix):
-    # A save every step, so the kill lands during one (or right next to one); the checkpoint
-    # writer's manager runs from the start.
+def test_a_rank_saving_synchronously_starts_no_helper_process(tmp_path, data_prefix):
+    # A save every step: megatron's save, left to itself, starts a manager process for its writer's results at the
+    # first one (training/checkpoints/manager.py).
     command = train_command(tmp_path, data_prefix, "--max-steps", "200", "--save-interval", "1")
     process = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, helpers = tmp_path / "metrics.jsonl", set()
@@ -237,13 +237,64 @@ def test_a_rank_killed_mid_save_leaves_no_process_behind(tmp_path, data_prefix):
             break
         time.sleep(0.01)
     helpers |= descendants(process.pid)
-    process.send_signal(signal.SIGKILL)
+    process.kill()
     process.wait()
-    assert process.returncode == -signal.SIGKILL and helpers, "the run ended, or started no helper, before the kill"
+    assert process.returncode == -signal.SIGKILL, "the run ended before it had saved 3 steps"
+    assert not helpers, f"started {sorted(helpers)}"
+
+
+# An async save's writer manager (GPU only, so started here by hand), in a rank that handles the stop signals as
+# the trainer does: a TERM to its whole process group, as Slurm's scancel sends it, reaches the manager too.
+WRITER_MANAGER_PROBE = """
+import os, signal, sys, time
+from moe_cdk.training.stop import StopRequested
+stop = StopRequested()
+from moe_cdk.training.step._megatron import import_core
+import_core()
+from moe_cdk.training.checkpoints import manager
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+manager._prepare_results_queue(async_save=True)
+print(manager._writer_manager._process.pid, flush=True)
+os.killpg(0, signal.SIGTERM)
+time.sleep(1)
+filesystem_async._results_queue.put("served")
+print(filesystem_async._results_queue.get(timeout=60), stop.signal == signal.SIGTERM, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(scope="module")
+def writer_manager(tmp_path_factory):
+    """What the probe's queue answered after the group TERM, the probe's stderr, and whether its manager was gone
+    within 10 s of the SIGKILL of the rank that started it (a manager left behind is killed here)."""
+    log = tmp_path_factory.mktemp("writer-manager") / "stderr.txt"
+    with log.open("w") as stderr:  # a file: a manager left behind would hold a pipe open
+        process = subprocess.Popen([sys.executable, "-c", WRITER_MANAGER_PROBE], cwd=ROOT, env=ENV, text=True,
+                                   stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)  # fmt: skip
+    try:
+        pid = int(process.stdout.readline() or 0)
+        answer = process.stdout.readline().split()
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
     deadline = time.time() + 10
-    while alive(helpers) and time.time() < deadline:
+    while pid and alive({pid}) and time.time() < deadline:
         time.sleep(0.1)
-    assert not alive(helpers), f"outlived the killed rank: {sorted(alive(helpers))}"
+    gone = bool(pid) and not alive({pid})
+    if pid and not gone:
+        os.kill(pid, signal.SIGKILL)
+    return answer, log.read_text(), gone
+
+
+def test_an_async_saves_writer_manager_serves_after_a_term_to_the_whole_process_group(writer_manager):
+    answer, stderr, _ = writer_manager
+    assert answer == ["served", "True"], stderr[-3000:]
+
+
+def test_an_async_saves_writer_manager_dies_with_its_rank_killed_by_sigkill(writer_manager):
+    _, stderr, gone = writer_manager
+    assert gone, stderr[-3000:]
 
 
 def test_truncated_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, data_prefix, single_run):
@@ -366,8 +417,7 @@ def _assert_saved_at_last_step_and_resumes_after_it(tmp_path, data_prefix, stder
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["TERM", "USR1"])
 def test_a_stop_signal_to_the_whole_process_group_saves_and_resumes_at_the_next_step(tmp_path, data_prefix, signum):
-    # Slurm's scancel, a preemption and kill -- -PGID reach the checkpoint writer's manager
-    # process too: it must live to serve the save.
+    # Slurm's scancel, a preemption and kill -- -PGID reach every process of the group.
     returncode, stderr = _stop_group_after(tmp_path, data_prefix, signum, records_before=3)
     assert returncode == 143, stderr[-3000:]
     assert "Traceback" not in stderr
