@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import fcntl
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import yaml
+from xdist.scheduler import LoadFileScheduling
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 # A deprecated aws-cdk-lib API raises instead of printing a warning at every synth (jsii's
@@ -40,6 +45,89 @@ def pytest_report_header(config) -> str:
     image = read_image_env(ROOT / "training/image.env")
     found = f"Python {platform.python_version()}, torch {version('torch')}, megatron-core {version('megatron-core')}"
     return f"versions: {found} (training/image.env: {', '.join(f'{k}={v}' for k, v in image.items())})"
+
+
+RUN_DIR = "MOE_CDK_TEST_RUN_DIR"
+"""A folder of the whole run, which the pytest-xdist workers share: made by the controller before they start (they
+inherit its environment) and removed after them."""
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller, or a run without workers
+        os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="moe-cdk-tests-")
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(RUN_DIR), ignore_errors=True)
+
+
+def once_per_run(name: str, compute: Callable[[], object]) -> object:
+    """``compute()``'s result (JSON), computed by the first worker that asks for it and read by the others."""
+    path = Path(os.environ[RUN_DIR]) / f"{name}.json"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            path.write_text(json.dumps(compute()))
+    return json.loads(path.read_text())
+
+
+HF_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
+
+# The work units that take longest, in seconds of one worker's time in a 4-worker run on the 2-core build machine
+# (2026-12-05, pytest --durations=0): `make test` starts them first, longest first, so that no worker is left
+# running one of them alone at the end. The other units follow, the ones with the most tests first.
+LONGEST_UNITS_S = {
+    "tests/training/test_trainer.py": 370,
+    "tests/lifecycle_scripts/test_teams_slurm.py": 310,
+    "tests/lifecycle_scripts/test_lifecycle_scripts.py": 200,
+    "tests/training/test_layout_equivalence.py": 190,
+    "tests/lifecycle_scripts/test_observability.py": 190,
+    "tests/training/test_hf_checkpoint.py::qwen3_moe": 170,
+    "tests/training/test_hf_checkpoint.py::qwen2_moe": 160,
+    "tests/jobs/test_slurm.py": 150,
+    "tests/training/test_hf_checkpoint.py::mixtral": 120,
+    "tests/jobs/test_preflight_job.py": 95,
+    "tests/lifecycle_scripts/test_node_matrix.py": 80,
+    "tests/lifecycle_scripts/test_imds_access.py": 70,
+    "tests/training/test_hf_checkpoint.py::deepseek_v3": 65,
+    "tests/tools/test_synth_diff.py": 60,
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """What one worker runs as a whole under ``make test`` (``--dist loadfile``): a test file, whose module fixtures
+    (a Slurm cluster, a trained model) are then built once. Two files are cut finer, where their fixtures allow it:
+    test_hf_checkpoint.py by model family (its module fixtures are per family), and each configuration's CDK CLI
+    synth in test_stacks.py is a unit of its own (it shares nothing)."""
+    path, _, name = nodeid.partition("::")
+    parameter = name[name.find("[") + 1 : -1] if name.endswith("]") else ""
+    if path == "tests/training/test_hf_checkpoint.py" and parameter in HF_FAMILIES:
+        return f"{path}::{parameter}"
+    if name.startswith("test_make_synth_passes_and_cfn_lint_is_clean["):
+        return nodeid
+    return path
+
+
+class LongestFirst(LoadFileScheduling):
+    """``--dist loadfile``, with the work units of :func:`work_unit`, the longest started first."""
+
+    ordered = False
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+    def _assign_work_unit(self, node) -> None:
+        if not self.ordered:
+            units = sorted(self.workqueue.items(), key=lambda unit: (-LONGEST_UNITS_S.get(unit[0], 0), -len(unit[1])))
+            self.workqueue.clear()
+            self.workqueue.update(units)
+            self.ordered = True
+        super()._assign_work_unit(node)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return LongestFirst(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 def pytest_sessionfinish(session, exitstatus):

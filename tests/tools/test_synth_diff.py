@@ -19,7 +19,7 @@ from pathlib import Path
 import boto3
 import pytest
 from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
-from conftest import SHIPPED_CONFIGS, synth
+from conftest import SHIPPED_CONFIGS, once_per_run, synth
 
 from moe_cdk.cli.diff import add_parser
 from moe_cdk.core.problems import ConfigError
@@ -224,15 +224,19 @@ def test_stack_added():
     assert "new-stack (stack added)" in render_markdown(diff, "a", "b")
 
 
-@cache
-def _shipped_templates() -> dict[str, dict[str, dict]]:
-    """{configuration: {stack name: template}} of every shipped configuration, synthesized once per run
-    (at collection: the parametrization below needs the resource types)."""
+def _synthesize_shipped() -> dict[str, dict[str, dict]]:
     templates = {}
     for config_path in SHIPPED_CONFIGS:
         with tempfile.TemporaryDirectory(prefix="synth-diff-") as outdir:
             templates[config_path] = synth(load_config(ROOT / config_path), Path(outdir))
     return templates
+
+
+@cache
+def _shipped_templates() -> dict[str, dict[str, dict]]:
+    """{configuration: {stack name: template}} of every shipped configuration, synthesized once per run (at
+    collection: the parametrization below needs the resource types), by the first worker that collects this file."""
+    return once_per_run("shipped-templates", _synthesize_shipped)
 
 
 def _deployed_types() -> dict[str, tuple[str, str, str]]:
