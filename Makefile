@@ -164,16 +164,18 @@ destroy: synth-setup
 hyperpod-chart: synth-setup
 	$(PY) -m moe_cdk.cli.chart --config $(CONFIG)
 
-# TEST_WORKERS workers, each taking whole test files (--dist loadfile), so a module's fixtures (a
-# Slurm cluster, an imported model) are built once; the Slurm and trainer tests draw free ports
-# (tests/ports.py) and keep their files under their own tmp_path. 4, not one per core: much of
-# the suite waits (Slurm polls, a slurmctld started 60 s late, sleeps), and on the 2-core build
-# machine the whole suite took 642 s with 4 workers against 804 s with 2; on 2026-12-05, 912 s with 4
-# against 1,010 s with 6, the load average at 16-19: more workers only share the 2 cores. `$(PY) -m pytest
-# tests/x.py` runs one file in this process, as before. --durations=30 ends each run with its slowest tests.
+# TEST_WORKERS workers, each taking whole work units (a test file, or less where its fixtures allow:
+# tests/conftest.py work_unit), the longest first, so a module's fixtures (a Slurm cluster, an imported model) are
+# built once; the Slurm and trainer tests draw free ports (tests/ports.py) and keep their files under their own
+# tmp_path. 4, not one per core: much of the suite waits (Slurm polls, sleeps), while each worker's collection costs
+# about 15 s of CPU. On the 2-core build machine on 2026-12-05, the suite took 862 s with 4 workers against 916 s
+# with 6. The suite starts some thousand Python processes, so it writes their bytecode (PYTHONDONTWRITEBYTECODE,
+# where the machine sets it, is unset for it): pytest's rewritten test modules are then compiled once, not by every
+# worker of every run. `$(PY) -m pytest tests/x.py` runs one file in this process, as before. --durations=30 ends each
+# run with its slowest tests.
 TEST_WORKERS ?= 4
 test: test-setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # The suite's environment, the Debian packages, the two model packages and vLLM's environment do not depend on one
 # another (the HyperPod models only on a Python), so a fresh machine sets them up side by side.
