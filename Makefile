@@ -167,9 +167,8 @@ hyperpod-chart: synth-setup
 # TEST_WORKERS workers, each taking whole work units (a test file, or less where its fixtures allow:
 # tests/conftest.py work_unit), the longest first, so a module's fixtures (a Slurm cluster, an imported model) are
 # built once; the Slurm and trainer tests draw free ports (tests/ports.py) and keep their files under their own
-# tmp_path. 4, not one per core: much of the suite waits (Slurm polls, sleeps), while each worker's collection costs
-# about 15 s of CPU. On the 2-core build machine on 2026-12-05, the suite took 862 s with 4 workers against 916 s
-# with 6. The suite starts some thousand Python processes, so it writes their bytecode (PYTHONDONTWRITEBYTECODE,
+# tmp_path. 4, not one per core: the suite is bound by the 2 cores' CPU, and each worker collects the whole suite. On
+# the 2-core build machine on 2026-12-05, the suite took 862 s with 4 workers against 916 s with 6. The suite starts some thousand Python processes, so it writes their bytecode (PYTHONDONTWRITEBYTECODE,
 # where the machine sets it, is unset for it): pytest's rewritten test modules are then compiled once, not by every
 # worker of every run. `$(PY) -m pytest tests/x.py` runs one file in this process, as before. --durations=30 ends each
 # run with its slowest tests.

@@ -246,7 +246,7 @@ def test_a_rank_saving_synchronously_starts_no_helper_process(tmp_path, data_pre
 # An async save's writer manager (GPU only, so started here by hand), in a rank that handles the stop signals as
 # the trainer does: a TERM to its whole process group, as Slurm's scancel sends it, reaches the manager too.
 WRITER_MANAGER_PROBE = """
-import os, signal, sys, time
+import os, signal, time
 from moe_cdk.training.stop import StopRequested
 stop = StopRequested()
 from moe_cdk.training.step._megatron import import_core
