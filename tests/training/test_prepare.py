@@ -133,6 +133,12 @@ def test_prepare_reports_a_tokenizing_process_that_died_and_writes_nothing(tmp_p
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def _as_a_terminals_foreground_job() -> None:
+    # There Ctrl-C has its default action. A shell without job control (a CI script) ignores SIGINT in the
+    # background jobs it starts, and pytest's processes would pass that on to this one.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_says_one_line_exits_130_and_leaves_no_file(tmp_path, workers):
     source = tmp_path / "corpus.txt"
@@ -144,6 +150,7 @@ def test_ctrl_c_says_one_line_exits_130_and_leaves_no_file(tmp_path, workers):
         [sys.executable, "-m", "moe_cdk.cli.data", "prepare", "--input", str(source), "--output-prefix",
          str(out / "corpus"), "--workers", str(workers)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_as_a_terminals_foreground_job,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while not (out.is_dir() and any(out.iterdir())) and time.monotonic() < deadline:  # writing has begun

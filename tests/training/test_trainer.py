@@ -243,6 +243,27 @@ def test_a_rank_saving_synchronously_starts_no_helper_process(tmp_path, data_pre
     assert not helpers, f"started {sorted(helpers)}"
 
 
+# moe-train as `python -m` runs it, saying at its exit how many objects the garbage collector had been told to leave.
+FREEZE_PROBE = """
+import atexit, gc, runpy, sys
+atexit.register(lambda: print("frozen objects:", gc.get_freeze_count(), file=sys.stderr))
+sys.argv[0] = "moe-train"
+runpy.run_module("moe_cdk.cli.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_rank_freezes_what_setup_built_so_no_collection_walks_it_again(tmp_path, data_prefix):
+    command = train_command(tmp_path, data_prefix, "--max-steps", "2")
+    assert command[1:3] == ["-m", "moe_cdk.cli.train"]
+    done = subprocess.run(
+        [sys.executable, "-c", FREEZE_PROBE, *command[3:]], cwd=ROOT, env=ENV, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    frozen = int(re.search(r"^frozen objects: (\d+)$", done.stderr, re.MULTILINE).group(1))
+    assert frozen > 100_000, frozen  # torch's and megatron-core's modules alone hold more
+
+
 # An async save's writer manager (GPU only, so started here by hand), in a rank that handles the stop signals as
 # the trainer does: a TERM to its whole process group, as Slurm's scancel sends it, reaches the manager too.
 WRITER_MANAGER_PROBE = """

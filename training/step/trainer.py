@@ -7,6 +7,7 @@ EKS launchers rely on: 1-127 are permanent (never retried), 128-255 are retryabl
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import logging
 import os
@@ -358,6 +359,7 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
     )
     exit_code = EXIT_OK
     recorded_step = step
+    _freeze_what_setup_built()
     for chunk in trainable.chunks:
         chunk.train()
     try:
@@ -398,6 +400,18 @@ def _run(config: TrainConfig, runtime: Runtime, stop: StopRequested) -> int:
         profiler.abandon()
         sink.close()
     return exit_code
+
+
+def _freeze_what_setup_built() -> None:
+    """Move every object alive now out of the garbage collector's generations, after collecting what setup left.
+
+    What setup built (torch's, megatron-core's and dynamo's modules, the model, the optimizer, the data index) lives
+    until the process ends. Left in the oldest generation, each full collection during the steps walks its objects
+    again (about 300,000 in a rank of the tiny profile: 0.18 s of CPU a collection, 0.001 s frozen), a pause that
+    lands on each rank at another step and holds the others at the next collective, and so does the collection at
+    the interpreter's exit (docs/training.md, "Speed options")."""
+    gc.collect()
+    gc.freeze()
 
 
 @dataclass(frozen=True)
