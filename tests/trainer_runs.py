@@ -52,11 +52,15 @@ def python(nproc: int = 1) -> list[str]:
     ]
 
 
-def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> list[str]:
+def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1, torchrun: bool = False) -> list[str]:
+    """moe-train on the tiny profile; ``nproc`` ranks on this machine started by its node launcher
+    (``--nproc-per-node``, as the quick start, SageMaker and Kubeflow start them), or by torchrun."""
+    if torchrun:
+        start = [*python(nproc), "-m", "moe_cdk.cli.train"]
+    else:
+        start = [sys.executable, "-m", "moe_cdk.cli.train", *(("--nproc-per-node", str(nproc)) if nproc > 1 else ())]
     return [
-        *python(nproc),
-        "-m",
-        "moe_cdk.cli.train",
+        *start,
         "--config",
         str(TINY),
         "--checkpoint-dir",
@@ -71,11 +75,18 @@ def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) 
     ]
 
 
-def run_training(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
+def rank_env() -> dict[str, str]:
+    """ENV with a free rendezvous port (``MASTER_PORT``) for the ranks of one run; a world of one binds none."""
+    return {**ENV, "MASTER_PORT": str(free_port())}
+
+
+def run_training(
+    run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1, torchrun: bool = False
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        train_command(run_dir, data_prefix, *extra, nproc=nproc),
+        train_command(run_dir, data_prefix, *extra, nproc=nproc, torchrun=torchrun),
         cwd=ROOT,
-        env=ENV,
+        env=rank_env(),
         capture_output=True,
         text=True,
         timeout=600,

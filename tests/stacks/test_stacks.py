@@ -98,6 +98,15 @@ def test_make_synth_passes_and_cfn_lint_is_clean(config_path, tmp_path):
     assert_cfn_lint_clean(config.region, *sorted((tmp_path / "cdk.out").glob("*.template.json")))
 
 
+def test_cfn_lint_as_the_suite_runs_it_fails_a_template_with_an_unknown_property(tmp_path):
+    template = tmp_path / "bad.template.json"
+    properties = {"VpcId": {"Ref": "Vpc"}, "CidrBlock": "10.0.0.0/24", "Bogus": 1}
+    subnet = {"Type": "AWS::EC2::Subnet", "Properties": properties}
+    template.write_text(json.dumps({"Resources": {"Vpc": {"Type": "AWS::EC2::VPC"}, "Subnet": subnet}}))
+    with pytest.raises(AssertionError, match=r"E3002: .*'Bogus' was unexpected"):
+        assert_cfn_lint_clean("us-east-2", template)
+
+
 def test_synth_is_deterministic(default_synth, default_config, tmp_path):
     first, _ = default_synth
     synth(default_config, tmp_path)

@@ -23,7 +23,7 @@ import pytest
 import torch
 import yaml
 from hf_models import CORPUS, VOCAB_SIZE, configs, save
-from trainer_runs import ENV, ROOT, TINY, python, records
+from trainer_runs import ENV, ROOT, TINY, python, rank_env, records
 
 from moe_cdk.cli import checkpoint as checkpoint_cli
 from moe_cdk.training.checkpoints.export_marker import EXPORT_MARKER, read_export
@@ -40,7 +40,7 @@ def _run(*command: str, nproc: int = 1) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [*python(nproc), *command],
         cwd=ROOT,
-        env=ENV,
+        env=rank_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -246,6 +246,8 @@ def trained(imported) -> SimpleNamespace:
     run = _run(
         "-m",
         "moe_cdk.cli.train",
+        "--nproc-per-node",
+        "2",
         "--config",
         str(imported.profile),
         "--checkpoint-dir",
@@ -262,7 +264,6 @@ def trained(imported) -> SimpleNamespace:
         "optim.warmup_steps=1",
         "--set",
         TRAINING_LAYOUTS[imported.family],
-        nproc=2,
     )
     out = root / "exported"
     _checkpoint_cli("export-hf", str(ckpt), "--config", str(imported.profile), "--output", str(out))

@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 from survivors import alive, descendants
-from trainer_runs import ENV, ROOT, TINY, data_prefix, final_parameters, records, run_training, train_command  # noqa: F401 (fixture)
+from trainer_runs import (  # noqa: F401 (fixture)
+    ENV,
+    ROOT,
+    TINY,
+    data_prefix,
+    final_parameters,
+    rank_env,
+    records,
+    run_training,
+    train_command,
+)
 
 from moe_cdk.training.checkpoints.manager import MARKER, CheckpointManager
 
@@ -99,9 +109,10 @@ EXPERT_PARALLEL_2 = (
 
 @pytest.fixture(scope="module")
 def expert_parallel_run(tmp_path_factory, data_prefix, single_run) -> Path:
-    """10 steps on two processes with expert parallelism 2, checkpointing at steps 5 and 10."""
+    """10 steps on two processes with expert parallelism 2, checkpointing at steps 5 and 10, started by torchrun
+    (docs/training.md: "torchrun works too"; the other multi-rank runs use the node launcher)."""
     run_dir = tmp_path_factory.mktemp("expert-parallel-2")
-    result = run_training(run_dir, data_prefix, *EXPERT_PARALLEL_2, nproc=2)
+    result = run_training(run_dir, data_prefix, *EXPERT_PARALLEL_2, nproc=2, torchrun=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -464,10 +475,11 @@ def test_ctrl_c_to_the_terminals_process_group_saves_says_one_line_and_exits_130
 def test_two_local_ranks_stopped_by_a_group_term_save_and_exit_143(tmp_path, data_prefix):
     # moe-train --nproc-per-node 2: the node launcher starts the ranks and exits with their code.
     command = train_command(tmp_path, data_prefix, "--max-steps", "1000", "--save-interval", "1000",
-                            "--set", "parallel.expert=2", "--nproc-per-node", "2")  # fmt: skip
+                            "--set", "parallel.expert=2", nproc=2)  # fmt: skip
     process = subprocess.Popen(
-        command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+        command, cwd=ROOT, env=rank_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 300
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         time.sleep(0.02)
@@ -506,7 +518,7 @@ def test_a_checkpoint_dir_that_is_a_file_exits_2_with_one_line(tmp_path, data_pr
 def test_resuming_with_another_model_shape_names_the_tensor_and_exits_2_once(tmp_path, data_prefix, single_run, nproc):
     shutil.copytree(single_run / "ckpt", tmp_path / "ckpt")
     extra = ("--set", "model.hidden_size=128", "--max-steps", "24")
-    result = run_training(tmp_path, data_prefix, *extra, *(("--nproc-per-node", "2") if nproc == 2 else ()))
+    result = run_training(tmp_path, data_prefix, *extra, nproc=nproc)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "skipping checkpoint" not in result.stderr
     problems = [line for line in result.stderr.splitlines() if line.startswith("  checkpoint.dir: ")]
