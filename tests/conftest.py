@@ -190,6 +190,20 @@ def cdk_cli_synth(config_path: Path, outdir: Path) -> subprocess.CompletedProces
     )  # fmt: skip
 
 
+def cdk_cli_synth_once(config_path: Path) -> tuple[int, str, Path]:
+    """``cdk_cli_synth`` of a configuration under config/, once per run, for every test that reads it:
+    (exit code, the end of its output, its cdk.out folder)."""
+    outdir = Path(os.environ[RUN_DIR]) / "cdk-cli" / config_path.stem / "cdk.out"
+
+    def run() -> dict:
+        outdir.parent.mkdir(parents=True, exist_ok=True)
+        done = cdk_cli_synth(ROOT / "config" / config_path.name, outdir)
+        return {"returncode": done.returncode, "output": (done.stdout + done.stderr)[-4000:]}
+
+    done = once_per_run(f"cdk-cli-{config_path.stem}", run)
+    return done["returncode"], done["output"], outdir
+
+
 @pytest.fixture(scope="session")
 def default_synth(default_config, tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     """The default configuration synthesized once for the whole run: (cdk.out folder, templates)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, cdk_cli_synth, synth
+from conftest import ROOT, cdk_cli_synth_once, synth
 from test_parallelcluster_stack import TEAMS_CONFIG
 
 from moe_cdk.cli import main as cli
@@ -35,10 +35,10 @@ if not PCLUSTER_PYTHON.exists():
 
 @pytest.fixture(scope="module")
 def cdk_out(tmp_path_factory) -> Path:
-    """config/parallelcluster.yaml synthesized once through the CDK CLI, as ``make synth`` does."""
-    outdir = tmp_path_factory.mktemp("cdk.out")
-    result = cdk_cli_synth(CONFIG, outdir)
-    assert result.returncode == 0, result.stdout + result.stderr
+    """config/parallelcluster.yaml synthesized through the CDK CLI, as ``make synth`` does (once per run: the
+    shipped configurations' synth test reads the same)."""
+    returncode, output, outdir = cdk_cli_synth_once(CONFIG)
+    assert returncode == 0, output
     return outdir
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,14 +15,14 @@ from conftest import (
     ROOT,
     SHIPPED_CONFIGS,
     assert_cfn_lint_clean,
-    cdk_cli_synth,
+    cdk_cli_synth_once,
     read_json,
     resources_of_type,
     synth,
 )
 
 from moe_cdk.schema.config import load_config, parse_config
-from moe_cdk.stacks.deployment import build_app
+from moe_cdk.stacks.deployment import build_app, cdk_json_context
 
 
 def test_network_storage_and_slurm_cluster_stacks(default_synth):
@@ -92,10 +93,10 @@ def test_cdk_nag_checks_every_synth(default_config, tmp_path):
 def test_make_synth_passes_and_cfn_lint_is_clean(config_path, tmp_path):
     # As a user runs it: the CDK CLI with cdk.json's context, whose built-in CloudFormation validation the
     # in-process synth of the other tests leaves out. It fails on any unacknowledged cdk-nag finding too.
-    done = cdk_cli_synth(ROOT / config_path, tmp_path / "cdk.out")
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    returncode, output, outdir = cdk_cli_synth_once(Path(config_path))
+    assert returncode == 0, output
     config = load_config(ROOT / config_path)
-    assert_cfn_lint_clean(config.region, *sorted((tmp_path / "cdk.out").glob("*.template.json")))
+    assert_cfn_lint_clean(config.region, *sorted(outdir.glob("*.template.json")))
 
 
 def test_cfn_lint_as_the_suite_runs_it_fails_a_template_with_an_unknown_property(tmp_path):
@@ -115,15 +116,10 @@ def test_synth_is_deterministic(default_synth, default_config, tmp_path):
 
 
 def test_cdk_cli_and_python_app_write_the_same_templates(tmp_path):
+    # The CLI's synth of cdk.json's configuration is make synth's (test_make_synth_passes_and_cfn_lint_is_clean).
+    returncode, output, cli = cdk_cli_synth_once(Path(cdk_json_context()["config"]))
+    assert returncode == 0, output
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-    cli = tmp_path / "cli"
-    subprocess.run(
-        [str(ROOT / ".venv/cdk-cli/node_modules/.bin/cdk"), "synth", "--quiet", "--output", str(cli)],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-    )
     direct = tmp_path / "direct"
     subprocess.run([PYTHON, "app.py"], cwd=ROOT, env=env | {"CDK_OUTDIR": str(direct)}, check=True, capture_output=True)
     names = sorted(p.name for p in cli.glob("*.template.json"))
