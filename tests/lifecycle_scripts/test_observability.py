@@ -318,18 +318,29 @@ def test_null_observability_is_skipped_on_a_real_on_create_run(tmp_path):
 # ---- setup_observability.sh: compute and login nodes -----------------------------------------
 
 
-@pytest.fixture
-def compute_box(tmp_path) -> Sandbox:
+def _compute_node(base: Path) -> Sandbox:
     """Compute node gpu-1 with eight GPUs and an EFA device, set up once through on_create.sh."""
-    box = obs_sandbox(tmp_path)
+    box = obs_sandbox(base)
     succeeded(box.on_create())
     return box
 
 
-def test_compute_node_runs_the_three_pinned_exporters(compute_box):
+@pytest.fixture(scope="module")
+def compute_run(tmp_path_factory) -> Sandbox:
+    """The compute node of the tests that only read what its setup did."""
+    return _compute_node(tmp_path_factory.mktemp("compute"))
+
+
+@pytest.fixture
+def compute_box(tmp_path) -> Sandbox:
+    """A compute node of its own, for a test that runs the setup again."""
+    return _compute_node(tmp_path)
+
+
+def test_compute_node_runs_the_three_pinned_exporters(compute_run):
     images = pins()
-    host = f"{compute_box.root}/:/host:ro,rslave"
-    assert docker_runs(compute_box) == {
+    host = f"{compute_run.root}/:/host:ro,rslave"
+    assert docker_runs(compute_run) == {
         "node-exporter": (
             ["-d", "--restart always", "--net host", "--pid host", f"-v {host}"],
             images["node_exporter"],
@@ -342,7 +353,7 @@ def test_compute_node_runs_the_three_pinned_exporters(compute_box):
                 "--net host",
                 "--gpus all",
                 "--cap-add SYS_ADMIN",
-                f"-v {compute_box.root}/run/slurm/dcgm-job-mapping:/etc/dcgm-exporter/hpc:ro",
+                f"-v {compute_run.root}/run/slurm/dcgm-job-mapping:/etc/dcgm-exporter/hpc:ro",
             ],
             images["dcgm_exporter"],
             ["--hpc-job-mapping-dir", "/etc/dcgm-exporter/hpc"],
@@ -355,8 +366,8 @@ def test_compute_node_runs_the_three_pinned_exporters(compute_box):
     }
 
 
-def test_dcgm_without_a_job_mapping_prolog_warns_that_gpu_series_have_no_job(compute_box):
-    log = compute_box.read("var/log/provision/moe-cdk-lifecycle.log")
+def test_dcgm_without_a_job_mapping_prolog_warns_that_gpu_series_have_no_job(compute_run):
+    log = compute_run.read("var/log/provision/moe-cdk-lifecycle.log")
     assert "WARNING: no Slurm prolog under /opt/slurm/etc/prolog.d or /opt/slurm/etc/scripts names" in log
 
 
@@ -380,24 +391,24 @@ def test_dcgm_reads_the_job_mapping_folder_the_nodes_prolog_writes(tmp_path, pro
     assert (box.root / folder.lstrip("/")).is_dir() and "names a DCGM job mapping" not in result.stdout
 
 
-def test_compute_node_pulls_from_hyperpods_registry_after_an_ecr_login(compute_box):
+def test_compute_node_pulls_from_hyperpods_registry_after_an_ecr_login(compute_run):
     registry = "602401143452.dkr.ecr.us-east-2.amazonaws.com"
-    assert compute_box.calls("docker pull") == [
+    assert compute_run.calls("docker pull") == [
         f"docker pull --quiet {pins()[name]}" for name in ("node_exporter", "dcgm_exporter", "efa_exporter")
     ]
-    assert compute_box.calls("docker login") == [f"docker login --username AWS --password-stdin {registry}"] * 3
-    assert compute_box.calls("aws") == ["aws ecr get-login-password --region us-east-2"] * 3
+    assert compute_run.calls("docker login") == [f"docker login --username AWS --password-stdin {registry}"] * 3
+    assert compute_run.calls("aws") == ["aws ecr get-login-password --region us-east-2"] * 3
 
 
-def test_compute_node_records_the_pulled_digests(compute_box):
-    lines = compute_box.read("var/lib/moe-cdk/observability/images").splitlines()
+def test_compute_node_records_the_pulled_digests(compute_run):
+    lines = compute_run.read("var/lib/moe-cdk/observability/images").splitlines()
     assert [line.split()[:2] for line in lines] == [
         [name, pins()[name]] for name in ("node_exporter", "dcgm_exporter", "efa_exporter")
     ]
     for line in lines:
         _, ref, digest = line.split()
         assert re.fullmatch(re.escape(ref.rsplit(":", 1)[0]) + "@sha256:[0-9a-f]{64}", digest)
-        assert f"has digest {digest}" in compute_box.read("var/log/provision/moe-cdk-lifecycle.log")
+        assert f"has digest {digest}" in compute_run.read("var/log/provision/moe-cdk-lifecycle.log")
 
 
 def test_second_run_leaves_running_exporters_alone(compute_box):
@@ -491,15 +502,26 @@ def expected_agent_config(interval_s: int, jobs: tuple[str, ...]) -> str:
     )
 
 
-@pytest.fixture
-def controller_box(tmp_path) -> tuple[Sandbox, subprocess.CompletedProcess]:
+def _controller(base: Path) -> tuple[Sandbox, subprocess.CompletedProcess]:
     """Controller controller-1 (stub scontrol: no Slurm nodes), set up once through on_create.sh."""
-    box = obs_sandbox(tmp_path, instance_id=CONTROLLER, gpus=False)
+    box = obs_sandbox(base, instance_id=CONTROLLER, gpus=False)
     return box, succeeded(box.on_create())
 
 
-def test_controller_writes_the_agent_config(controller_box):
-    box, _ = controller_box
+@pytest.fixture(scope="module")
+def controller_run(tmp_path_factory) -> tuple[Sandbox, subprocess.CompletedProcess]:
+    """The controller of the tests that only read what its setup did."""
+    return _controller(tmp_path_factory.mktemp("controller"))
+
+
+@pytest.fixture
+def controller_box(tmp_path) -> tuple[Sandbox, subprocess.CompletedProcess]:
+    """A controller of its own, for a test that runs the setup again."""
+    return _controller(tmp_path)
+
+
+def test_controller_writes_the_agent_config(controller_run):
+    box, _ = controller_run
     assert box.read(AGENT_CONFIG) == expected_agent_config(30, ("node", "dcgm", "efa", "slurm", "moe-trainer"))
 
 
@@ -521,8 +543,8 @@ def promtool() -> str:
     return found
 
 
-def test_agent_config_passes_promtool(controller_box):
-    box, _ = controller_box
+def test_agent_config_passes_promtool(controller_run):
+    box, _ = controller_run
     result = subprocess.run(
         [promtool(), "check", "config", str(box.root / AGENT_CONFIG)], capture_output=True, text=True, check=False
     )
@@ -530,16 +552,16 @@ def test_agent_config_passes_promtool(controller_box):
     assert "SUCCESS" in result.stdout and "WARNING" not in result.stdout + result.stderr
 
 
-def test_controller_reads_the_remote_write_url_from_ssm(controller_box):
-    box, _ = controller_box
+def test_controller_reads_the_remote_write_url_from_ssm(controller_run):
+    box, _ = controller_run
     assert box.calls("aws ssm") == [
         f"aws ssm get-parameter --name {REMOTE_WRITE_PARAMETER} --query Parameter.Value --output text "
         "--region us-east-2"
     ]
 
 
-def test_controller_runs_the_pinned_prometheus_agent(controller_box):
-    box, _ = controller_box
+def test_controller_runs_the_pinned_prometheus_agent(controller_run):
+    box, _ = controller_run
     options, image, args = docker_runs(box)["prometheus-agent"]
     assert image == pins()["prometheus"]
     config_hash = hashlib.sha256((box.root / AGENT_CONFIG).read_bytes()).hexdigest()[:16]
@@ -560,16 +582,16 @@ def test_controller_runs_the_pinned_prometheus_agent(controller_box):
     assert (box.root / "var/lib/moe-cdk/prometheus-agent").stat().st_uid == 65534
 
 
-def test_controller_runs_node_exporter_but_no_gpu_or_efa_exporter(controller_box):
-    box, _ = controller_box
+def test_controller_runs_node_exporter_but_no_gpu_or_efa_exporter(controller_run):
+    box, _ = controller_run
     assert sorted(docker_runs(box)) == ["node-exporter", "prometheus-agent"]
 
 
-def test_controller_listeners_are_on_loopback_only(controller_box):
+def test_controller_listeners_are_on_loopback_only(controller_run):
     """Every listener on the controller has one scraper, the agent beside it on the host network: the
     node exporter, the Slurm exporter and the agent's own web server take 127.0.0.1, and the targets the
     agent scrapes name the same addresses."""
-    box, _ = controller_box
+    box, _ = controller_run
     runs = docker_runs(box)
     assert runs["node-exporter"][2] == ["--path.rootfs=/host", "--web.listen-address=127.0.0.1:9100"]
     assert "--web.listen-address=127.0.0.1:9095" in runs["prometheus-agent"][2]
@@ -579,8 +601,8 @@ def test_controller_listeners_are_on_loopback_only(controller_box):
     assert json.loads(box.read("etc/moe-cdk/prometheus/targets/slurm.json"))[0]["targets"] == ["127.0.0.1:9341"]
 
 
-def test_controller_installs_and_starts_the_exporter_and_the_timer(controller_box):
-    box, _ = controller_box
+def test_controller_installs_and_starts_the_exporter_and_the_timer(controller_run):
+    box, _ = controller_run
     assert box.calls("systemctl") == [
         "systemctl daemon-reload",
         "systemctl enable --now moe-cdk-slurm-exporter.service",
@@ -601,8 +623,8 @@ def test_controller_installs_and_starts_the_exporter_and_the_timer(controller_bo
     assert (install / "slurm_exporter.py").read_bytes() == (SCRIPTS / "slurm_exporter.py").read_bytes()
 
 
-def test_controller_targets_list_the_controller_and_login_nodes(controller_box):
-    box, _ = controller_box
+def test_controller_targets_list_the_controller_and_login_nodes(controller_run):
+    box, _ = controller_run
     targets = json.loads(box.read("etc/moe-cdk/prometheus/targets/node.json"))
     assert targets == [
         {"labels": {"instance_type": "ml.m5.2xlarge", "node": "ip-10-0-64-10"}, "targets": ["127.0.0.1:9100"]},
