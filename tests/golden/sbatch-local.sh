@@ -51,6 +51,10 @@ forward_signal() {
 trap 'forward_signal USR1' USR1
 trap 'forward_signal TERM' TERM
 
+# srun reports each task that fails on the job's stderr; what it reports from here on is this run's.
+job_stderr="$( (scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null || true) | tr ' ' '\n' \
+    | awk -F= '$1 == "StdErr" {print $2}')"
+job_stderr_offset="$(stat -c %s "$job_stderr" 2>/dev/null || echo 0)"
 srun \
     --kill-on-bad-exit=1 \
     python3 -m moe_cdk.cli.train \
@@ -71,9 +75,24 @@ srun_pid=""
 log "trainer exited with ${rc}"
 
 max_requeues=10
+# shellcheck disable=SC2317  # called below
+permanent() { local rc="$1"; (( rc < 128 )); }
+# srun exits with the highest of its tasks' codes. Once a task exits non-zero, --kill-on-bad-exit TERMs the
+# others, and their 143 would hide a task's permanent exit (ranks finish their checks seconds apart): the
+# code srun reported for a task ("srun: error: NODE: task N: Exited with exit code C") decides then.
+if (( rc != 0 )) && ! permanent "$rc" && [[ -r "$job_stderr" ]]; then
+    reported='s/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\)$/\1/p'
+    for task_rc in $(tail -c +"$(( job_stderr_offset + 1 ))" "$job_stderr" | sed -n "$reported" || true); do
+        if permanent "$task_rc"; then
+            log "a task exited with ${task_rc}; srun's ${rc} is the other tasks stopped after it"
+            rc="$task_rc"
+            break
+        fi
+    done
+fi
 if (( rc == 0 )); then
     exit 0
-elif (( rc < 128 )); then
+elif permanent "$rc"; then
     log "permanent failure (exit ${rc}; 2 = bad configuration): not requeueing"
     exit "$rc"
 fi

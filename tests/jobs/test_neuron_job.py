@@ -91,7 +91,7 @@ def test_sbatch_carries_the_nxdt_configuration_beside_the_checkpoints(sbatch, sl
 
 def test_sbatch_auto_resumes_on_hyperpod_and_requeues_all_but_a_bad_configuration(sbatch):
     assert "auto_resume=(--auto-resume=1)" in sbatch and '"${auto_resume[@]}"' in sbatch
-    assert "elif (( rc == 2 )); then" in sbatch
+    assert 'permanent() { local rc="$1"; (( rc == 2 )); }' in sbatch and 'elif permanent "$rc"; then' in sbatch
     assert 'scontrol requeue "$SLURM_JOB_ID"' in sbatch
 
 

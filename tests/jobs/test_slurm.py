@@ -318,8 +318,10 @@ def test_slurm_constraint_efa_runs_and_unknown_feature_is_rejected(slurm, tmp_pa
 
 
 def test_slurm_permanent_failure_is_not_requeued(slurm, tmp_path):
+    # The trainer's "bad configuration" exit, from both ranks, but seconds apart as ranks finish their checks: srun
+    # TERMs the slower one when the first fails (--kill-on-bad-exit), and exits with that one's 143.
     fake = tmp_path / "fake-python"
-    fake.write_text("#!/bin/sh\nexit 2\n")  # the trainer's "bad configuration" exit
+    fake.write_text('#!/bin/sh\n[ "$SLURM_PROCID" = 1 ] || sleep 20\nexit 2\n')
     fake.chmod(0o755)
     spec = SlurmJobSpec(
         job_name="bad-config",
@@ -336,8 +338,10 @@ def test_slurm_permanent_failure_is_not_requeued(slurm, tmp_path):
     script.write_text(render_sbatch(spec))
     job_id = slurm.submit(script)
     state = slurm.wait_for(job_id, {"FAILED"}, timeout=30)
-    assert (state.restart_count, state.exit_code) == (0, "2:0")
-    assert "permanent failure (exit 2" in (tmp_path / f"job-{job_id}.out").read_text()
+    log = (tmp_path / f"job-{job_id}.out").read_text()
+    assert (state.restart_count, state.exit_code) == (0, "2:0"), log
+    assert "a task exited with 2; srun's 143 is the other tasks stopped after it" in log
+    assert "permanent failure (exit 2" in log
 
 
 def test_slurm_layout_megatron_rejects_fails_once_with_exit_2(slurm, tmp_path):
