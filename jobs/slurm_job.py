@@ -567,7 +567,8 @@ def batch_header(spec: SlurmJobSpec, title: str) -> list[str]:
 def signal_forwarding(
     *, step_signal: str = "USR1", ask: str = "asking the trainer to save a checkpoint and stop"
 ) -> str:
-    """The traps that pass USR1 and TERM on to the job step as ``step_signal``, and the start of that step."""
+    """The traps that pass USR1 and TERM on to the job step as ``step_signal``, and where the job's stderr stands
+    before that step starts (what :func:`wait_and_requeue` reads srun's task reports from)."""
     return _SIGNALS.replace("__STEP_SIGNAL__", step_signal).replace("__ASK__", ask)
 
 

@@ -258,7 +258,6 @@ def test_a_rank_saving_synchronously_starts_no_helper_process(tmp_path, data_pre
 FREEZE_PROBE = """
 import atexit, gc, runpy, sys
 atexit.register(lambda: print("frozen objects:", gc.get_freeze_count(), file=sys.stderr))
-sys.argv[0] = "moe-train"
 runpy.run_module("moe_cdk.cli.train", run_name="__main__", alter_sys=True)
 """
 
