@@ -1,13 +1,13 @@
 """Bytes of the activations the trainer's model keeps for its backward pass (a script, not a test file).
 
-Run as ``python tests/activation_probe.py CONFIG CASES_JSON``, where CASES_JSON maps a case's name
-to its ``KEY=VALUE`` overrides, or under torchrun with one case for more than one rank (a second
-process group would find the first one's keys in the launcher's store). For each case, in one
-process (so torch and megatron are imported once), it builds the model as the trainer does, runs the
-forward pass and loss of one micro-batch under ``torch.autograd.graph.saved_tensors_hooks``, and
-prints rank 0's count as one JSON line ``{"case": ..., "saved_bytes": ...}``: every storage autograd
-saved, once, parameters excluded. The process group and megatron's parallel state are set up and
-torn down for each case, as for a run of its own.
+Run as ``python tests/activation_probe.py CONFIG CASES_JSON``, where CASES_JSON maps a case's name to its
+``KEY=VALUE`` overrides, or as several ranks (tests/local_ranks.py, or torchrun) with one case: in the same ranks, a
+second process group fails (gloo's connect is refused; under torchrun, it finds the first one's keys in the
+launcher's store). For each case, in one process (so torch and megatron are imported once), it builds the model as
+the trainer does, runs the forward pass and loss of one micro-batch under ``torch.autograd.graph.saved_tensors_hooks``,
+and prints rank 0's count as one JSON line ``{"case": ..., "saved_bytes": ...}``: every storage autograd saved, once,
+parameters excluded. The process group and megatron's parallel state are set up and torn down for each case, as for
+a run of its own.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Logits of a moe-train run's newest checkpoint, from ``moe-train``'s own build and resume: run as
-one process or under torchrun (rank 0 writes them). With ``--save DIR`` it also saves what it
-loaded as DIR/step-0, under this run's layout.
+one process or as several ranks (tests/local_ranks.py; rank 0 writes them). With ``--save DIR`` it also saves what
+it loaded as DIR/step-0, under this run's layout.
 
     python tests/hf_logits_probe.py PROFILE.yaml TOKENS.pt OUT.pt [--save DIR] [--set section.key=value ...]
 """

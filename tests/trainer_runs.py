@@ -1,4 +1,5 @@
-"""Running moe-train from the tests: one process or torchrun, and reading what a run left."""
+"""Running moe-train and the probes from the tests (one process, the node launcher or torchrun), and reading
+what a run left."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "training/configs/tiny.yaml"
+LOCAL_RANKS = ROOT / "tests/local_ranks.py"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -39,24 +41,23 @@ def probe_result(script: Path, *args: str) -> dict:
 
 
 def python(nproc: int = 1) -> list[str]:
-    """The interpreter, or torchrun with ``nproc`` processes on a free master port; a script or
-    ``-m module`` follows."""
+    """The interpreter, or ``nproc`` of it started by moe-train's node launcher (tests/local_ranks.py) with a free
+    master port; a script or ``-m module`` follows."""
     if nproc == 1:
         return [sys.executable]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        f"--master_port={free_port()}",
-    ]
+    return [sys.executable, str(LOCAL_RANKS), str(nproc), str(free_port()), sys.executable]
+
+
+def under_torchrun(nproc: int) -> list[str]:
+    """torchrun with ``nproc`` processes on a free master port; a script or ``-m module`` follows."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
 
 
 def train_command(run_dir: Path, data_prefix: str, *extra: str, nproc: int = 1, torchrun: bool = False) -> list[str]:
     """moe-train on the tiny profile; ``nproc`` ranks on this machine started by its node launcher
     (``--nproc-per-node``, as the quick start, SageMaker and Kubeflow start them), or by torchrun."""
     if torchrun:
-        start = [*python(nproc), "-m", "moe_cdk.cli.train"]
+        start = [*under_torchrun(nproc), "-m", "moe_cdk.cli.train"]
     else:
         start = [sys.executable, "-m", "moe_cdk.cli.train", *(("--nproc-per-node", str(nproc)) if nproc > 1 else ())]
     return [

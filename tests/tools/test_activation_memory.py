@@ -58,8 +58,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def measured() -> dict[str, int]:
-    """Every case's saved bytes: the one-rank cases in one process, each two-rank case in a torchrun of its
-    own (a second process group in one torchrun finds the first one's keys in the launcher's store)."""
+    """Every case's saved bytes: the one-rank cases in one process, each two-rank case in two ranks of its own
+    (tests/local_ranks.py; the same ranks cannot set up a second process group)."""
     runs = [(1, {name: overrides for name, (n, overrides) in CASES.items() if n == 1})]
     runs += [(n, {name: overrides}) for name, (n, overrides) in CASES.items() if n > 1]
     found = {}
