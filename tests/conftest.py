@@ -174,10 +174,23 @@ CDK_CLI = ROOT / ".venv/cdk-cli/node_modules/.bin/cdk"
 """The CDK CLI that ``make setup`` installs, which ``make synth`` runs."""
 
 
+WITHOUT_TORCH = ROOT / "tests/without_torch"
+"""A folder whose sitecustomize.py makes torch unimportable in a Python that has it on PYTHONPATH."""
+
+
+def without_torch(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (``os.environ`` when None) for a Python that runs as on a machine without torch, as ``make synth``
+    sets one up: importing torch fails."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WITHOUT_TORCH), env.get("PYTHONPATH")]))
+    return env
+
+
 def cdk_cli_synth(config_path: Path, outdir: Path) -> subprocess.CompletedProcess:
     """``make synth CONFIG=config_path`` into ``outdir``: the CDK CLI with cdk.json's context, so with
-    aws-cdk-lib's built-in CloudFormation validation and cdk-nag; an EKS configuration gets the stand-in
-    HyperPod chart (a copy of the file that names it, beside ``outdir``)."""
+    aws-cdk-lib's built-in CloudFormation validation and cdk-nag, and the app run as on a machine that ``make synth``
+    set up, without torch (:func:`without_torch`); an EKS configuration gets the stand-in HyperPod chart (a copy of
+    the file that names it, beside ``outdir``)."""
     config = load_config(config_path)
     if config.cluster.orchestrator is Orchestrator.EKS:
         document = yaml.safe_load(config_path.read_text())
@@ -186,7 +199,7 @@ def cdk_cli_synth(config_path: Path, outdir: Path) -> subprocess.CompletedProces
         config_path.write_text(yaml.safe_dump(document))
     return subprocess.run(
         [str(CDK_CLI), "synth", "--quiet", "-c", f"config={config_path}", "-o", str(outdir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=without_torch(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
 
