@@ -32,6 +32,10 @@
 #   MOE_LC_SLURM_WAIT_S        how long wait_for_slurmctld/wait_for_slurmd wait for Slurm to come up (default 600)
 #   MOE_LC_NVME_WAIT_S         how long wait_for_nvme waits for the NVMe to be mounted (default 120)
 #   MOE_LC_STEP                current step name, exported by run_step to child scripts
+#   MOE_LC_NODE_FACTS, MOE_LC_CLUSTER_SETTINGS
+#                              what node_info.py printed for load_node_facts and load_params, exported by
+#                              on_create.sh to the steps it runs, which read them there instead of starting Python
+#                              again (each step run on its own reads the files itself)
 #
 # Step records. Each step run by run_step ends with one line, on stdout (which HyperPod sends to
 # CloudWatch Logs, log group /aws/sagemaker/Clusters/<cluster>/<cluster-id>, stream
@@ -356,6 +360,8 @@ load_kv() {
     fi
     printf -v "MOE_${key}" '%s' "${value}"
   done <<<"${output}"
+  # shellcheck disable=SC2034 # what the command printed, which on_create.sh exports for the steps it runs
+  MOE_LC_KV_OUTPUT="${output}"
 }
 
 # Sets MOE_NODE_GROUP, MOE_NODE_ROLE, MOE_PARTITION, MOE_FEATURES, MOE_INSTANCE_TYPE, MOE_INSTANCE_ID,
@@ -365,7 +371,9 @@ MOE_NODE_GROUP="" MOE_NODE_ROLE="" MOE_PARTITION="" MOE_FEATURES="" MOE_INSTANCE
 # shellcheck disable=SC2034
 MOE_LUSTRE_EFA_INTERFACES=0
 load_node_facts() {
-  if [[ -n "${MOE_LC_NODE_GROUP:-}" ]]; then
+  if [[ -n "${MOE_LC_NODE_FACTS:-}" ]]; then
+    load_kv printf '%s\n' "${MOE_LC_NODE_FACTS}"
+  elif [[ -n "${MOE_LC_NODE_GROUP:-}" ]]; then
     load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" --group "${MOE_LC_NODE_GROUP}" "${MOE_LC_PARAMS}"
   else
     load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" "${MOE_LC_RESOURCE_CONFIG}" "${MOE_LC_PARAMS}"
@@ -391,7 +399,11 @@ MOE_OBSERVABILITY_ENABLED="" MOE_OBSERVABILITY_REMOTE_WRITE_URL_PARAMETER=""
 # shellcheck disable=SC2034
 MOE_OBSERVABILITY_SCRAPE_INTERVAL_S="" MOE_OBSERVABILITY_TRAINER_METRICS_PORT=""
 load_params() {
-  load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" --params "${MOE_LC_PARAMS}"
+  if [[ -n "${MOE_LC_CLUSTER_SETTINGS:-}" ]]; then
+    load_kv printf '%s\n' "${MOE_LC_CLUSTER_SETTINGS}"
+  else
+    load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" --params "${MOE_LC_PARAMS}"
+  fi
 }
 
 # replace_if_changed NEW TARGET MODE: when NEW (a file written beside TARGET) equals TARGET,

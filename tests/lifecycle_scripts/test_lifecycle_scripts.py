@@ -475,6 +475,23 @@ def test_compute_node_logs_every_step_to_the_log_file(compute_run):
 # ---- idempotency, roles, failures ---------------------------------------------------------
 
 
+def test_the_steps_read_the_node_facts_on_create_loaded_without_starting_python_again(sandbox):
+    # on_create.sh exports what node_info.py printed (lib.sh, MOE_LC_NODE_FACTS); otherwise each step would read the
+    # same files again: 9 more Python starts on a compute node.
+    python3 = sandbox.bin / "python3"
+    python3.write_text(
+        f'#!/usr/bin/env bash\necho "python3 $*" >>"${{MOE_STUB_CALLS}}"\nexec {shutil.which("python3")} "$@"\n'
+    )
+    python3.chmod(0o755)
+    succeeded(sandbox.on_create())
+    node_info = [call for call in sandbox.calls("python3") if "node_info.py" in call]
+    assert [call.split("node_info.py ")[1].split()[0] for call in node_info] == [
+        "--check",
+        str(sandbox.root / "opt/ml/config/resource_config.json"),
+        "--params",
+    ], node_info
+
+
 def test_second_run_changes_nothing(sandbox):
     succeeded(sandbox.on_create())
     enroot_conf = sandbox.read("etc/enroot/enroot.conf")
