@@ -23,7 +23,8 @@ SYNTH_STAMP := $(VENV)/.synth-$(PYPROJECT_SUM)
 STAMP := $(VENV)/.installed-$(PYPROJECT_SUM)
 
 # pip keeps its downloads in its own cache (~/.cache/pip, or PIP_CACHE_DIR), not the checkout's: the CUDA build of
-# torch alone is 3.8 GB, downloaded once per machine then, not once per clone (a fresh clone's `make test`).
+# torch alone is 3.8 GB, downloaded once per machine then, not once per clone (a fresh clone's `make test`), where
+# the index's answers carry cache headers (PyPI's do).
 export npm_config_cache := $(CURDIR)/.cache/npm
 export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20

@@ -178,10 +178,10 @@ WITHOUT_TORCH = ROOT / "tests/without_torch"
 """A folder whose sitecustomize.py makes torch unimportable in a Python that has it on PYTHONPATH."""
 
 
-def without_torch(env: dict[str, str] | None = None) -> dict[str, str]:
-    """``env`` (``os.environ`` when None) for a Python that runs as on a machine without torch, as ``make synth``
-    sets one up: importing torch fails."""
-    env = dict(os.environ if env is None else env)
+def without_torch() -> dict[str, str]:
+    """This process's environment for a Python that runs as on a machine without torch, as ``make synth`` sets one
+    up: importing torch fails."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WITHOUT_TORCH), env.get("PYTHONPATH")]))
     return env
 

@@ -4,7 +4,7 @@ file): ``python tests/local_ranks.py N PORT COMMAND...``.
 Each rank gets torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_PORT``...) from
 ``moe_cdk.training.node_launcher.run_node``, as under ``moe-train --nproc-per-node N``, and the script exits with the
 first failing rank's code. It serves the probes, which are not moe-train: unlike torchrun's agent, which imports
-torch and starts an elastic store before any rank starts (about 3 s of CPU here), it imports no torch."""
+torch and starts an elastic store before any rank starts (about 2 s of CPU here), it imports no torch."""
 
 from __future__ import annotations
 
