@@ -33,9 +33,9 @@
 #   MOE_LC_NVME_WAIT_S         how long wait_for_nvme waits for the NVMe to be mounted (default 120)
 #   MOE_LC_STEP                current step name, exported by run_step to child scripts
 #   MOE_LC_NODE_FACTS, MOE_LC_CLUSTER_SETTINGS
-#                              what node_info.py printed for load_node_facts and load_params, exported by
-#                              on_create.sh to the steps it runs, which read them there instead of starting Python
-#                              again (each step run on its own reads the files itself)
+#                              what node_info.py printed for load_node_facts and load_params, exported by the first
+#                              load, so the steps on_create.sh runs read them there instead of starting Python again
+#                              (each step run on its own reads the files itself)
 #
 # Step records. Each step run by run_step ends with one line, on stdout (which HyperPod sends to
 # CloudWatch Logs, log group /aws/sagemaker/Clusters/<cluster>/<cluster-id>, stream
@@ -360,7 +360,6 @@ load_kv() {
     fi
     printf -v "MOE_${key}" '%s' "${value}"
   done <<<"${output}"
-  # shellcheck disable=SC2034 # what the command printed, which on_create.sh exports for the steps it runs
   MOE_LC_KV_OUTPUT="${output}"
 }
 
@@ -373,11 +372,14 @@ MOE_LUSTRE_EFA_INTERFACES=0
 load_node_facts() {
   if [[ -n "${MOE_LC_NODE_FACTS:-}" ]]; then
     load_kv printf '%s\n' "${MOE_LC_NODE_FACTS}"
-  elif [[ -n "${MOE_LC_NODE_GROUP:-}" ]]; then
+    return
+  fi
+  if [[ -n "${MOE_LC_NODE_GROUP:-}" ]]; then
     load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" --group "${MOE_LC_NODE_GROUP}" "${MOE_LC_PARAMS}"
   else
     load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" "${MOE_LC_RESOURCE_CONFIG}" "${MOE_LC_PARAMS}"
   fi
+  export MOE_LC_NODE_FACTS="${MOE_LC_KV_OUTPUT}"
 }
 
 # Sets MOE_CLUSTER_MANAGER (hyperpod or parallelcluster), MOE_WORKLOAD_MANAGER (slurm or eks),
@@ -403,6 +405,7 @@ load_params() {
     load_kv printf '%s\n' "${MOE_LC_CLUSTER_SETTINGS}"
   else
     load_kv python3 "${MOE_LC_LIB_DIR}/node_info.py" --params "${MOE_LC_PARAMS}"
+    export MOE_LC_CLUSTER_SETTINGS="${MOE_LC_KV_OUTPUT}"
   fi
 }
 

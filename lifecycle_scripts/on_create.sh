@@ -70,13 +70,11 @@ main() {
   log "on_create.sh finished in $((SECONDS - started))s"
 }
 
-# The node_info step: this node's facts (MOE_NODE_*) and the cluster-wide settings, also exported for the steps
-# below, which would otherwise each start Python to read them again (lib.sh, MOE_LC_NODE_FACTS).
+# The node_info step: this node's facts (MOE_NODE_*) and the cluster-wide settings, which the steps below then read
+# from the environment instead of starting Python again (lib.sh, MOE_LC_NODE_FACTS).
 load_node() {
   load_node_facts
-  export MOE_LC_NODE_FACTS="${MOE_LC_KV_OUTPUT}"
   load_params
-  export MOE_LC_CLUSTER_SETTINGS="${MOE_LC_KV_OUTPUT}"
 }
 
 slurm_steps() {
