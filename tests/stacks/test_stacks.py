@@ -14,6 +14,7 @@ from conftest import (
     PYTHON,
     ROOT,
     SHIPPED_CONFIGS,
+    WITHOUT_CLOUDFORMATION_VALIDATION,
     assert_cfn_lint_clean,
     cdk_cli_synth_once,
     read_json,
@@ -120,9 +121,7 @@ def test_cdk_cli_and_python_app_write_the_same_templates(tmp_path):
     returncode, output, cli = cdk_cli_synth_once(Path(cdk_json_context()["config"]))
     assert returncode == 0, output
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-    # The CLI's synth ran aws-cdk-lib's built-in CloudFormation validation, which changes no template; here it would
-    # only cost about 6 s of CPU (CDK_VALIDATION=false skips it: core/lib/private/synthesis-validation.js).
-    env["CDK_VALIDATION"] = "false"
+    env |= WITHOUT_CLOUDFORMATION_VALIDATION  # the CLI's synth ran it
     direct = tmp_path / "direct"
     subprocess.run([PYTHON, "app.py"], cwd=ROOT, env=env | {"CDK_OUTDIR": str(direct)}, check=True, capture_output=True)
     names = sorted(p.name for p in cli.glob("*.template.json"))
