@@ -180,12 +180,14 @@ hyperpod-chart: synth-setup
 # TEST_WORKERS workers, each taking whole work units (a test file, or less where its fixtures allow:
 # tests/conftest.py work_unit), the longest first, so a module's fixtures (a Slurm cluster, an imported model) are
 # built once; the Slurm and trainer tests draw free ports (tests/ports.py) and keep their files under their own
-# tmp_path. 4, not one per core: the suite is bound by the 2 cores' CPU, and each worker collects the whole suite. On
-# the 2-core build machine on 2026-12-05, the suite took 862 s with 4 workers against 916 s with 6. The suite starts some thousand Python processes, so it writes their bytecode (PYTHONDONTWRITEBYTECODE,
-# where the machine sets it, is unset for it): pytest's rewritten test modules are then compiled once, not by every
-# worker of every run. `$(PY) -m pytest tests/x.py` runs one file in this process, as before. --durations=30 ends each
-# run with its slowest tests.
-TEST_WORKERS ?= 4
+# tmp_path. 3, one more than the cores: the suite is bound by the 2 cores' CPU, the one more fills the time the Slurm
+# tests wait on their daemons, and every worker more collects the whole suite again and adds processes that slow each
+# other. On the 2-core build machine on 2026-12-06, one clone's suite took 742 s with 3 workers (1,111 s of CPU), then
+# 802 s with 4 (1,250 s of CPU); on 2026-12-05, 862 s with 4 against 916 s with 6. The suite starts some thousand
+# Python processes, so it writes their bytecode (PYTHONDONTWRITEBYTECODE, where the machine sets it, is unset for it):
+# pytest's rewritten test modules are then compiled once, not by every worker of every run. `$(PY) -m pytest
+# tests/x.py` runs one file in this process, as before. --durations=30 ends each run with its slowest tests.
+TEST_WORKERS ?= 3
 test: test-setup
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 

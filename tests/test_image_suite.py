@@ -22,7 +22,7 @@ def test_make_test_runs_one_suite_in_one_environment():
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "TEST_WORKERS")}
     done = subprocess.run(["make", "-n", "test"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     runs = [line for line in done.stdout.splitlines() if "pytest" in line]
-    assert runs == ["env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -n 4 --dist loadfile --durations=30"]
+    assert runs == ["env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -n 3 --dist loadfile --durations=30"]
 
 
 def test_python_packages_are_kept_once_per_machine_not_per_checkout():
