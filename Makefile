@@ -182,8 +182,9 @@ hyperpod-chart: synth-setup
 # built once; the Slurm and trainer tests draw free ports (tests/ports.py) and keep their files under their own
 # tmp_path. 3, one more than the cores: the suite is bound by the 2 cores' CPU, the one more fills the time the Slurm
 # tests wait on their daemons, and every worker more collects the whole suite again and adds processes that slow each
-# other. On the 2-core build machine on 2026-12-06, one clone's suite took 742 s with 3 workers (1,111 s of CPU), then
-# 802 s with 4 (1,250 s of CPU); on 2026-12-05, 862 s with 4 against 916 s with 6. The suite starts some thousand
+# other. On the 2-core build machine on 2026-12-06, 3 and 4 workers took the same time within the machine's drift
+# (742-808 s against 745-802 s), and 3 used less CPU (one clone, back to back: 742 s and 1,111 s of CPU with 3, then
+# 802 s and 1,250 s with 4); on 2026-12-05, 862 s with 4 against 916 s with 6. The suite starts some thousand
 # Python processes, so it writes their bytecode (PYTHONDONTWRITEBYTECODE, where the machine sets it, is unset for it):
 # pytest's rewritten test modules are then compiled once, not by every worker of every run. `$(PY) -m pytest
 # tests/x.py` runs one file in this process, as before. --durations=30 ends each run with its slowest tests.
