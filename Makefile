@@ -183,11 +183,12 @@ hyperpod-chart: synth-setup
 # tmp_path. 3, one more than the cores: the suite is bound by the 2 cores' CPU, the one more fills the time the Slurm
 # tests wait on their daemons, and every worker more collects the whole suite again and adds processes that slow each
 # other. On the 2-core build machine on 2026-12-06, 3 and 4 workers took the same time within the machine's drift
-# (742-808 s against 745-802 s), and 3 used less CPU (one clone, back to back: 742 s and 1,111 s of CPU with 3, then
-# 802 s and 1,250 s with 4); on 2026-12-05, 862 s with 4 against 916 s with 6. The suite starts some thousand
-# Python processes, so it writes their bytecode (PYTHONDONTWRITEBYTECODE, where the machine sets it, is unset for it):
-# pytest's rewritten test modules are then compiled once, not by every worker of every run. `$(PY) -m pytest
-# tests/x.py` runs one file in this process, as before. --durations=30 ends each run with its slowest tests.
+# (742-873 s against 745-802 s; the runs with 3 came later, on a slower machine), and 3 used less CPU (one clone,
+# back to back: 742 s and 1,111 s of CPU with 3, then 802 s and 1,250 s with 4); on 2026-12-05, 862 s with 4
+# against 916 s with 6. The suite starts some thousand Python processes, so it writes their bytecode
+# (PYTHONDONTWRITEBYTECODE, where the machine sets it, is unset for it): pytest's rewritten test modules are then
+# compiled once, not by every worker of every run. `$(PY) -m pytest tests/x.py` runs one file in this process, as
+# before. --durations=30 ends each run with its slowest tests.
 TEST_WORKERS ?= 3
 test: test-setup
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
