@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fcntl
+import gc
 import json
 import os
 import platform
@@ -60,6 +61,14 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ.pop(RUN_DIR), ignore_errors=True)
+
+
+def pytest_collection_finish(session):
+    """Freeze what collection built (``gc.freeze()``): the test modules and what they import (torch, megatron-core,
+    the CDK) live as long as the worker. Left in the oldest generation, each full collection walked them again: in one
+    worker running 604 tests of tests/constructs, rules, schema, stacks and cli, full collections took 4.5 s of its
+    16.5 s of CPU, and 2.3 s of 14.7 s frozen. What the tests allocate is collected as before."""
+    gc.freeze()
 
 
 def once_per_run(name: str, compute: Callable[[], object]) -> object:

@@ -3,6 +3,7 @@ the cluster runs is what the tests run."""
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import subprocess
@@ -58,3 +59,9 @@ def test_this_run_is_on_the_images_versions():
         "IMAGE_MEGATRON_CORE": version("megatron-core"),
     }
     assert found == {key: IMAGE[key] for key in found}
+
+
+def test_each_worker_freezes_what_collection_built(request):
+    # Frozen objects are in no generation, so gc.get_objects() leaves them out (tests/conftest.py).
+    items = request.session.items
+    assert not any(tracked is items for tracked in gc.get_objects())
